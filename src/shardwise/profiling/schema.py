@@ -1,0 +1,39 @@
+"""Columns of the cost dataset (Parquet), `shardwise.costs/v1`: one row per measured shard or per device
+of a measured all-to-all. Other tools read these files: add columns, never rename or drop them."""
+
+from __future__ import annotations
+
+DATASET_FORMAT = "shardwise.costs/v1"
+
+#: every row
+COMMON_COLUMNS = (
+    "kind",  # "compute" (one shard's fused TBE kernel) or "comm" (one device's share of an all-to-all)
+    "config_id",  # stable hash of what was measured; with `repeat`, the resume key
+    "repeat",  # 0 for the first measurement of a config, 1.. for repeats (the noise floor)
+    "fwd_ms",
+    "bwd_ms",
+    "batch_size",
+    "measured_at",  # unix seconds (machines drift: record when)
+    "hardware_kind",  # slug used to name cost models, e.g. "cpu-x86_64-2c", "cuda-nvidia-h100"
+    "device_name",
+    "num_threads",
+    "cpu_count",
+    "torch_version",
+    "fbgemm_version",
+    "timing",  # JSON of the timing protocol (warm-up, iterations, reference normalisation)
+    "reference_ms",  # the reference kernel's calibrated ms that normalised timings are scaled by
+)
+#: kind == "compute"
+COMPUTE_COLUMNS = (
+    "tables_json",  # JSON list of TableSpec dicts (+ "source": the table whose index data was used)
+    "num_tables",
+    "optimizer",
+    "weights_precision",
+)
+#: kind == "comm"
+COMM_COLUMNS = (
+    "num_devices",
+    "device",  # which device's time this row holds
+    "widths_json",  # JSON list: per-device pooled output width (sum of dims) for the whole layout
+    "backend",  # "nccl" or "gloo"
+)

@@ -1,0 +1,105 @@
+"""What is sharded: an embedding table's description and its access skew."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: Upper edges of the access-count bins: (0,1], (1,2], (2,4], ..., (16384,32768], then >32768.
+REUSE_BIN_EDGES: tuple[int, ...] = tuple(2**k for k in range(16))
+NUM_REUSE_BINS = len(REUSE_BIN_EDGES) + 1  # 17
+#: fbgemm's TBE kernels need embedding dims that are a multiple of 4.
+DIM_ALIGNMENT = 4
+
+
+class TableSpec(BaseModel):
+    """One embedding table (or a column slice of one): size, lookups per sample, access skew."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str = Field(min_length=1)
+    rows: int = Field(ge=1)
+    dim: int = Field(ge=DIM_ALIGNMENT)
+    pooling_factor: float = Field(ge=0.0)
+    zipf_alpha: float | None = Field(default=None, ge=0.0)
+    reuse_bins: tuple[float, ...] | None = None
+
+    @field_validator("dim")
+    @classmethod
+    def _dim_aligned(cls, dim: int) -> int:
+        if dim % DIM_ALIGNMENT:
+            raise ValueError(f"dim {dim} is not a multiple of {DIM_ALIGNMENT} (fbgemm needs it)")
+        return dim
+
+    @field_validator("reuse_bins")
+    @classmethod
+    def _bins_shape(cls, bins: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if bins is None:
+            return None
+        if len(bins) != NUM_REUSE_BINS:
+            raise ValueError(f"reuse_bins has {len(bins)} values, expected {NUM_REUSE_BINS}")
+        if any(b < 0 or not math.isfinite(b) for b in bins):
+            raise ValueError("reuse_bins must be finite and >= 0")
+        return tuple(float(b) for b in bins)
+
+    def with_dim(self, dim: int, name: str | None = None) -> TableSpec:
+        """The same table at another width (a column slice or an augmented copy)."""
+        return self.model_copy(update={"dim": dim, "name": name or self.name})
+
+    def reuse_features(self, batch_size: int) -> np.ndarray:
+        """The 17 reuse-bin fractions: given ones, else derived from `zipf_alpha` (uniform when neither)."""
+        if self.reuse_bins is not None:
+            return np.asarray(self.reuse_bins, dtype=np.float64)
+        return np.array(
+            derive_reuse_bins(self.rows, self.pooling_factor, batch_size, self.zipf_alpha or 0.0)
+        )
+
+
+def reuse_histogram(indices: np.ndarray) -> np.ndarray:
+    """Fraction of the accessed unique rows whose access count falls in each of the 17 bins."""
+    if indices.size == 0:
+        return np.zeros(NUM_REUSE_BINS)
+    _, counts = np.unique(indices, return_counts=True)
+    # bin k holds counts in (2^(k-1), 2^k]; bin 0 holds count 1; the last bin holds > 32768
+    bins = np.ceil(np.log2(counts)).astype(np.int64)
+    bins = np.clip(bins, 0, NUM_REUSE_BINS - 1)
+    hist = np.bincount(bins, minlength=NUM_REUSE_BINS).astype(np.float64)
+    return hist / hist.sum()
+
+
+def zipf_row_sampler(rows: int, alpha: float, rng: np.random.Generator, size: int) -> np.ndarray:
+    """Row ids drawn with P(rank r) ~ r^-alpha over `rows` rows, rank order shuffled by a fixed hash."""
+    if size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if alpha <= 0.0:
+        return rng.integers(0, rows, size=size, dtype=np.int64)
+    # inverse-CDF sampling on the continuous approximation of the truncated power law
+    u = rng.random(size)
+    if abs(alpha - 1.0) < 1e-6:
+        ranks = np.exp(u * math.log(rows + 1.0))
+    else:
+        a = 1.0 - alpha
+        ranks = (1.0 + u * ((rows + 1.0) ** a - 1.0)) ** (1.0 / a)
+    ranks = np.clip(ranks.astype(np.int64) - 1, 0, rows - 1)
+    # spread hot rows across the table (real hot ids are not the lowest ids); a bijection mod rows
+    return (ranks * 2654435761 + 12345) % rows if rows > 1 else ranks
+
+
+def sample_lengths(pooling_factor: float, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+    """Per-sample bag sizes with mean `pooling_factor` (Poisson; empty bags happen as in real data)."""
+    if pooling_factor <= 0:
+        return np.zeros(batch_size, dtype=np.int64)
+    return rng.poisson(pooling_factor, size=batch_size).astype(np.int64)
+
+
+@lru_cache(maxsize=65536)
+def derive_reuse_bins(
+    rows: int, pooling_factor: float, batch_size: int, zipf_alpha: float, seed: int = 0
+) -> tuple[float, ...]:
+    """Reuse bins expected for a Zipf(alpha) table, from one sampled batch (seeded, so deterministic)."""
+    rng = np.random.default_rng(seed)
+    lookups = int(round(pooling_factor * batch_size))
+    return tuple(reuse_histogram(zipf_row_sampler(rows, zipf_alpha, rng, lookups)).tolist())
