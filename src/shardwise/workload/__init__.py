@@ -2,7 +2,15 @@
 
 from .features import FEATURE_NAMES, NUM_FEATURES, table_features, tables_features
 from .memory import Optimizer, WeightsPrecision, activation_buffer_bytes, shard_memory_bytes, table_memory_bytes
-from .tables import NUM_REUSE_BINS, REUSE_BIN_EDGES, TableSpec, derive_reuse_bins, reuse_histogram
+from .tables import (
+    NUM_REUSE_BINS,
+    REUSE_BIN_EDGES,
+    TableSpec,
+    derive_reuse_bins,
+    reuse_histogram,
+    sample_batch,
+    stable_seed,
+)
 from .task import TASK_FORMAT, ShardingTask, TaskError, load_task, save_task, task_from_json
 
 __all__ = [
@@ -20,6 +28,8 @@ __all__ = [
     "derive_reuse_bins",
     "load_task",
     "reuse_histogram",
+    "sample_batch",
+    "stable_seed",
     "save_task",
     "shard_memory_bytes",
     "table_features",

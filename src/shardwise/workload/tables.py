@@ -103,3 +103,21 @@ def derive_reuse_bins(
     rng = np.random.default_rng(seed)
     lookups = int(round(pooling_factor * batch_size))
     return tuple(reuse_histogram(zipf_row_sampler(rows, zipf_alpha, rng, lookups)).tolist())
+
+
+def sample_batch(table: TableSpec, batch_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """One batch of index data for `table`: per-sample bag `lengths` [B] and row `indices` [sum(lengths)].
+
+    Seed it by the source table (not the column slice) so that column slices share index data."""
+    rng = np.random.default_rng(seed)
+    lengths = sample_lengths(table.pooling_factor, batch_size, rng)
+    indices = zipf_row_sampler(table.rows, table.zipf_alpha or 0.0, rng, int(lengths.sum()))
+    return lengths, indices
+
+
+def stable_seed(*parts: object) -> int:
+    """A seed derived from names and numbers, equal across processes and runs (unlike `hash`)."""
+    import hashlib
+
+    digest = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
