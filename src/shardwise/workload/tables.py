@@ -26,6 +26,8 @@ class TableSpec(BaseModel):
     pooling_factor: float = Field(ge=0.0)
     zipf_alpha: float | None = Field(default=None, ge=0.0)
     reuse_bins: tuple[float, ...] | None = None
+    #: the table whose index data this one uses (column slices and augmented copies share it)
+    source: str | None = None
 
     @field_validator("dim")
     @classmethod
@@ -47,7 +49,9 @@ class TableSpec(BaseModel):
 
     def with_dim(self, dim: int, name: str | None = None) -> TableSpec:
         """The same table at another width (a column slice or an augmented copy)."""
-        return self.model_copy(update={"dim": dim, "name": name or self.name})
+        return self.model_copy(
+            update={"dim": dim, "name": name or self.name, "source": self.source or self.name}
+        )
 
     def reuse_features(self, batch_size: int) -> np.ndarray:
         """The 17 reuse-bin fractions: given ones, else derived from `zipf_alpha` (uniform when neither)."""
