@@ -1,7 +1,22 @@
 """What is sharded: tables, their features and memory, synthetic DLRM workloads, tasks."""
 
+from .augment import augment_tables
+from .dlrm_datasets import (
+    DlrmDataset,
+    DlrmDatasetError,
+    read_dlrm_dataset,
+    read_index_data,
+    write_dlrm_dataset,
+)
 from .features import FEATURE_NAMES, NUM_FEATURES, table_features, tables_features
-from .memory import Optimizer, WeightsPrecision, activation_buffer_bytes, shard_memory_bytes, table_memory_bytes
+from .memory import (
+    Optimizer,
+    WeightsPrecision,
+    activation_buffer_bytes,
+    shard_memory_bytes,
+    table_memory_bytes,
+)
+from .synthetic import DIMS, index_seed, synthesize_tables, write_index_data
 from .tables import (
     NUM_REUSE_BINS,
     REUSE_BIN_EDGES,
@@ -11,9 +26,37 @@ from .tables import (
     sample_batch,
     stable_seed,
 )
+from .tableset import (
+    TABLES_FORMAT,
+    TableSet,
+    TableSetError,
+    load_tables,
+    sample_task,
+    save_tables,
+    split_tables,
+    tableset_from_json,
+)
 from .task import TASK_FORMAT, ShardingTask, TaskError, load_task, save_task, task_from_json
 
 __all__ = [
+    "DIMS",
+    "TABLES_FORMAT",
+    "DlrmDataset",
+    "DlrmDatasetError",
+    "TableSet",
+    "TableSetError",
+    "augment_tables",
+    "index_seed",
+    "load_tables",
+    "read_dlrm_dataset",
+    "read_index_data",
+    "sample_task",
+    "save_tables",
+    "split_tables",
+    "synthesize_tables",
+    "tableset_from_json",
+    "write_dlrm_dataset",
+    "write_index_data",
     "FEATURE_NAMES",
     "NUM_FEATURES",
     "NUM_REUSE_BINS",

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .memory import Optimizer, WeightsPrecision
 from .tables import TableSpec
 
-TASK_FORMAT = "shardwise.task/v1"
+TASK_FORMAT: Literal["shardwise.task/v1"] = "shardwise.task/v1"
 
 
 class TaskError(ValueError):
