@@ -1,0 +1,31 @@
+"""Ground truth on real hardware: fused TBE kernel and all-to-all timings -> a Parquet cost dataset."""
+
+from .comm import CommTiming, measure_all_to_all, measure_all_to_all_many
+from .dataset import append_rows, load_costs, noise_floor
+from .hardware import hardware_info, hardware_kind, resolve_device
+from .kernel import ShardTiming, TimingProtocol, calibrate_reference, measure_shard
+from .runner import ProfileSettings, ProfileSummary, profile
+from .sampling import sample_comm_layouts, sample_shard_configs
+from .schema import DATASET_FORMAT
+
+__all__ = [
+    "DATASET_FORMAT",
+    "CommTiming",
+    "ProfileSettings",
+    "ProfileSummary",
+    "ShardTiming",
+    "TimingProtocol",
+    "append_rows",
+    "calibrate_reference",
+    "hardware_info",
+    "hardware_kind",
+    "load_costs",
+    "measure_all_to_all",
+    "measure_all_to_all_many",
+    "measure_shard",
+    "noise_floor",
+    "profile",
+    "resolve_device",
+    "sample_comm_layouts",
+    "sample_shard_configs",
+]

@@ -22,6 +22,8 @@ COMMON_COLUMNS = (
     "fbgemm_version",
     "timing",  # JSON of the timing protocol (warm-up, iterations, reference normalisation)
     "reference_ms",  # the reference kernel's calibrated ms that normalised timings are scaled by
+    "raw_fwd_ms",  # medians before reference normalisation (equal to fwd_ms/bwd_ms when it is off)
+    "raw_bwd_ms",
 )
 #: kind == "compute"
 COMPUTE_COLUMNS = (

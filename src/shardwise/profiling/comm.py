@@ -1,0 +1,215 @@
+"""The measured cost of the embedding all-to-all: torch.distributed across D processes (NCCL on GPU, gloo on CPU).
+
+Table-wise sharding: device r holds the pooled output [B, width_r] of its tables for the whole batch; the
+forward all-to-all sends each device j its B/D slice of every device's output (`all_to_all_single` with split
+sizes), and backward sends the gradients of those slices back (the reverse exchange).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+@dataclass(frozen=True)
+class CommTiming:
+    """One device's median forward and backward all-to-all ms, and what it received in forward."""
+
+    fwd_ms: float
+    bwd_ms: float
+    received_bytes: int
+    correct: bool | None  # check mode: whether the received slices held the right values (else None)
+
+
+def local_batch_sizes(batch_size: int, num_devices: int) -> list[int]:
+    """Each device's slice of the batch after the forward all-to-all (the first B % D get one more)."""
+    base, extra = divmod(batch_size, num_devices)
+    return [base + (1 if r < extra else 0) for r in range(num_devices)]
+
+
+def default_backend(device_type: str) -> str:
+    """NCCL for CUDA, gloo for CPU."""
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pooled_output(rank: int, width: int, batch_size: int, device: torch.device) -> torch.Tensor:
+    """Device `rank`'s pooled output [B, width] in check mode: each value encodes (rank, sample, column)."""
+    rows = torch.arange(batch_size, dtype=torch.float64, device=device).unsqueeze(1)
+    cols = torch.arange(width, dtype=torch.float64, device=device).unsqueeze(0)
+    return (rank * 1e6 + rows * 1e2 + cols % 100).to(torch.float32)
+
+
+def expected_received(
+    widths: Sequence[int], batch_size: int, rank: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """What device `rank` must hold after the forward all-to-all in check mode: [B_rank, sum(widths)]."""
+    device = device or torch.device("cpu")
+    sizes = local_batch_sizes(batch_size, len(widths))
+    lo = sum(sizes[:rank])
+    parts = [pooled_output(j, w, batch_size, device)[lo : lo + sizes[rank]] for j, w in enumerate(widths)]
+    return torch.cat(parts, dim=1)
+
+
+def _exchange(
+    rank: int, widths: Sequence[int], batch_size: int, device: torch.device, check: bool
+) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int], bool | None]:
+    """One forward exchange: (send [B, w], recv, send splits, receive splits, check result or None)."""
+    sizes = local_batch_sizes(batch_size, len(widths))
+    width = widths[rank]
+    if check:
+        send = pooled_output(rank, width, batch_size, device)
+    else:
+        send = torch.randn(batch_size, width, device=device)
+    fwd_in = [sizes[j] * width for j in range(len(widths))]  # rows of slice j, contiguous in [B, width]
+    fwd_out = [sizes[rank] * w for w in widths]
+    recv = torch.empty(sum(fwd_out), device=device)
+    dist.all_to_all_single(recv, send.reshape(-1), fwd_out, fwd_in)
+    correct = None
+    if check:
+        pieces = torch.split(recv, fwd_out)
+        got = torch.cat([p.reshape(sizes[rank], w) for p, w in zip(pieces, widths)], dim=1)
+        correct = bool(torch.equal(got, expected_received(widths, batch_size, rank, device)))
+    return send, recv, fwd_in, fwd_out, correct
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    layouts: list[list[int]],
+    batch_size: int,
+    warmup_iters: int,
+    iters: int,
+    check: bool,
+    out_dir: str,
+) -> None:
+    torch.set_num_threads(1)  # D processes share the machine's cores
+    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        results = []
+        for widths in layouts:
+            send, recv, fwd_in, fwd_out, correct = _exchange(rank, widths, batch_size, device, check)
+            grad_out = torch.empty_like(send).reshape(-1)  # backward: gradients of my slices go back
+            fwd_ms: list[float] = []
+            bwd_ms: list[float] = []
+            for i in range(warmup_iters + iters):
+                dist.barrier()
+                _sync(device)
+                t0 = time.perf_counter()
+                dist.all_to_all_single(recv, send.reshape(-1), fwd_out, fwd_in)
+                _sync(device)
+                t1 = time.perf_counter()
+                dist.barrier()
+                _sync(device)
+                t2 = time.perf_counter()
+                dist.all_to_all_single(grad_out, recv, fwd_in, fwd_out)
+                _sync(device)
+                t3 = time.perf_counter()
+                if i >= warmup_iters:
+                    fwd_ms.append((t1 - t0) * 1e3)
+                    bwd_ms.append((t3 - t2) * 1e3)
+            results.append(
+                {
+                    "fwd_ms": statistics.median(fwd_ms),
+                    "bwd_ms": statistics.median(bwd_ms),
+                    "received_bytes": recv.numel() * recv.element_size(),
+                    "correct": correct,
+                }
+            )
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_all_to_all_many(
+    layouts: Sequence[Sequence[int]],
+    batch_size: int,
+    *,
+    backend: str | None = None,
+    warmup_iters: int = 3,
+    iters: int = 10,
+    check: bool = False,
+) -> list[list[CommTiming]]:
+    """Per-device all-to-all timings of several layouts with the same device count, in one process group."""
+    if not layouts:
+        return []
+    num_devices = len(layouts[0])
+    if num_devices < 2:
+        raise ValueError(f"widths: an all-to-all needs at least 2 devices, got {num_devices}")
+    for widths in layouts:
+        if len(widths) != num_devices:
+            raise ValueError(f"widths: every layout needs {num_devices} devices, got {list(widths)}")
+        if any(w < 0 for w in widths):
+            raise ValueError(f"widths must be >= 0, got {list(widths)}")
+    if batch_size < num_devices:
+        raise ValueError(f"batch_size {batch_size} is smaller than the number of devices {num_devices}")
+    backend = backend or default_backend("cuda" if torch.cuda.is_available() else "cpu")
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"backend {backend!r} is not one of ['gloo', 'nccl']")
+    if backend == "nccl" and torch.cuda.device_count() < num_devices:
+        raise ValueError(f"backend 'nccl' needs {num_devices} GPUs, found {torch.cuda.device_count()}")
+    with tempfile.TemporaryDirectory(prefix="shardwise-a2a-") as out_dir:
+        args = (
+            num_devices,
+            _free_port(),
+            backend,
+            [list(map(int, w)) for w in layouts],
+            batch_size,
+            warmup_iters,
+            iters,
+            check,
+            out_dir,
+        )
+        # spawned children must not inherit a CUDA context; keep their thread pools small
+        env_before = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"
+        try:
+            mp.start_processes(_worker, args=args, nprocs=num_devices, join=True, start_method="spawn")
+        finally:
+            if env_before is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = env_before
+        per_rank = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(num_devices)]
+    return [[CommTiming(**per_rank[r][k]) for r in range(num_devices)] for k in range(len(layouts))]
+
+
+def measure_all_to_all(
+    widths: Sequence[int],
+    batch_size: int,
+    *,
+    backend: str | None = None,
+    warmup_iters: int = 3,
+    iters: int = 10,
+    check: bool = False,
+) -> list[CommTiming]:
+    """Per-device forward/backward ms of the table-wise all-to-all for per-device output `widths`."""
+    return measure_all_to_all_many(
+        [widths], batch_size, backend=backend, warmup_iters=warmup_iters, iters=iters, check=check
+    )[0]

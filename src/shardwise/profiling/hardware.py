@@ -1,0 +1,75 @@
+"""Which hardware a measurement ran on: a slug that names cost models, and the details stored per row."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """`device` as a torch.device; None means CUDA when available, else CPU."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {str(device)!r} is not supported: use 'cpu' or 'cuda[:N]'")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} requested but CUDA is not available on this machine")
+    return resolved
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+@lru_cache(maxsize=1)
+def _cpu_model_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: str | torch.device | None = None) -> str:
+    """The human-readable device name: the GPU's name, or the CPU model."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return _cpu_model_name()
+
+
+def hardware_kind(device: str | torch.device | None = None) -> str:
+    """Slug naming the hardware a cost model is valid for, e.g. "cpu-x86_64-2c", "cuda-nvidia-h100-80gb-hbm3"."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        return f"cuda-{_slug(torch.cuda.get_device_name(dev))}"
+    return f"cpu-{platform.machine().lower()}-{os.cpu_count() or 1}c"
+
+
+def fbgemm_version() -> str:
+    """The installed fbgemm_gpu version ("unknown" when it does not say)."""
+    import fbgemm_gpu
+
+    return str(getattr(fbgemm_gpu, "__version__", "unknown"))
+
+
+def hardware_info(device: str | torch.device | None = None) -> dict[str, Any]:
+    """What every cost row records about where it was measured (schema.py's hardware columns)."""
+    dev = resolve_device(device)
+    return {
+        "hardware_kind": hardware_kind(dev),
+        "device_name": device_name(dev),
+        "cpu_count": int(os.cpu_count() or 1),
+        "num_threads": int(torch.get_num_threads()),
+        "torch_version": str(torch.__version__),
+        "fbgemm_version": fbgemm_version(),
+    }

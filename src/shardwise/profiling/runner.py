@@ -1,0 +1,326 @@
+"""`shardwise profile`: sample shard configurations and all-to-all layouts, measure them, append to a dataset.
+
+Resumable: every measurement has a stable key (config id, repeat); rows are flushed in chunks with an atomic
+file replace, and a rerun with the same arguments measures only what the dataset lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+from shardwise.workload import Optimizer, TableSpec, WeightsPrecision
+
+from .comm import default_backend, measure_all_to_all_many
+from .dataset import append_rows, load_costs
+from .hardware import hardware_info, resolve_device
+from .kernel import IndexData, TimingProtocol, calibrate_reference, measure_shard
+from .sampling import (
+    comm_config_id,
+    default_max_devices,
+    sample_comm_layouts,
+    sample_shard_configs,
+    shard_config_id,
+)
+
+#: a shard's state must fit comfortably in host memory next to other jobs on a laptop or CI machine
+DEFAULT_CPU_MEMORY_CAP_BYTES = 1 << 30
+
+
+class ProfileSettings(BaseModel):
+    """What one `shardwise profile` run measures and how; the same settings resume the same run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_shards: int = Field(ge=0)
+    comm_layouts: int = Field(default=0, ge=0)
+    max_tables: int = Field(default=15, ge=1)
+    #: re-measure `repeat_shards` of the configs this many more times, spread over the run (noise floor)
+    repeats: int = Field(default=0, ge=0)
+    repeat_shards: int = Field(default=10, ge=0)
+    seed: int = 0
+    device: str | None = None  # None: CUDA when available, else CPU
+    batch_size: int = Field(ge=1)
+    optimizer: Optimizer = "rowwise_adagrad"
+    weights_precision: WeightsPrecision = "fp32"
+    #: a sampled shard's weights + optimizer state + buffers stay under this (None: 1 GiB on CPU, 1/4 of GPU)
+    memory_cap_bytes: int | None = Field(default=None, ge=1)
+    protocol: TimingProtocol = TimingProtocol()
+    comm_warmup_iters: int = Field(default=3, ge=0)
+    comm_iters: int = Field(default=10, ge=1)
+    max_devices: int | None = Field(default=None, ge=2)  # None: GPU count, or max(4, cores) on CPU
+    chunk_size: int = Field(default=25, ge=1)  # rows per flush to disk
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """What a profile run did."""
+
+    measured: int  # measurements taken in this run (an all-to-all layout counts once)
+    skipped: int  # already in the dataset
+    total_rows: int  # rows in the dataset afterwards
+    hardware_kind: str
+    reference_ms: float | None
+
+
+@dataclass(frozen=True)
+class _Job:
+    index: int  # which sampled config
+    repeat: int
+
+
+def _schedule(num_configs: int, repeats: int, repeat_shards: int) -> list[_Job]:
+    """All first measurements, with each repeat round of the first `repeat_shards` configs spread in between."""
+    first = [_Job(i, 0) for i in range(num_configs)]
+    subset = range(min(repeat_shards, num_configs))
+    if repeats == 0 or not subset:
+        return first
+    # R + 1 blocks of first measurements with a repeat round after each of the first R blocks
+    block = -(-num_configs // (repeats + 1))
+    jobs: list[_Job] = []
+    for r in range(repeats + 1):
+        jobs.extend(first[r * block : (r + 1) * block])
+        if r < repeats:
+            jobs.extend(_Job(i, r + 1) for i in subset)
+    return jobs
+
+
+def _memory_cap(settings: ProfileSettings, device: torch.device) -> int:
+    if settings.memory_cap_bytes is not None:
+        return settings.memory_cap_bytes
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // 4
+    return DEFAULT_CPU_MEMORY_CAP_BYTES
+
+
+def _stored(out: Path) -> pd.DataFrame | None:
+    return load_costs(out) if out.exists() else None
+
+
+def _reuse_reference_ms(stored: pd.DataFrame | None, hardware_kind: str, timing: str) -> float | None:
+    """The calibrated reference ms of an earlier session of this dataset with the same hardware and protocol."""
+    if stored is None or stored.empty:
+        return None
+    same = stored[
+        (stored["kind"] == "compute")
+        & (stored["hardware_kind"] == hardware_kind)
+        & (stored["timing"] == timing)
+        & stored["reference_ms"].notna()
+    ]
+    return float(same["reference_ms"].iloc[0]) if not same.empty else None
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn `kill` (SIGTERM) into KeyboardInterrupt so pending rows are flushed before exiting."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _RowBuffer:
+    """Rows waiting to be appended; flushed every `chunk_size` rows and on exit (also when interrupted)."""
+
+    def __init__(self, out: Path, chunk_size: int) -> None:
+        self.out, self.chunk_size = out, chunk_size
+        self.rows: list[dict[str, Any]] = []
+        self.total_rows = len(load_costs(out)) if out.exists() else 0
+
+    def add(self, rows: Sequence[dict[str, Any]]) -> None:
+        self.rows.extend(rows)
+        if len(self.rows) >= self.chunk_size:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.total_rows = append_rows(self.out, self.rows)
+            self.rows = []
+
+
+def profile(
+    tables: Sequence[TableSpec],
+    out: str | Path,
+    settings: ProfileSettings,
+    *,
+    index_data: IndexData | None = None,
+    progress: bool = True,
+) -> ProfileSummary:
+    """Measure sampled shards (and all-to-all layouts) on `settings.device`; append rows to the Parquet `out`."""
+    out = Path(out)
+    device = resolve_device(settings.device)
+    protocol = settings.protocol.for_device(device)
+    info = hardware_info(device)
+    if device.type == "cpu" and protocol.num_threads is not None:
+        info["num_threads"] = protocol.num_threads
+    kind = info["hardware_kind"]
+    timing = protocol.settings_json()
+    stored = _stored(out)
+    done = set() if stored is None else set(zip(stored["config_id"].astype(str), stored["repeat"].astype(int)))
+
+    configs = sample_shard_configs(
+        tables,
+        settings.num_shards,
+        batch_size=settings.batch_size,
+        seed=settings.seed,
+        max_tables=settings.max_tables,
+        memory_cap_bytes=_memory_cap(settings, device),
+        optimizer=settings.optimizer,
+        weights_precision=settings.weights_precision,
+    )
+    ids = [
+        shard_config_id(c, settings.batch_size, settings.optimizer, settings.weights_precision, kind)
+        for c in configs
+    ]
+    jobs = _schedule(len(configs), settings.repeats, settings.repeat_shards)
+    todo = [j for j in jobs if (ids[j.index], j.repeat) not in done]
+
+    backend = default_backend(device.type)
+    max_devices = settings.max_devices or default_max_devices(device.type)
+    layouts = (
+        sample_comm_layouts(
+            settings.comm_layouts,
+            dims=sorted({t.dim for t in tables}),
+            seed=settings.seed + 1,
+            max_devices=max_devices,
+            max_tables_per_device=settings.max_tables,
+        )
+        if settings.comm_layouts
+        else []
+    )
+    layout_ids = [comm_config_id(w, settings.batch_size, backend, kind) for w in layouts]
+    comm_todo = [k for k, cid in enumerate(layout_ids) if (cid, 0) not in done]
+
+    if protocol.reference_normalised and protocol.reference_ms is None and todo:
+        reused = _reuse_reference_ms(stored, kind, timing)
+        protocol = protocol.model_copy(update={"reference_ms": reused or calibrate_reference(device, protocol)})
+
+    common = {**info, "batch_size": settings.batch_size}
+    buffer = _RowBuffer(out, settings.chunk_size)
+    measured = 0
+    bar = tqdm(total=len(todo) + len(comm_todo), desc="profile", unit="config", disable=not progress)
+    try:
+        with _sigterm_as_interrupt():
+            for job in todo:
+                shard = configs[job.index]
+                timing_result = measure_shard(
+                    shard,
+                    settings.batch_size,
+                    device=device,
+                    protocol=protocol,
+                    optimizer=settings.optimizer,
+                    weights_precision=settings.weights_precision,
+                    index_data=index_data,
+                )
+                buffer.add(
+                    [
+                        {
+                            **common,
+                            "kind": "compute",
+                            "config_id": ids[job.index],
+                            "repeat": job.repeat,
+                            "fwd_ms": timing_result.fwd_ms,
+                            "bwd_ms": timing_result.bwd_ms,
+                            "raw_fwd_ms": timing_result.raw_fwd_ms,
+                            "raw_bwd_ms": timing_result.raw_bwd_ms,
+                            "reference_ms": timing_result.reference_ms,
+                            "measured_at": time.time(),
+                            "timing": timing,
+                            "tables_json": json.dumps(
+                                [{**t.model_dump(mode="json"), "source": t.source or t.name} for t in shard]
+                            ),
+                            "num_tables": len(shard),
+                            "optimizer": settings.optimizer,
+                            "weights_precision": settings.weights_precision,
+                        }
+                    ]
+                )
+                measured += 1
+                bar.update()
+            measured += _profile_comm(
+                layouts, layout_ids, comm_todo, settings, backend, common, buffer, bar
+            )
+    finally:
+        bar.close()
+        buffer.flush()
+    return ProfileSummary(
+        measured=measured,
+        skipped=len(jobs) - len(todo) + len(layouts) - len(comm_todo),
+        total_rows=buffer.total_rows,
+        hardware_kind=kind,
+        reference_ms=protocol.reference_ms,
+    )
+
+
+def _profile_comm(
+    layouts: list[list[int]],
+    layout_ids: list[str],
+    todo: list[int],
+    settings: ProfileSettings,
+    backend: str,
+    common: dict[str, Any],
+    buffer: _RowBuffer,
+    bar: tqdm,
+) -> int:
+    """Measure the layouts in `todo`, one process group per device count (spawning costs seconds)."""
+    timing = json.dumps(
+        {"warmup_iters": settings.comm_warmup_iters, "iters": settings.comm_iters, "barrier": True},
+        sort_keys=True,
+    )
+    measured = 0
+    for num_devices in sorted({len(layouts[k]) for k in todo}):
+        group = [k for k in todo if len(layouts[k]) == num_devices]
+        results = measure_all_to_all_many(
+            [layouts[k] for k in group],
+            settings.batch_size,
+            backend=backend,
+            warmup_iters=settings.comm_warmup_iters,
+            iters=settings.comm_iters,
+        )
+        measured_at = time.time()
+        for k, per_device in zip(group, results):
+            buffer.add(
+                [
+                    {
+                        **common,
+                        "num_threads": 1,
+                        "kind": "comm",
+                        "config_id": layout_ids[k],
+                        "repeat": 0,
+                        "fwd_ms": t.fwd_ms,
+                        "bwd_ms": t.bwd_ms,
+                        "raw_fwd_ms": t.fwd_ms,
+                        "raw_bwd_ms": t.bwd_ms,
+                        "measured_at": measured_at,
+                        "timing": timing,
+                        "num_devices": num_devices,
+                        "device": rank,
+                        "widths_json": json.dumps(layouts[k]),
+                        "backend": backend,
+                    }
+                    for rank, t in enumerate(per_device)
+                ]
+            )
+            measured += 1
+            bar.update()
+    return measured

@@ -1,0 +1,108 @@
+"""What to profile: multi-table shard configurations and all-to-all layouts, sampled with explicit seeds."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from shardwise.workload import Optimizer, TableSpec, WeightsPrecision, shard_memory_bytes
+
+
+def config_id(*parts: object) -> str:
+    """A stable hash of what is measured (JSON of `parts`), equal across processes and runs."""
+    payload = json.dumps(parts, sort_keys=True, default=_jsonable)
+    return hashlib.blake2b(payload.encode(), digest_size=10).hexdigest()
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, TableSpec):
+        return value.model_dump(mode="json")
+    raise TypeError(f"cannot hash {type(value).__name__}")
+
+
+def shard_config_id(
+    tables: Sequence[TableSpec], batch_size: int, optimizer: str, weights_precision: str, hardware_kind: str
+) -> str:
+    """The resume key of one shard measurement."""
+    return config_id("compute", list(tables), batch_size, optimizer, weights_precision, hardware_kind)
+
+
+def comm_config_id(widths: Sequence[int], batch_size: int, backend: str, hardware_kind: str) -> str:
+    """The resume key of one all-to-all layout measurement."""
+    return config_id("comm", [int(w) for w in widths], batch_size, backend, hardware_kind)
+
+
+def sample_shard_configs(
+    tables: Sequence[TableSpec],
+    num_configs: int,
+    *,
+    batch_size: int,
+    seed: int,
+    max_tables: int = 15,
+    memory_cap_bytes: int | None = None,
+    optimizer: Optimizer = "rowwise_adagrad",
+    weights_precision: WeightsPrecision = "fp32",
+) -> list[list[TableSpec]]:
+    """`num_configs` shards of 1..`max_tables` distinct tables each, each under `memory_cap_bytes`."""
+    if not tables:
+        raise ValueError("tables: the population to sample shards from is empty")
+    if max_tables < 1:
+        raise ValueError(f"max_tables must be >= 1, got {max_tables}")
+    if num_configs < 0:
+        raise ValueError(f"num_configs must be >= 0, got {num_configs}")
+    rng = np.random.default_rng(seed)
+    configs: list[list[TableSpec]] = []
+    attempts = 0
+    while len(configs) < num_configs:
+        attempts += 1
+        if attempts > 100 * max(num_configs, 1):
+            raise ValueError(f"memory_cap_bytes {memory_cap_bytes}: too small for any table of the population")
+        count = int(rng.integers(1, min(max_tables, len(tables)) + 1))
+        picked = [tables[i] for i in rng.choice(len(tables), size=count, replace=False)]
+        # drop tables until the shard fits, so large caps keep large shards and small caps still sample
+        while picked and memory_cap_bytes is not None and (
+            shard_memory_bytes(picked, batch_size, optimizer, weights_precision) > memory_cap_bytes
+        ):
+            picked.pop()
+        if picked:
+            configs.append(picked)
+    return configs
+
+
+def default_max_devices(device_type: str) -> int:
+    """The largest all-to-all this machine can run: its GPU count, or on CPU max(4, cores) processes."""
+    if device_type == "cuda":
+        return torch.cuda.device_count()
+    return max(4, os.cpu_count() or 1)
+
+
+def sample_comm_layouts(
+    num_layouts: int,
+    *,
+    dims: Sequence[int],
+    seed: int,
+    max_devices: int,
+    max_tables_per_device: int = 15,
+) -> list[list[int]]:
+    """`num_layouts` per-device output widths over D in {2, 4, ..., max_devices}; each device's width is the
+    sum of the dims of 0..`max_tables_per_device` tables drawn from `dims` (the population's dims)."""
+    if max_devices < 2:
+        raise ValueError(f"max_devices must be >= 2 for an all-to-all, got {max_devices}")
+    if not dims:
+        raise ValueError("dims: need the population's table dims to sample widths")
+    device_counts = [d for d in (2**k for k in range(1, 12)) if d <= max_devices]
+    rng = np.random.default_rng(seed)
+    layouts = []
+    for _ in range(num_layouts):
+        num_devices = int(rng.choice(device_counts))
+        widths = [
+            int(np.sum(rng.choice(dims, size=int(rng.integers(0, max_tables_per_device + 1)))))
+            for _ in range(num_devices)
+        ]
+        layouts.append(widths)
+    return layouts

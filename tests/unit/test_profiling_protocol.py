@@ -1,0 +1,67 @@
+"""Timing settings and index data preparation (no kernels run here; see tests/integration)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from shardwise.profiling.comm import expected_received, local_batch_sizes, pooled_output
+from shardwise.profiling.hardware import hardware_info, hardware_kind
+from shardwise.profiling.kernel import TimingProtocol, _fit_batch, table_index_data
+from shardwise.workload import TableSpec, sample_batch, stable_seed
+
+
+def test_protocol_defaults_depend_on_the_device() -> None:
+    cpu = TimingProtocol().for_device("cpu")
+    assert cpu.reference_normalised is True and cpu.clock == "thread"
+    assert TimingProtocol(num_threads=2).for_device("cpu").clock == "wall"
+    assert TimingProtocol(reference_normalised=False).for_device("cpu").reference_normalised is False
+    settings = json.loads(TimingProtocol(reference_ms=1.5).settings_json())
+    assert "reference_ms" not in settings and settings["iters"] == 10
+
+
+def test_bad_protocol_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match="iters"):
+        TimingProtocol(iters=0)
+    with pytest.raises(ValidationError, match="warmup"):
+        TimingProtocol(warmup_iter=3)
+
+
+def test_index_data_is_folded_into_the_rows_and_fitted_to_the_batch() -> None:
+    table = TableSpec(name="t", rows=10, dim=8, pooling_factor=3.0)
+    lengths, indices = table_index_data(table, 16, {"t": (np.array([2, 1]), np.array([5, 17, 123]))})
+    assert lengths.tolist() == [2, 1] * 8
+    assert indices.tolist() == [5, 7, 3] * 8
+    lengths, indices = _fit_batch(np.array([1, 2, 3]), np.arange(6), 2)
+    assert lengths.tolist() == [1, 2] and indices.tolist() == [0, 1, 2]
+    with pytest.raises(ValueError, match="no index data"):
+        table_index_data(table, 4, {"other": (np.array([1]), np.array([0]))})
+    with pytest.raises(ValueError, match="lengths sum"):
+        _fit_batch(np.array([2]), np.arange(3), 1)
+
+
+def test_column_slices_share_their_source_tables_index_data() -> None:
+    table = TableSpec(name="t", rows=1000, dim=64, pooling_factor=5.0, zipf_alpha=1.1)
+    half = table.with_dim(32, name="t[0:32]")
+    a, b = table_index_data(table, 64), table_index_data(half, 64)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    expected = sample_batch(table, 64, stable_seed("t"))
+    assert np.array_equal(a[1], expected[1])
+
+
+def test_hardware_kind_names_cpu_and_cores() -> None:
+    kind = hardware_kind("cpu")
+    assert kind.startswith("cpu-") and kind.endswith("c") and kind == kind.lower()
+    info = hardware_info("cpu")
+    assert info["hardware_kind"] == kind and info["cpu_count"] >= 1 and info["fbgemm_version"]
+
+
+def test_all_to_all_expectation_gives_each_device_its_batch_slice() -> None:
+    assert local_batch_sizes(10, 4) == [3, 3, 2, 2]
+    got = expected_received([2, 3], batch_size=5, rank=1)
+    assert got.shape == (2, 5)  # rows 3..4 of both devices' outputs
+    assert got[:, :2].equal(pooled_output(0, 2, 5, got.device)[3:])
+    assert got[:, 2:].equal(pooled_output(1, 3, 5, got.device)[3:])
