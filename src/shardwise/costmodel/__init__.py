@@ -1,0 +1,23 @@
+"""Neural cost models: networks, pre-training, honest evaluation, fast batched prediction."""
+
+from .evaluate import ComputeSamples, evaluate_compute, format_table, regression_metrics, torchrec_estimates
+from .model import ModelMeta, NetworkConfig, NeuralCostModel
+from .train import CostDataError, TrainConfig, TrainingReport, compute_samples, train_cost_model
+from .types import CostModel
+
+__all__ = [
+    "ComputeSamples",
+    "CostDataError",
+    "CostModel",
+    "ModelMeta",
+    "NetworkConfig",
+    "NeuralCostModel",
+    "TrainConfig",
+    "TrainingReport",
+    "compute_samples",
+    "evaluate_compute",
+    "format_table",
+    "regression_metrics",
+    "torchrec_estimates",
+    "train_cost_model",
+]

@@ -1,0 +1,45 @@
+"""Evaluation on hardware: measured plan cost, end-to-end DLRM throughput, benchmark suites, reports."""
+
+from .dlrm import DLRMThroughput, build_dlrm, measure_dlrm_throughput, validate_plan_e2e
+from .measured import (
+    DeviceCost,
+    MeasuredPlanCost,
+    evaluate_plan,
+    measure_plan,
+    measure_plans,
+    save_measured,
+)
+from .report import write_benchmark_report, write_plan_report
+from .suite import (
+    PAPER_TASK_SETS,
+    SMALL_TASK_SETS,
+    MeasuredCostGreedySearch,
+    PlanResult,
+    TaskSetSpec,
+    make_task_set,
+    run_benchmark,
+    summarize,
+)
+
+__all__ = [
+    "PAPER_TASK_SETS",
+    "SMALL_TASK_SETS",
+    "DLRMThroughput",
+    "DeviceCost",
+    "MeasuredCostGreedySearch",
+    "MeasuredPlanCost",
+    "PlanResult",
+    "TaskSetSpec",
+    "build_dlrm",
+    "evaluate_plan",
+    "make_task_set",
+    "measure_dlrm_throughput",
+    "measure_plan",
+    "measure_plans",
+    "run_benchmark",
+    "save_measured",
+    "summarize",
+    "validate_plan_e2e",
+    "write_benchmark_report",
+    "write_plan_report",
+]

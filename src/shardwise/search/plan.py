@@ -8,7 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shardwise.workload import TableSpec
+from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
+from shardwise.workload.tables import DIM_ALIGNMENT
 
 PLAN_FORMAT = "shardwise.plan/v1"
 
@@ -88,3 +89,103 @@ def save_plan(plan: Plan, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plan.to_json(), indent=1))
     return path
+
+
+# --- validity and memory -------------------------------------------------------------------------------
+
+GIB = 2**30
+
+
+def shard_state_bytes(spec: TableSpec, task: ShardingTask) -> int:
+    """What one shard adds to its device: weights, optimizer state and its share of the kernel buffers.
+
+    `shard_memory_bytes` is additive over a device's shards, so search can account memory incrementally."""
+    return shard_memory_bytes([spec], task.batch_size, task.optimizer, task.weights_precision)
+
+
+def device_specs(plan: Plan, task: ShardingTask) -> list[list[TableSpec]]:
+    """Per device, the shards as tables (column slices named `t[lo:hi]`), in plan order."""
+    by_name = {t.name: t for t in task.tables}
+    devices: list[list[TableSpec]] = [[] for _ in range(plan.num_devices)]
+    for s in plan.shards:
+        devices[s.device].append(s.spec(by_name[s.table]))
+    return devices
+
+
+def plan_memory_bytes(plan: Plan, task: ShardingTask) -> list[int]:
+    """Memory each device holds under `plan` (weights + optimizer state + kernel buffers), in bytes."""
+    return [
+        shard_memory_bytes(specs, task.batch_size, task.optimizer, task.weights_precision)
+        for specs in device_specs(plan, task)
+    ]
+
+
+def validate_plan(plan: Plan, task: ShardingTask) -> None:
+    """Raise PlanError naming the first problem: unknown table, device out of range, columns not tiled
+    exactly once or off the 4-column grid, or a device over `task.device_memory_bytes`."""
+    if plan.num_devices != task.num_devices:
+        raise PlanError(f"plan has num_devices {plan.num_devices}, the task has {task.num_devices}")
+    by_name = {t.name: t for t in task.tables}
+    columns: dict[str, list[tuple[int, int]]] = {name: [] for name in by_name}
+    for s in plan.shards:
+        if s.table not in by_name:
+            raise PlanError(f"shard of table {s.table!r}: no such table in the task")
+        if not 0 <= s.device < task.num_devices:
+            raise PlanError(
+                f"shard {s.table}[{s.col_offset}:{s.col_offset + s.dim}]: device {s.device} is out of range "
+                f"0..{task.num_devices - 1}"
+            )
+        if s.col_offset % DIM_ALIGNMENT or s.dim % DIM_ALIGNMENT:
+            raise PlanError(
+                f"shard {s.table}[{s.col_offset}:{s.col_offset + s.dim}]: column split not on a multiple of "
+                f"{DIM_ALIGNMENT} (fbgemm needs it)"
+            )
+        columns[s.table].append((s.col_offset, s.col_offset + s.dim))
+    for name, spans in columns.items():
+        dim = by_name[name].dim
+        if not spans:
+            raise PlanError(f"table {name!r} is not placed on any device")
+        covered = 0
+        for lo, hi in sorted(spans):
+            if lo < covered:
+                raise PlanError(f"table {name!r}: columns {lo}..{min(hi, covered) - 1} are covered more than once")
+            if lo > covered:
+                raise PlanError(f"table {name!r}: columns {covered}..{lo - 1} are not covered")
+            covered = hi
+        if covered != dim:
+            if covered > dim:
+                raise PlanError(f"table {name!r}: shards reach column {covered}, the table has dim {dim}")
+            raise PlanError(f"table {name!r}: columns {covered}..{dim - 1} are not covered")
+    cap = task.device_memory_bytes
+    for device, used in enumerate(plan_memory_bytes(plan, task)):
+        if used > cap:
+            raise PlanError(
+                f"device {device} needs {used / GIB:.3f} GiB, over its cap of {cap / GIB:.3f} GiB "
+                f"by {(used - cap) / GIB:.3f} GiB"
+            )
+
+
+def check_memory_bounds(task: ShardingTask, *, column_split: bool) -> None:
+    """Raise PlanError saying how much memory is missing when no plan can fit, whatever the search.
+
+    Two bounds: all tables together against the total capacity, and the largest unit a method cannot
+    split further (a whole table, or its narrowest slice spread over all devices) against one device."""
+    cap = task.device_memory_bytes
+    total = sum(shard_state_bytes(t, task) for t in task.tables)
+    capacity = cap * task.num_devices
+    if total > capacity:
+        raise PlanError(
+            f"no plan fits: the tables need {total / GIB:.3f} GiB in all, {task.num_devices} devices x "
+            f"{cap / GIB:.3f} GiB hold {capacity / GIB:.3f} GiB: {(total - capacity) / GIB:.3f} GiB missing"
+        )
+    for t in task.tables:
+        pieces = min(task.num_devices, t.dim // DIM_ALIGNMENT) if column_split else 1
+        widest = -(-t.dim // pieces)
+        widest += -widest % DIM_ALIGNMENT
+        need = shard_state_bytes(t.with_dim(widest), task)
+        if need > cap:
+            what = f"its widest slice ({widest} of {t.dim} columns)" if pieces > 1 else "the table alone"
+            raise PlanError(
+                f"no plan fits: table {t.name!r}: {what} needs {need / GIB:.3f} GiB, over the device cap of "
+                f"{cap / GIB:.3f} GiB by {(need - cap) / GIB:.3f} GiB"
+            )

@@ -1,0 +1,117 @@
+"""Planning time: NeuroShard next to TorchRec's planner on the same task (100 tables / 8 devices, 1,000 / 64).
+
+Targets (README): NeuroShard plans 100 tables on 8 devices in under 2 s and 1,000 tables on 64 devices in
+under 60 s. Tables are synthetic DLRM tables at full size; memory per device is 1.5x an even share.
+
+    python benchmarks/bench_planning_time.py                       # champion cost model, else an untrained one
+    python benchmarks/bench_planning_time.py --model MODEL_DIR --with-cw
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from shardwise.search import PlanError, make_searcher
+from shardwise.workload.synthetic import synthesize_tables
+from shardwise.workload.tableset import sample_task
+
+TARGET_S = {(100, 8): 2.0, (1000, 64): 60.0}
+
+
+def cost_model_for(uri: str | None, tables, batch_size: int):  # type: ignore[no-untyped-def]
+    """The given or champion cost model; else an untrained network of the default size (timing is the same)."""
+    from shardwise.integrations.mlflow import default_model_uri, load_cost_model, resolve_tracking_uri
+    from shardwise.profiling.hardware import hardware_kind
+
+    tracking_uri = resolve_tracking_uri(None)
+    # an embedded registry that does not exist is not created just to find it empty
+    no_registry = tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).is_file()
+    candidates = [uri] if uri else ([] if no_registry else [default_model_uri(hardware_kind("cpu"))])
+    for candidate in candidates:
+        try:
+            return load_cost_model(candidate, tracking_uri=tracking_uri), candidate
+        except Exception as err:  # no registry / no champion: fall through to the stand-in
+            if uri:
+                raise SystemExit(f"--model {uri}: {err}") from None
+    import torch
+
+    from shardwise.costmodel.features import (
+        COMM_FEATURE_NAMES,
+        NUM_COMM_FEATURES,
+        TABLE_FEATURE_NAMES,
+        FeatureNormaliser,
+        comm_features,
+        transformed_table_features,
+    )
+    from shardwise.costmodel.model import ModelMeta, NetworkConfig, NeuralCostModel
+    from shardwise.costmodel.networks import CommNet, ComputeNet
+    from shardwise.workload import NUM_FEATURES
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    feats = np.stack([transformed_table_features(t, batch_size) for t in tables])
+    widths = rng.integers(0, 4096, size=(64, 16)).astype(float)
+    comm = comm_features(widths, rng.random((64, 16))).reshape(-1, NUM_COMM_FEATURES)
+    config = NetworkConfig()
+    model = NeuralCostModel(
+        ComputeNet(NUM_FEATURES, config.hidden, config.layers, config.head_layers),
+        FeatureNormaliser.fit(feats, TABLE_FEATURE_NAMES),
+        ModelMeta("untrained", batch_size),
+        config,
+        CommNet(NUM_COMM_FEATURES, config.comm_hidden, config.comm_layers),
+        FeatureNormaliser.fit(comm, COMM_FEATURE_NAMES),
+    )
+    return model, "untrained network of the default size (timing only: no registered champion)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="cost model directory or models:/ URI")
+    parser.add_argument("--with-cw", action="store_true", help="also time TorchRec's column-wise variant "
+                        "(minutes at 1,000 tables)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sizes", default="100x8,1000x64", help="tables x devices, comma separated")
+    parser.add_argument("--batch-size", type=int, default=4096, help="the tasks' batch size (reuse bins are "
+                        "measured at it: larger batches make synthesizing 1,000 tables slow, not planning)")
+    args = parser.parse_args()
+    sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
+
+    batch_size = args.batch_size
+    tableset = synthesize_tables(max(n for n, _ in sizes), seed=args.seed, batch_size=batch_size)
+    model, source = cost_model_for(args.model, tableset.tables, batch_size)
+    print(f"cost model: {source}")
+    baselines = ["torchrec", "torchrec_cw"] if args.with_cw else ["torchrec"]
+    header = f"{'task':>12}  {'neuroshard s':>12}  {'(cpu s)':>8}  " + "  ".join(f"{b + ' s':>14}  {'ratio':>6}" for b in baselines)
+    print(header + f"  {'target':>8}")
+    for num_tables, num_devices in sizes:
+        task = sample_task(tableset, num_tables, num_devices, seed=args.seed)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        make_searcher("neuroshard").search(task, model, args.seed)
+        neuro_s = time.perf_counter() - started
+        neuro_cpu_s = time.process_time() - cpu_started
+        cells = []
+        for method in baselines:
+            started = time.perf_counter()
+            try:
+                make_searcher(method).search(task, None, args.seed)
+                base_s = time.perf_counter() - started
+                cells.append(f"{base_s:>14.2f}  {base_s / neuro_s:>5.2f}x")
+            except PlanError as err:
+                cells.append(f"{'failed':>14}  {'-':>6}")
+                print(f"  {method}: {err}")
+        target = TARGET_S.get((num_tables, num_devices))
+        verdict = "" if target is None else f"{'<' if neuro_s < target else '>='} {target:.0f} s"
+        print(
+            f"{f'{num_tables}x{num_devices}':>12}  {neuro_s:>12.2f}  {neuro_cpu_s:>8.2f}  " + "  ".join(cells)
+            + f"  {verdict:>8}"
+        )
+    print("ratio = TorchRec's planner time / NeuroShard's time on the same task (same process, same run);")
+    print("cpu s = NeuroShard's process CPU time: far below wall time means the machine was busy with others")
+
+
+if __name__ == "__main__":
+    main()

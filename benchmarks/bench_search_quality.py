@@ -1,0 +1,74 @@
+"""Predicted plan quality: mean predicted plan cost (slowest device) per method over seeded tasks.
+
+Two task sets like the papers': 10-60 tables on 4 devices, and 80-120 tables on 8, drawn from synthetic
+DLRM tables. Every plan is scored by the same cost model; ratios are to NeuroShard (> 1: worse). Failures
+(PlanError: the method found no plan within memory) are counted, never scored. Measured (not predicted)
+quality is benchmarks/bench_plan_quality.py.
+
+    python benchmarks/bench_search_quality.py --model models:/shardwise-cost-cpu-x86_64-2c@champion
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from shardwise.search import PlanError, make_searcher
+from shardwise.workload.synthetic import synthesize_tables
+from shardwise.workload.tableset import sample_task
+
+METHODS = ("neuroshard", "random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy",
+           "torchrec", "torchrec_cw")
+TASK_SETS = {"10-60 tables, 4 devices": (10, 60, 4), "80-120 tables, 8 devices": (80, 120, 8)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="cost model (default: this hardware's champion)")
+    parser.add_argument("--tasks", type=int, default=8, help="tasks per set")
+    parser.add_argument("--row-scale", type=float, default=0.01, help="table rows x this (CPU-sized tables)")
+    parser.add_argument("--memory-slack", type=float, default=1.5)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from shardwise.integrations.mlflow import default_model_uri, load_cost_model, resolve_tracking_uri
+    from shardwise.profiling.hardware import hardware_kind
+
+    uri = args.model or default_model_uri(hardware_kind("cpu"))
+    try:
+        model = load_cost_model(uri, tracking_uri=resolve_tracking_uri(None))
+    except Exception as err:
+        raise SystemExit(
+            f"no cost model at {uri} ({type(err).__name__}): predicted quality needs one; get it with "
+            "`make run` or `shardwise pretrain`, then pass --model"
+        ) from None
+    print(f"cost model: {uri} ({model.hardware_kind}, batch {model.batch_size})")
+    tableset = synthesize_tables(300, seed=args.seed, row_scale=args.row_scale, batch_size=model.batch_size)
+    rng = np.random.default_rng(args.seed)
+    for set_name, (lo, hi, num_devices) in TASK_SETS.items():
+        costs: dict[str, list[float]] = {m: [] for m in METHODS}
+        failures = dict.fromkeys(METHODS, 0)
+        for i in tqdm(range(args.tasks), desc=set_name, leave=False):
+            task = sample_task(
+                tableset, int(rng.integers(lo, hi + 1)), num_devices, seed=args.seed * 1000 + i,
+                memory_slack=args.memory_slack,
+            )
+            for method in METHODS:
+                try:
+                    plan = make_searcher(method).search(task, model, i)
+                except PlanError:
+                    failures[method] += 1
+                    continue
+                costs[method].append(plan.extra["predicted"]["max_cost_ms"])
+        reference = float(np.mean(costs["neuroshard"])) if costs["neuroshard"] else float("nan")
+        print(f"\n{set_name}: {args.tasks} tasks, memory slack {args.memory_slack}")
+        print(f"{'method':>20}  {'mean cost ms':>12}  {'vs neuroshard':>13}  {'failed':>6}")
+        for method in METHODS:
+            mean = float(np.mean(costs[method])) if costs[method] else float("nan")
+            print(f"{method:>20}  {mean:>12.3f}  {mean / reference:>12.3f}x  {failures[method]:>6}")
+
+
+if __name__ == "__main__":
+    main()

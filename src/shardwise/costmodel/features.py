@@ -1,0 +1,137 @@
+"""Network inputs: per-table features (log-scaled sizes + reuse bins), per-device comm features, and the
+normaliser fitted on training data and saved with the model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardwise.workload import FEATURE_NAMES, NUM_FEATURES, TableSpec, table_features
+
+#: dim, rows, pooling factor and size span orders of magnitude; the reuse bins are already fractions
+LOG_FEATURES = 4
+COMM_FEATURE_NAMES: tuple[str, ...] = (
+    "log_own_width",
+    "log_total_width",
+    "log_max_width",
+    "log_mean_width",
+    "own_over_max_width",
+    "log_num_devices",
+    "log_fwd_compute_skew_ms",  # max compute - own compute: how long this device waits in the forward a2a
+)
+NUM_COMM_FEATURES = len(COMM_FEATURE_NAMES)
+
+
+def transformed_table_features(table: TableSpec, batch_size: int) -> np.ndarray:
+    """One table's 21 features with log1p on dim, rows, pooling factor and size (before normalisation)."""
+    raw = table_features(table, batch_size)
+    raw[:LOG_FEATURES] = np.log1p(raw[:LOG_FEATURES])
+    return raw
+
+
+class TableFeatureCache:
+    """Transformed features per TableSpec, computed once (reuse bins of Zipf tables cost a sampled batch)."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self._rows: dict[TableSpec, np.ndarray] = {}
+
+    def __call__(self, tables: Sequence[TableSpec]) -> np.ndarray:
+        """Feature matrix [len(tables), 21] (float32)."""
+        if not tables:
+            return np.zeros((0, NUM_FEATURES), dtype=np.float32)
+        rows = self._rows
+        out = []
+        for table in tables:
+            row = rows.get(table)
+            if row is None:
+                row = rows[table] = transformed_table_features(table, self.batch_size).astype(np.float32)
+            out.append(row)
+        return np.stack(out)
+
+
+#: channels summed over a shard in linear scale, so the head sees the shard's total work directly:
+#: lookup bytes-ish work pooling x (dim + 16) (what single-table CPU cost ranks best with), lookups, width
+WORK_CHANNELS: tuple[str, ...] = ("kilo_pooling_x_dim16", "pooling_over_10", "dim_over_100")
+NUM_WORK_CHANNELS = len(WORK_CHANNELS)
+
+
+def network_inputs(transformed: np.ndarray, normaliser: FeatureNormaliser) -> np.ndarray:
+    """[T, 21] transformed table features -> [T, 21 + 3]: normalised features, then the work channels."""
+    dim = np.expm1(transformed[:, 0])
+    pooling = np.expm1(transformed[:, 2])
+    work = np.stack([pooling * (dim + 16) / 1e3, pooling / 10, dim / 100], axis=1)
+    return np.concatenate([normaliser(transformed), work.astype(np.float32)], axis=1)
+
+
+def comm_features(widths: np.ndarray, compute_ms: np.ndarray) -> np.ndarray:
+    """[N, D] per-device output widths and compute ms -> [N, D, 7] communication features."""
+    widths = np.asarray(widths, dtype=np.float64)
+    compute_ms = np.asarray(compute_ms, dtype=np.float64)
+    if widths.ndim != 2:
+        raise ValueError(f"widths must be [layouts, devices], got shape {widths.shape}")
+    if compute_ms.shape != widths.shape:
+        raise ValueError(f"compute_ms shape {compute_ms.shape} differs from widths shape {widths.shape}")
+    n, d = widths.shape
+    total = widths.sum(axis=1, keepdims=True)
+    peak = widths.max(axis=1, keepdims=True)
+    skew = compute_ms.max(axis=1, keepdims=True) - compute_ms
+    feats = np.stack(
+        [
+            np.log1p(widths),
+            np.broadcast_to(np.log1p(total), (n, d)),
+            np.broadcast_to(np.log1p(peak), (n, d)),
+            np.broadcast_to(np.log1p(total / d), (n, d)),
+            widths / np.maximum(peak, 1.0),
+            np.full((n, d), np.log(float(d))),
+            np.log1p(np.maximum(skew, 0.0)),
+        ],
+        axis=-1,
+    )
+    return feats.astype(np.float32)
+
+
+@dataclass(frozen=True)
+class FeatureNormaliser:
+    """Per-feature standardisation fitted on training inputs; constant features pass through centred."""
+
+    names: tuple[str, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @classmethod
+    def fit(cls, features: np.ndarray, names: Sequence[str]) -> FeatureNormaliser:
+        """Mean and standard deviation of each column of `features` [M, F]."""
+        features = np.asarray(features, dtype=np.float64).reshape(-1, len(names))
+        if features.shape[0] == 0:
+            raise ValueError("cannot fit a feature normaliser on zero rows")
+        std = features.std(axis=0)
+        # a feature constant in training (e.g. one device count) must not blow up at prediction time
+        std = np.where(std < 1e-6, 1.0, std)
+        return cls(tuple(names), tuple(features.mean(axis=0).tolist()), tuple(std.tolist()))
+
+    def __call__(self, features: np.ndarray) -> np.ndarray:
+        """Standardised features, same shape, float32."""
+        mean = np.asarray(self.mean, dtype=np.float32)
+        std = np.asarray(self.std, dtype=np.float32)
+        return ((np.asarray(features, dtype=np.float32) - mean) / std).astype(np.float32)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"names": list(self.names), "mean": list(self.mean), "std": list(self.std)}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> FeatureNormaliser:
+        """Inverse of `to_json`."""
+        names, mean, std = tuple(doc["names"]), tuple(doc["mean"]), tuple(doc["std"])
+        if not (len(names) == len(mean) == len(std)):
+            raise ValueError("normaliser: 'names', 'mean' and 'std' must have the same length")
+        return cls(names, tuple(float(m) for m in mean), tuple(float(s) for s in std))
+
+
+TABLE_FEATURE_NAMES = tuple(
+    f"log1p_{n}" if i < LOG_FEATURES else n for i, n in enumerate(FEATURE_NAMES)
+)

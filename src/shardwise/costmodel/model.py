@@ -1,0 +1,235 @@
+"""`NeuralCostModel`: the pre-trained compute and communication networks behind the `CostModel` protocol,
+with fast batched prediction and a plain on-disk format (weights state_dict + JSON, no pickled modules)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardwise.workload import NUM_FEATURES, TableSpec
+
+from .features import (
+    COMM_FEATURE_NAMES,
+    NUM_COMM_FEATURES,
+    NUM_WORK_CHANNELS,
+    FeatureNormaliser,
+    TableFeatureCache,
+    comm_features,
+    network_inputs,
+)
+from .networks import CommNet, ComputeNet
+
+MODEL_FORMAT = "shardwise.costmodel/v1"
+CONFIG_FILE = "cost_model.json"
+WEIGHTS_FILE = "weights.pt"
+#: smallest cost the log targets represent (an all-to-all of nothing still takes a few microseconds)
+MIN_MS = 1e-4
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """Sizes of the two networks."""
+
+    hidden: int = 64
+    layers: int = 2
+    head_layers: int = 2
+    comm_hidden: int = 32
+    comm_layers: int = 2
+
+
+@dataclass(frozen=True)
+class ModelMeta:
+    """What the model was trained for: hardware, batch size, timing reference, and log-target offsets."""
+
+    hardware_kind: str
+    batch_size: int
+    reference_ms: float | None = None
+    compute_log_offset: tuple[float, float] = (0.0, 0.0)
+    comm_log_offset: tuple[float, float] = (0.0, 0.0)
+    info: dict[str, Any] = field(default_factory=dict)  # training provenance (seed, sizes, versions)
+
+
+class NeuralCostModel:
+    """Learned cost model for one hardware kind and batch size (implements `CostModel`)."""
+
+    def __init__(
+        self,
+        compute_net: ComputeNet,
+        normaliser: FeatureNormaliser,
+        meta: ModelMeta,
+        config: NetworkConfig,
+        comm_net: CommNet | None = None,
+        comm_normaliser: FeatureNormaliser | None = None,
+    ) -> None:
+        if (comm_net is None) != (comm_normaliser is None):
+            raise ValueError("comm_net and comm_normaliser come together (both or neither)")
+        self.compute_net = compute_net.eval()
+        self.comm_net = comm_net.eval() if comm_net is not None else None
+        self.normaliser = normaliser
+        self.comm_normaliser = comm_normaliser
+        self.meta = meta
+        self.config = config
+        self.hardware_kind = meta.hardware_kind
+        self.batch_size = meta.batch_size
+        self.reference_ms = meta.reference_ms
+        self.device = torch.device("cpu")
+        self._features = TableFeatureCache(meta.batch_size)
+        # normalised feature rows of every table seen, found by object identity first (hashing a pydantic
+        # TableSpec costs microseconds; search passes the same objects again and again), then by value
+        self._row_by_id: dict[int, tuple[TableSpec, int]] = {}
+        self._row_by_value: dict[TableSpec, int] = {}
+        self._rows: list[np.ndarray] = []
+        self._matrix = np.zeros((0, NUM_FEATURES + NUM_WORK_CHANNELS), dtype=np.float32)
+        self._compute_offset = torch.tensor(meta.compute_log_offset, dtype=torch.float32)
+        self._comm_offset = torch.tensor(meta.comm_log_offset, dtype=torch.float32)
+
+    def to(self, device: str | torch.device) -> NeuralCostModel:
+        """Move the networks to `device` (prediction inputs and outputs stay numpy)."""
+        self.device = torch.device(device)
+        self.compute_net.to(self.device)
+        if self.comm_net is not None:
+            self.comm_net.to(self.device)
+        self._compute_offset = self._compute_offset.to(self.device)
+        self._comm_offset = self._comm_offset.to(self.device)
+        return self
+
+    @property
+    def has_comm(self) -> bool:
+        """Whether the model was trained on all-to-all measurements."""
+        return self.comm_net is not None
+
+    # -- compute ---------------------------------------------------------------------------------------
+    def normalised_features(self, tables: Sequence[TableSpec]) -> np.ndarray:
+        """[T, 21 + 3] network inputs: normalised features and work channels (cached per TableSpec)."""
+        ids = self._row_ids(tables)  # registers new tables before the matrix is built
+        return self._feature_matrix()[ids]
+
+    def _row_ids(self, tables: Sequence[TableSpec]) -> np.ndarray:
+        out = np.empty(len(tables), dtype=np.int64)
+        by_id, by_value = self._row_by_id, self._row_by_value
+        for i, table in enumerate(tables):
+            hit = by_id.get(id(table))
+            if hit is not None and hit[0] is table:
+                out[i] = hit[1]
+                continue
+            row = by_value.get(table)
+            if row is None:
+                row = by_value[table] = len(self._rows)
+                self._rows.append(network_inputs(self._features([table]), self.normaliser)[0])
+            by_id[id(table)] = (table, row)  # holding the table keeps its id from being reused
+            out[i] = row
+        return out
+
+    def _feature_matrix(self) -> np.ndarray:
+        if len(self._matrix) != len(self._rows):
+            self._matrix = np.stack(self._rows) if self._rows else self._matrix[:0]
+        return self._matrix
+
+    @torch.inference_mode()
+    def table_embeddings(self, tables: Sequence[TableSpec]) -> np.ndarray:
+        """Per-table representations [T, H]; a shard's representation is the sum over its tables."""
+        x = torch.from_numpy(self.normalised_features(tables)).to(self.device)
+        return self.compute_net.embed(x).cpu().numpy()
+
+    @torch.inference_mode()
+    def compute_from_embeddings(self, summed: np.ndarray) -> np.ndarray:
+        """[N, H] summed shard representations -> [N, 2] forward and backward ms (0 for no tables)."""
+        s = torch.as_tensor(np.asarray(summed, dtype=np.float32), device=self.device)
+        if s.ndim != 2 or s.shape[1] != self.compute_net.embedding_dim:
+            raise ValueError(f"summed embeddings must be [N, {self.compute_net.embedding_dim}], got {tuple(s.shape)}")
+        return self._ms_from_summed(s).cpu().numpy()
+
+    def _ms_from_summed(self, summed: torch.Tensor) -> torch.Tensor:
+        ms = torch.exp(self.compute_net.head_log_ms(summed) + self._compute_offset)
+        empty = summed[:, -1:] < 0.5  # the count channel: a device with no tables computes nothing
+        return torch.where(empty, torch.zeros_like(ms), ms)
+
+    @torch.inference_mode()
+    def predict_compute(self, shards: Sequence[Sequence[TableSpec]]) -> np.ndarray:
+        """[N, 2] forward and backward ms of N shards (an empty shard costs 0), in one batched pass."""
+        flat = [table for shard in shards for table in shard]
+        counts = np.fromiter((len(shard) for shard in shards), dtype=np.int64, count=len(shards))
+        # the per-table MLP runs once per distinct table, then embeddings are gathered and summed per shard
+        unique, inverse = np.unique(self._row_ids(flat), return_inverse=True)
+        x = torch.from_numpy(self._feature_matrix()[unique]).to(self.device)
+        index = torch.from_numpy(np.repeat(np.arange(len(shards)), counts)).to(self.device)
+        emb = self.compute_net.embed(x)[torch.from_numpy(inverse.reshape(-1)).to(self.device)]
+        summed = torch.zeros(len(shards), emb.shape[1], dtype=emb.dtype, device=self.device)
+        summed.index_add_(0, index, emb)
+        return self._ms_from_summed(summed).cpu().numpy().astype(np.float64)
+
+    # -- communication -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def predict_comm(self, widths: np.ndarray, compute_ms: np.ndarray) -> np.ndarray:
+        """[N, D] per-device output widths and compute ms of N layouts -> [N, D, 2] fwd/bwd all-to-all ms."""
+        if self.comm_net is None or self.comm_normaliser is None:
+            raise ValueError(
+                f"cost model for {self.hardware_kind!r} has no communication network: "
+                "it was trained on a dataset without kind='comm' rows (profile with --comm-layouts)"
+            )
+        feats = self.comm_normaliser(comm_features(widths, compute_ms))
+        out = self.comm_net(torch.from_numpy(feats).to(self.device)) + self._comm_offset
+        return torch.exp(out).cpu().numpy().astype(np.float64)
+
+    # -- persistence -------------------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        """Write `cost_model.json` (config, normalisers, metadata) and `weights.pt` (tensors only)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "format": MODEL_FORMAT,
+            "network": asdict(self.config),
+            "meta": {**asdict(self.meta), "compute_log_offset": list(self.meta.compute_log_offset),
+                     "comm_log_offset": list(self.meta.comm_log_offset)},
+            "normaliser": self.normaliser.to_json(),
+            "comm_normaliser": self.comm_normaliser.to_json() if self.comm_normaliser else None,
+        }
+        (directory / CONFIG_FILE).write_text(json.dumps(doc, indent=1))
+        tensors = {f"compute.{k}": v.detach().cpu() for k, v in self.compute_net.state_dict().items()}
+        if self.comm_net is not None:
+            tensors |= {f"comm.{k}": v.detach().cpu() for k, v in self.comm_net.state_dict().items()}
+        torch.save(tensors, directory / WEIGHTS_FILE)
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> NeuralCostModel:
+        """Read a model written by `save` (weights loaded with `weights_only=True`)."""
+        directory = Path(directory)
+        config_path = directory / CONFIG_FILE
+        if not config_path.is_file():
+            raise FileNotFoundError(f"{directory}: no {CONFIG_FILE} (not a saved shardwise cost model)")
+        doc = json.loads(config_path.read_text())
+        if doc.get("format") != MODEL_FORMAT:
+            raise ValueError(f"{config_path}: field 'format' must be {MODEL_FORMAT!r}, got {doc.get('format')!r}")
+        config = NetworkConfig(**doc["network"])
+        meta_doc: Mapping[str, Any] = doc["meta"]
+        meta = ModelMeta(
+            hardware_kind=str(meta_doc["hardware_kind"]),
+            batch_size=int(meta_doc["batch_size"]),
+            reference_ms=None if meta_doc.get("reference_ms") is None else float(meta_doc["reference_ms"]),
+            compute_log_offset=_pair(meta_doc["compute_log_offset"]),
+            comm_log_offset=_pair(meta_doc["comm_log_offset"]),
+            info=dict(meta_doc.get("info") or {}),
+        )
+        tensors: dict[str, torch.Tensor] = torch.load(directory / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+        compute_net = ComputeNet(NUM_FEATURES, config.hidden, config.layers, config.head_layers)
+        compute_net.load_state_dict({k[8:]: v for k, v in tensors.items() if k.startswith("compute.")})
+        comm_net = comm_norm = None
+        if doc.get("comm_normaliser"):
+            comm_net = CommNet(NUM_COMM_FEATURES, config.comm_hidden, config.comm_layers)
+            comm_net.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("comm.")})
+            comm_norm = FeatureNormaliser.from_json(doc["comm_normaliser"])
+            if comm_norm.names != COMM_FEATURE_NAMES:
+                raise ValueError(f"{config_path}: comm_normaliser features {comm_norm.names} are not {COMM_FEATURE_NAMES}")
+        model = cls(compute_net, FeatureNormaliser.from_json(doc["normaliser"]), meta, config, comm_net, comm_norm)
+        return model.to(device)
+
+
+def _pair(values: Sequence[float]) -> tuple[float, float]:
+    return float(values[0]), float(values[1])

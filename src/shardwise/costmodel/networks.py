@@ -1,0 +1,65 @@
+"""The two networks: compute (per-table MLP, sum over a shard's tables, head) and communication (per device)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def mlp(in_features: int, hidden: int, out_features: int, layers: int) -> nn.Sequential:
+    """`layers` hidden ReLU layers of width `hidden`, then a linear output."""
+    modules: list[nn.Module] = []
+    width = in_features
+    for _ in range(layers):
+        modules += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    modules.append(nn.Linear(width, out_features))
+    return nn.Sequential(*modules)
+
+
+class ComputeNet(nn.Module):
+    """Per-table encoder -> sum over the shard -> head -> log fwd/bwd ms.
+
+    A table's embedding is [learned (hidden) | work channels (linear scale) | 1]: the sum then carries the
+    shard's total work and how many tables the fused kernel runs (an empty shard has count 0). The head sees
+    the learned sum as is and log1p of the work and count sums (1 vs 15 tables spans an order of magnitude)."""
+
+    def __init__(
+        self, num_features: int, hidden: int = 64, layers: int = 2, head_layers: int = 2, work_channels: int = 3
+    ) -> None:
+        super().__init__()
+        self.num_features = num_features
+        self.hidden = hidden
+        self.embedding_dim = hidden + work_channels + 1
+        self.table_mlp = mlp(num_features, hidden, hidden, layers)
+        self.head = mlp(self.embedding_dim, hidden, 2, head_layers)
+
+    def embed(self, inputs: torch.Tensor) -> torch.Tensor:
+        """[T, F + W] normalised features and work channels -> [T, hidden + W + 1] embeddings."""
+        ones = torch.ones(inputs.shape[:-1] + (1,), dtype=inputs.dtype, device=inputs.device)
+        learned = self.table_mlp(inputs[..., : self.num_features])
+        return torch.cat([learned, inputs[..., self.num_features :], ones], dim=-1)
+
+    def head_log_ms(self, summed: torch.Tensor) -> torch.Tensor:
+        """[N, embedding_dim] summed embeddings -> [N, 2] log fwd/bwd ms (centred by the model's offset)."""
+        learned, totals = summed[..., : self.hidden], summed[..., self.hidden :]
+        return self.head(torch.cat([learned, torch.log1p(totals.clamp_min(0.0))], dim=-1))
+
+    def forward(self, features: torch.Tensor, shard_index: torch.Tensor, num_shards: int) -> torch.Tensor:
+        """Flat [T, F] features of all tables, [T] shard of each table -> [num_shards, 2] log ms."""
+        emb = self.embed(features)
+        summed = torch.zeros(num_shards, emb.shape[1], dtype=emb.dtype, device=emb.device)
+        summed.index_add_(0, shard_index, emb)
+        return self.head_log_ms(summed)
+
+
+class CommNet(nn.Module):
+    """Per-device communication features -> log fwd/bwd all-to-all ms (same weights for every device)."""
+
+    def __init__(self, num_features: int, hidden: int = 32, layers: int = 2) -> None:
+        super().__init__()
+        self.net = mlp(num_features, hidden, 2, layers)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., F] normalised features -> [..., 2] log ms (centred by the model's offset)."""
+        return self.net(features)

@@ -1,0 +1,204 @@
+"""Reports: per-plan and per-benchmark HTML pages with PNG plots (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .measured import MeasuredPlanCost  # noqa: E402
+
+if TYPE_CHECKING:
+    from .dlrm import DLRMThroughput
+
+GIB = 2**30
+_STYLE = (
+    "body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}"
+    "td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}th{background:#eee}"
+    "td:first-child,th:first-child{text-align:left}img{max-width:48%;margin:0.5%}"
+)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>"
+    )
+
+
+def plot_device_costs(
+    cost: MeasuredPlanCost, path: Path, predicted_total_ms: Sequence[float] | None = None
+) -> Path:
+    """Per-device stacked bars: forward, backward, communication ms (predicted totals as markers)."""
+    devices = [d.device for d in cost.devices]
+    fwd = [d.fwd_ms for d in cost.devices]
+    bwd = [d.bwd_ms for d in cost.devices]
+    comm = [d.comm_ms for d in cost.devices]
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.6 * len(devices) + 4.5), 3.8))
+    ax.bar(devices, fwd, label="forward", color="#4c72b0")
+    ax.bar(devices, bwd, bottom=fwd, label="backward", color="#dd8452")
+    ax.bar(devices, comm, bottom=[f + b for f, b in zip(fwd, bwd)], label="all-to-all", color="#55a868")
+    if predicted_total_ms is not None:
+        ax.scatter(devices, predicted_total_ms, marker="_", s=600, color="k", zorder=3, label="predicted total")
+    ax.axhline(cost.max_cost_ms, color="#c44e52", linestyle="--", linewidth=1, label="plan cost (max)")
+    ax.set_xlabel("device")
+    ax.set_ylabel("ms per iteration")
+    ax.set_xticks(devices)
+    ax.set_title(f"{cost.method}: measured cost per device (imbalance {cost.imbalance:.2f})", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never hides a bar
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_device_memory(cost: MeasuredPlanCost, path: Path) -> Path:
+    """Per-device memory (GiB) against the per-device cap."""
+    devices = [d.device for d in cost.devices]
+    unit, scale = ("GiB", GIB) if cost.device_memory_bytes >= GIB else ("MiB", 2**20)
+    memory = [d.memory_bytes / scale for d in cost.devices]
+    cap = cost.device_memory_bytes / scale
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.6 * len(devices) + 4.5), 3.8))
+    colors = ["#c44e52" if m > cap else "#8172b3" for m in memory]
+    ax.bar(devices, memory, color=colors, label="weights + optimizer\nstate + buffers")
+    ax.axhline(cap, color="k", linestyle="--", linewidth=1, label=f"cap {cap:.4g} {unit}")
+    ax.set_xlabel("device")
+    ax.set_ylabel(unit)
+    ax.set_xticks(devices)
+    ax.set_ylim(0, max(cap, max(memory)) * 1.15)
+    ax.set_title(f"{cost.method}: memory per device (headroom {cost.memory_headroom:.0%})", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def device_rows(cost: MeasuredPlanCost, predicted_total_ms: Sequence[float] | None = None) -> list[list[Any]]:
+    """The per-device table rows shown in reports."""
+    rows = []
+    for i, d in enumerate(cost.devices):
+        row: list[Any] = [
+            d.device, len(d.shards), d.width, d.fwd_ms, d.bwd_ms, d.comm_fwd_ms, d.comm_bwd_ms, d.total_ms,
+            d.memory_bytes / 2**20,
+        ]
+        if predicted_total_ms is not None:
+            row.append(float(predicted_total_ms[i]))
+        rows.append(row)
+    return rows
+
+
+DEVICE_HEADER = (
+    "device", "shards", "width", "fwd ms", "bwd ms", "a2a fwd ms", "a2a bwd ms", "total ms", "memory MiB"
+)
+
+
+def write_plan_report(
+    cost: MeasuredPlanCost,
+    out_dir: str | Path,
+    *,
+    name: str = "plan",
+    predicted_total_ms: Sequence[float] | None = None,
+    throughput: Sequence[DLRMThroughput] = (),
+) -> list[Path]:
+    """`<name>.html` with the per-device table and plots `<name>_cost.png`, `<name>_memory.png`; returns paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cost_png = plot_device_costs(cost, out / f"{name}_cost.png", predicted_total_ms)
+    memory_png = plot_device_memory(cost, out / f"{name}_memory.png")
+    header = list(DEVICE_HEADER) + (["predicted ms"] if predicted_total_ms is not None else [])
+    summary = (
+        f"<p>plan cost (slowest device) <b>{cost.max_cost_ms:.3f} ms</b>, mean {cost.mean_cost_ms:.3f} ms, "
+        f"imbalance {cost.imbalance:.3f}, memory headroom {cost.memory_headroom:.1%}; batch {cost.batch_size}, "
+        f"hardware {html.escape(cost.hardware_kind)}, reference_ms "
+        f"{'-' if cost.reference_ms is None else format(cost.reference_ms, '.4f')}</p>"
+    )
+    body = summary + _table(header, device_rows(cost, predicted_total_ms))
+    body += f"<img src='{cost_png.name}' alt='cost per device'><img src='{memory_png.name}' alt='memory per device'>"
+    if throughput:
+        body += "<h2>End-to-end DLRM training</h2>" + _table(
+            ("plan", "samples/s", "median iteration ms", "ranks", "backend", "global batch"),
+            [
+                (t.method, t.samples_per_s, t.median_iter_ms, t.world_size, t.backend, t.global_batch_size)
+                for t in throughput
+            ],
+        )
+    page = out / f"{name}.html"
+    page.write_text(_page(f"shardwise plan report: {cost.method}", body))
+    return [page, cost_png, memory_png]
+
+
+def plot_method_comparison(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+    """Grouped bars: mean measured plan cost per method, one group per task set."""
+    task_sets = sorted({r["task_set"] for r in rows})
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(1, len(task_sets), figsize=(5.5 * len(task_sets), 4.2), squeeze=False)
+    for ax, task_set in zip(axes[0], task_sets):
+        values = {r["method"]: r for r in rows if r["task_set"] == task_set and r["mean_cost_ms"] is not None}
+        names = [m for m in methods if m in values]
+        means = [values[m]["mean_cost_ms"] for m in names]
+        ax.bar(range(len(names)), means, color="#4c72b0")
+        for i, m in enumerate(names):
+            ratio = values[m].get("ratio_to_torchrec")
+            if ratio is not None:
+                ax.text(i, means[i], f"{ratio:.2f}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
+        ax.set_ylabel("mean measured plan cost, ms")
+        ax.set_title(f"{task_set} (labels: ratio to torchrec)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+COMPARISON_COLUMNS = (
+    "task_set", "method", "tasks", "failed", "mean_cost_ms", "mean_compute_ms", "ratio_to_torchrec", "ratio_to_best_baseline",
+    "best_baseline", "imbalance", "memory_headroom", "planning_time_s", "prediction_error",
+)
+
+
+def write_benchmark_report(
+    rows: Sequence[dict[str, Any]],
+    out_dir: str | Path,
+    *,
+    plan_reports: Sequence[tuple[str, str]] = (),
+    title: str = "shardwise benchmark",
+) -> list[Path]:
+    """`benchmark.html` with the method comparison table and `benchmark_methods.png`; links to plan reports."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot_method_comparison(rows, out / "benchmark_methods.png")
+    table_rows = [[r.get(c) if r.get(c) is not None else "-" for c in COMPARISON_COLUMNS] for r in rows]
+    body = (
+        "<p>Measured on real kernels and all-to-all; plan cost is the slowest device's forward + backward + "
+        "all-to-all ms; ratios below 1 beat the reference; prediction error is |predicted - measured| / measured "
+        "of the plan cost.</p>"
+        + _table(COMPARISON_COLUMNS, table_rows)
+        + f"<img src='{png.name}' alt='method comparison' style='max-width:98%'>"
+    )
+    if plan_reports:
+        body += "<h2>Plans</h2><ul>" + "".join(
+            f"<li><a href='{html.escape(href)}'>{html.escape(label)}</a></li>" for label, href in plan_reports
+        ) + "</ul>"
+    page = out / "benchmark.html"
+    page.write_text(_page(title, body))
+    return [page, png]

@@ -1,0 +1,378 @@
+"""The benchmark the papers report: seeded task sets, every method, plans measured on real hardware."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from tqdm import tqdm
+
+from shardwise.costmodel.types import CostModel
+from shardwise.profiling.kernel import TimingProtocol
+from shardwise.search.plan import Plan, PlanError, Shard, check_memory_bounds, save_plan, shard_state_bytes
+from shardwise.workload import ShardingTask, TableSpec
+from shardwise.workload.tableset import TableSet, sample_task
+
+from .measured import measure_plans, resolve_device, resolve_protocol, save_measured
+
+MEASURED_GREEDY = "measured_greedy"
+#: methods that learn from or search with the cost model; everything else is a baseline
+LEARNED_METHODS = frozenset({"neuroshard", "dreamshard", "autoshard"})
+
+
+class TaskSetSpec(BaseModel):
+    """`num_tasks` tasks of `min_tables`..`max_tables` tables (drawn uniformly) on `num_devices` devices."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    num_devices: int = Field(ge=1)
+    min_tables: int = Field(ge=1)
+    max_tables: int = Field(ge=1)
+    num_tasks: int = Field(ge=1)
+    memory_slack: float = Field(default=1.5, gt=0)
+
+
+#: the papers' settings: 10-60 tables on 4 devices, 80-120 tables on 8 devices
+PAPER_TASK_SETS = (
+    TaskSetSpec(name="4dev-10to60", num_devices=4, min_tables=10, max_tables=60, num_tasks=10),
+    TaskSetSpec(name="8dev-80to120", num_devices=8, min_tables=80, max_tables=120, num_tasks=10),
+)
+#: the same shape at a size that runs in minutes on a 2-core CPU (smoke runs, CI)
+SMALL_TASK_SETS = (
+    TaskSetSpec(name="4dev-6to10", num_devices=4, min_tables=6, max_tables=10, num_tasks=2),
+    TaskSetSpec(name="8dev-16to24", num_devices=8, min_tables=16, max_tables=24, num_tasks=1),
+)
+TASK_SETS = {"paper": PAPER_TASK_SETS, "small": SMALL_TASK_SETS}
+
+
+def make_task_set(pool: TableSet, spec: TaskSetSpec, seed: int) -> list[ShardingTask]:
+    """The seeded tasks of one set, tables drawn without replacement from `pool` (held-out tables)."""
+    if spec.max_tables > len(pool.tables):
+        raise ValueError(
+            f"task set {spec.name!r}: max_tables {spec.max_tables} exceeds the {len(pool.tables)} tables in the pool"
+        )
+    rng = np.random.default_rng(seed)
+    tasks = []
+    for k in range(spec.num_tasks):
+        num_tables = int(rng.integers(spec.min_tables, spec.max_tables + 1))
+        tasks.append(
+            sample_task(pool, num_tables, spec.num_devices, seed=seed * 1000 + k, memory_slack=spec.memory_slack)
+        )
+    return tasks
+
+
+class MeasuredCostGreedySearch:
+    """Greedy keyed on each table's MEASURED single-table cost: what measuring tables one by one buys.
+
+    Tables in descending measured fwd+bwd ms, each onto the device with the least summed measured ms that
+    has room. The learned cost model must beat this (fused kernels are not additive)."""
+
+    name = MEASURED_GREEDY
+
+    def __init__(
+        self, *, device: torch.device, protocol: TimingProtocol, batch_size: int | None = None
+    ) -> None:
+        self.device = device
+        self.protocol = protocol
+        self.batch_size = batch_size
+        self._single_ms: dict[tuple[str, int], float] = {}  # (table name, batch) -> fwd+bwd ms
+
+    def single_table_ms(self, table: TableSpec, batch_size: int, optimizer: str) -> float:
+        """One table alone on the kernel (cached by name and batch)."""
+        from shardwise.profiling.kernel import measure_shard
+
+        key = (table.name, batch_size)
+        if key not in self._single_ms:
+            timing = measure_shard([table], batch_size, device=self.device, protocol=self.protocol, optimizer=optimizer)  # type: ignore[arg-type]
+            self._single_ms[key] = timing.total_ms
+        return self._single_ms[key]
+
+    def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
+        """Measure each table alone (cached), then place greedily by the measured cost."""
+        from shardwise.search.report import finish_plan
+
+        started = time.perf_counter()
+        check_memory_bounds(task, column_split=False)
+        batch = self.batch_size or task.batch_size
+        cost = np.array([self.single_table_ms(t, batch, task.optimizer) for t in task.tables])
+        need = np.array([shard_state_bytes(t, task) for t in task.tables])
+        devices = self._place(task, np.argsort(-cost, kind="stable"), cost, need)
+        order = "measured cost"
+        if devices is None:
+            # costly-first can strand a large cheap table; placing the largest first (still balancing the
+            # measured cost) is the usual memory-feasible fallback
+            devices = self._place(task, np.argsort(-need, kind="stable"), cost, need)
+            order = "memory (cost order found no room)"
+        if devices is None:
+            raise PlanError(f"{self.name}: the tables fit on no device in either order (memory too tight)")
+        shards = tuple(Shard(table=t.name, col_offset=0, dim=t.dim, device=d) for t, d in zip(task.tables, devices))
+        plan = Plan(num_devices=task.num_devices, shards=shards, method=self.name)
+        return finish_plan(
+            plan, task, cost_model, planning_time_s=time.perf_counter() - started, seed=seed,
+            options={"key": "measured single-table fwd+bwd ms", "order": order, "batch_size": batch},
+        )
+
+    @staticmethod
+    def _place(task: ShardingTask, order: np.ndarray, cost: np.ndarray, need: np.ndarray) -> list[int] | None:
+        """Each table (in `order`) onto the least-loaded device with room; None when one fits nowhere."""
+        load = np.zeros(task.num_devices)
+        free = np.full(task.num_devices, task.device_memory_bytes, dtype=np.int64)
+        devices = [0] * len(task.tables)
+        for i in order:
+            fits = free >= need[i]
+            if not fits.any():
+                return None
+            d = int(np.argmin(np.where(fits, load, np.inf)))
+            devices[i] = d
+            load[d] += cost[i]
+            free[d] -= need[i]
+        return devices
+
+
+class PlanResult(BaseModel):
+    """One method on one task: measured and predicted cost, memory, planning time."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_set: str
+    task_index: int
+    num_tables: int
+    method: str
+    measured_ms: float
+    compute_ms: float  # the slowest device's kernel time alone (all-to-all left out)
+    imbalance: float
+    memory_headroom: float
+    planning_time_s: float
+    predicted_ms: float | None = None
+    plan_path: str | None = None
+
+    @property
+    def prediction_error(self) -> float | None:
+        """|predicted - measured| / measured of the plan cost (None without a cost model)."""
+        if self.predicted_ms is None:
+            return None
+        return abs(self.predicted_ms - self.measured_ms) / self.measured_ms
+
+
+def cost_ratio(results: Sequence[PlanResult], method: str, reference: str) -> float | None:
+    """Mean cost of `method` over mean cost of `reference`, on the tasks both planned."""
+    mine = {r.task_index: r.measured_ms for r in results if r.method == method}
+    ref = {r.task_index: r.measured_ms for r in results if r.method == reference}
+    common = sorted(mine.keys() & ref.keys())
+    if not common:
+        return None
+    return statistics.fmean(mine[k] for k in common) / statistics.fmean(ref[k] for k in common)
+
+
+def summarize(results: Sequence[PlanResult], failures: Sequence[tuple[str, int, str, str]] = ()) -> list[dict[str, Any]]:
+    """Per task set and method: mean measured cost, ratios to TorchRec and to the best baseline, and the rest.
+
+    Ratios compare the tasks both methods planned; `failures` are (task set, task, method, reason)."""
+    rows: list[dict[str, Any]] = []
+    for task_set in dict.fromkeys([r.task_set for r in results] + [f[0] for f in failures]):
+        in_set = [r for r in results if r.task_set == task_set]
+        methods = list(dict.fromkeys([r.method for r in in_set] + [f[2] for f in failures if f[0] == task_set]))
+        planned = {m: [r for r in in_set if r.method == m] for m in methods}
+        mean_cost = {m: statistics.fmean(r.measured_ms for r in rs) for m, rs in planned.items() if rs}
+        baselines = [m for m in mean_cost if m not in LEARNED_METHODS]
+        best_baseline = min(baselines, key=mean_cost.__getitem__) if baselines else None
+        for m in methods:
+            mine = planned[m]
+            errors = [e for e in (r.prediction_error for r in mine) if e is not None]
+            failed = sum(1 for f in failures if f[0] == task_set and f[2] == m)
+            rows.append(
+                {
+                    "task_set": task_set,
+                    "method": m,
+                    "tasks": len(mine),
+                    "failed": failed,
+                    "mean_cost_ms": mean_cost.get(m),
+                    "mean_compute_ms": statistics.fmean(r.compute_ms for r in mine) if mine else None,
+                    "ratio_to_torchrec": cost_ratio(in_set, m, "torchrec"),
+                    "ratio_to_best_baseline": cost_ratio(in_set, m, best_baseline) if best_baseline else None,
+                    "best_baseline": best_baseline,
+                    "imbalance": statistics.fmean(r.imbalance for r in mine) if mine else None,
+                    "memory_headroom": min(r.memory_headroom for r in mine) if mine else None,
+                    "planning_time_s": statistics.fmean(r.planning_time_s for r in mine) if mine else None,
+                    "prediction_error": statistics.fmean(errors) if errors else None,
+                }
+            )
+    return rows
+
+
+def format_summary(rows: Sequence[dict[str, Any]]) -> str:
+    """The method comparison as a text table."""
+
+    def f(value: Any, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    lines = [
+        f"{'task set':<14} {'method':<20} {'tasks':>5} {'failed':>6} {'cost ms':>9} {'comp ms':>8} {'/torchrec':>9} "
+        f"{'/best base':>10} {'imbal':>6} {'headroom':>8} {'plan s':>7} {'pred err':>8}"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['task_set']:<14} {r['method']:<20} {r['tasks']:>5} {r['failed']:>6} {f(r['mean_cost_ms'], '.3f'):>9} "
+            f"{f(r['mean_compute_ms'], '.3f'):>8} "
+            f"{f(r['ratio_to_torchrec'], '.3f'):>9} {f(r['ratio_to_best_baseline'], '.3f'):>10} "
+            f"{f(r['imbalance'], '.3f'):>6} {f(r['memory_headroom'], '.1%'):>8} {f(r['planning_time_s'], '.3f'):>7} "
+            f"{f(r['prediction_error'], '.1%'):>8}"
+        )
+    best = {r["task_set"]: r["best_baseline"] for r in rows}
+    lines.append("best baseline: " + ", ".join(f"{k}: {v}" for k, v in best.items()))
+    return "\n".join(lines)
+
+
+def _searcher(method: str, device: torch.device, protocol: TimingProtocol, batch_size: int | None, cache: dict):
+    from shardwise.search import make_searcher
+
+    if method == MEASURED_GREEDY:
+        # one instance per run: single-table measurements are shared across tasks drawn from the same pool
+        if MEASURED_GREEDY not in cache:
+            cache[MEASURED_GREEDY] = MeasuredCostGreedySearch(device=device, protocol=protocol, batch_size=batch_size)
+        return cache[MEASURED_GREEDY]
+    return make_searcher(method)
+
+
+def run_benchmark(
+    task_sets: dict[str, list[ShardingTask]],
+    methods: Sequence[str],
+    *,
+    cost_model: CostModel | None = None,
+    device: str | torch.device | None = None,
+    protocol: TimingProtocol | None = None,
+    reference_ms: float | None = None,
+    batch_size: int | None = None,
+    comm_iters: int = 5,
+    seed: int = 0,
+    out_dir: str | Path | None = None,
+    plan_reports: bool = True,
+) -> tuple[list[PlanResult], list[dict[str, Any]]]:
+    """Plan every task with every method, measure every plan; per-plan results and the summary rows.
+
+    Methods that need a cost model are skipped (with a note) when none is given. Plans, measurements and
+    reports go under `out_dir` when given."""
+    from shardwise.search import MODEL_METHODS, simulate
+
+    from .report import write_benchmark_report, write_plan_report
+
+    dev = resolve_device(device)
+    if cost_model is not None and reference_ms is None:
+        reference_ms = getattr(cost_model, "reference_ms", None)  # time as the model's training data was
+    protocol = resolve_protocol(dev, protocol, reference_ms)
+    if cost_model is None:
+        skipped = [m for m in methods if m in MODEL_METHODS]
+        if skipped:
+            print(f"benchmark: no cost model, skipping {', '.join(skipped)}")
+        methods = [m for m in methods if m not in MODEL_METHODS]
+    out = Path(out_dir) if out_dir is not None else None
+    searchers: dict[str, Any] = {}
+    failures: list[tuple[str, int, str, str]] = []
+
+    planned: list[tuple[str, int, str, ShardingTask, Plan, float]] = []
+    total = sum(len(tasks) for tasks in task_sets.values()) * len(methods)
+    with tqdm(total=total, desc="plan", unit="plan") as bar:
+        for set_name, tasks in task_sets.items():
+            for k, task in enumerate(tasks):
+                for method in methods:
+                    searcher = _searcher(method, dev, protocol, batch_size, searchers)
+                    started = time.perf_counter()
+                    try:
+                        plan = searcher.search(task, cost_model, seed)
+                    except PlanError as err:  # a method that finds no feasible plan is reported, not fatal
+                        failures.append((set_name, k, method, str(err)))
+                        bar.update()
+                        continue
+                    elapsed = time.perf_counter() - started
+                    planning_s = float(plan.extra.get("planning_time_s", elapsed))
+                    planned.append((set_name, k, method, task, plan, planning_s))
+                    bar.update()
+
+    measured = measure_plans(
+        [(task, plan) for _, _, _, task, plan, _ in planned],
+        device=dev, protocol=protocol, batch_size=batch_size, comm_iters=comm_iters,
+    )
+
+    results: list[PlanResult] = []
+    links: list[tuple[str, str]] = []
+    for (set_name, k, method, task, plan, planning_s), cost in zip(planned, measured):
+        predicted = simulate(plan, task, cost_model) if cost_model is not None else None
+        plan_path = None
+        if out is not None:
+            stem = f"{set_name}/task{k:02d}/{method}"
+            plan_path = str(save_plan(plan, out / f"{stem}.plan.json"))
+            save_measured(cost, out / f"{stem}.measured.json")
+            if plan_reports:
+                write_plan_report(
+                    cost, out / f"{set_name}/task{k:02d}", name=method,
+                    predicted_total_ms=list(predicted.total_ms) if predicted is not None else None,
+                )
+                links.append((f"{set_name} task {k} {method}", f"{stem}.html"))
+        results.append(
+            PlanResult(
+                task_set=set_name,
+                task_index=k,
+                num_tables=len(task.tables),
+                method=method,
+                measured_ms=cost.max_cost_ms,
+                compute_ms=cost.max_compute_ms,
+                imbalance=cost.imbalance,
+                memory_headroom=cost.memory_headroom,
+                planning_time_s=planning_s,
+                predicted_ms=predicted.max_cost_ms if predicted is not None else None,
+                plan_path=plan_path,
+            )
+        )
+    for set_name, k, method, reason in failures:
+        print(f"benchmark: {method} found no plan for {set_name} task {k}: {reason}")
+    rows = summarize(results, failures)
+    if out is not None:
+        (out / "results.json").write_text(
+            json.dumps(
+                {
+                    "summary": rows,
+                    "plans": [r.model_dump() | {"prediction_error": r.prediction_error} for r in results],
+                    "failures": [
+                        {"task_set": s, "task_index": k, "method": m, "reason": why} for s, k, m, why in failures
+                    ],
+                    "hardware_kind": measured[0].hardware_kind if measured else None,
+                    "reference_ms": protocol.reference_ms,
+                    "timing": protocol.model_dump(mode="json"),
+                    "seed": seed,
+                },
+                indent=1,
+            )
+        )
+        write_benchmark_report(rows, out, plan_reports=links)
+    return results, rows
+
+
+def log_benchmark_to_mlflow(
+    rows: Sequence[dict[str, Any]], out_dir: str | Path, *, tracking_uri: str, params: dict[str, Any]
+) -> str:
+    """One MLflow run: a metric per task set x method x measure, the report and plans as artifacts; run id."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment("shardwise-benchmark")
+    with mlflow.start_run(run_name="benchmark") as run:
+        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+        metrics = {}
+        for r in rows:
+            for key in ("mean_cost_ms", "mean_compute_ms", "ratio_to_torchrec", "ratio_to_best_baseline", "imbalance",
+                        "memory_headroom", "planning_time_s", "prediction_error"):
+                value = r.get(key)
+                if value is not None and math.isfinite(value):
+                    metrics[f"{r['task_set']}.{r['method']}.{key}"] = float(value)
+        mlflow.log_metrics(metrics)
+        mlflow.log_artifacts(str(out_dir), artifact_path="benchmark")
+        return run.info.run_id

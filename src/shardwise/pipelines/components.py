@@ -1,0 +1,182 @@
+"""One Kubeflow component per step of the method; each is a thin call into the `shardwise` command.
+
+Lightweight Python components: KFP embeds each function's source in the compiled YAML and runs it in
+IMAGE (which has shardwise installed, so `install_kfp_package=False`); `kfp.local` runs the same source in
+the current environment. Component bodies only turn typed artifacts into CLI flags (helpers in steps.py,
+which imports no kfp): the work is in the CLI.
+"""
+
+# No `from __future__ import annotations`: KFP reads the component signatures' types at import time.
+from kfp import dsl
+from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
+
+from shardwise import __version__
+
+# The project's image (Dockerfile); set explicitly on every component so no step runs on a default image.
+IMAGE = f"ghcr.io/shardwise/shardwise:{__version__}"
+# The components, in pipeline order (components/<name>.yaml holds each one compiled).
+STEPS = (
+    "synth_workload",
+    "augment_tables",
+    "profile_costs",
+    "pretrain_cost_model",
+    "make_task",
+    "search_plan",
+    "evaluate_plans",
+)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def synth_workload(
+    num_tables: int,
+    row_scale: float,
+    batch_size: int,
+    holdout_fraction: float,
+    seed: int,
+    workload: Output[Dataset],
+    train_tables: Output[Dataset],
+    holdout_tables: Output[Dataset],
+):
+    """Synthetic DLRM tables, split into tables the cost model trains on and held-out tables."""
+    import os
+
+    from shardwise.pipelines.steps import copy_file, run_step
+
+    run_step(["workload", "synth", "--num-tables", str(num_tables), "--row-scale", str(row_scale),
+              "--batch-size", str(batch_size), "--seed", str(seed), "--out", workload.path])
+    split_dir = os.path.join(workload.path, "split")
+    run_step(["workload", "split", "--tables", os.path.join(workload.path, "tables.json"),
+              "--holdout-fraction", str(holdout_fraction), "--seed", str(seed), "--out", split_dir])
+    copy_file(os.path.join(split_dir, "train.json"), train_tables.path)
+    copy_file(os.path.join(split_dir, "holdout.json"), holdout_tables.path)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def augment_tables(tables: Input[Dataset], seed: int, augmented: Output[Dataset]):
+    """More training tables: other dims, column halves, resampled pooling."""
+    from shardwise.pipelines.steps import run_step
+
+    run_step(["augment", "--tables", tables.path, "--seed", str(seed), "--out", augmented.path])
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def profile_costs(
+    tables: Input[Dataset],
+    num_shards: int,
+    comm_layouts: int,
+    max_tables: int,
+    repeats: int,
+    seed: int,
+    device: str,
+    costs: Output[Dataset],
+) -> str:
+    """Measure shards and all-to-alls on this node's hardware; returns its hardware kind."""
+    from shardwise.pipelines.steps import run_step
+    from shardwise.profiling.hardware import hardware_kind
+
+    run_step(["profile", "--tables", tables.path, "--out", costs.path, "--num-shards", str(num_shards),
+              "--comm-layouts", str(comm_layouts), "--max-tables", str(max_tables), "--repeats", str(repeats),
+              "--seed", str(seed), "--device", device])
+    kind = hardware_kind(device)
+    costs.metadata["hardware_kind"] = kind
+    return kind
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def pretrain_cost_model(costs: Input[Dataset], seed: int, epochs: int, model: Output[Model], metrics: Output[Metrics]):
+    """Train the cost model, register it in MLflow (the promotion gate decides on `champion`)."""
+    import os
+
+    from shardwise.pipelines.steps import evaluation_metrics, run_step
+
+    argv = ["pretrain", "--data", costs.path, "--out", model.path, "--seed", str(seed)]
+    if epochs > 0:
+        argv += ["--epochs", str(epochs)]
+    run_step(argv)
+    table = os.path.join(model.path, "evaluation.csv")
+    if os.path.exists(table):
+        for name, value in evaluation_metrics(table).items():
+            metrics.log_metric(name, value)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def make_task(
+    tables: Input[Dataset],
+    num_tables: int,
+    num_devices: int,
+    memory_slack: float,
+    seed: int,
+    task: Output[Dataset],
+):
+    """A sharding task over held-out tables (the cost model never saw them)."""
+    from shardwise.pipelines.steps import run_step
+
+    run_step(["workload", "task", "--tables", tables.path, "--num-tables", str(num_tables),
+              "--num-devices", str(num_devices), "--memory-slack", str(memory_slack), "--seed", str(seed),
+              "--out", task.path])
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def search_plan(
+    task: Input[Dataset],
+    method: str,
+    model_alias: str,
+    hardware_kind: str,
+    plan: Output[Dataset],
+    model: Input[Model] = None,
+):
+    """Search a plan; with a model alias the registered model `shardwise-cost-<hardware>@alias` is used."""
+    from shardwise.pipelines.steps import model_ref, run_step
+
+    argv = ["plan", "--task", task.path, "--method", method, "--out", plan.path]
+    ref = model_ref(model_alias, hardware_kind, model.path if model is not None else None)
+    if ref:
+        argv += ["--model", ref]
+    run_step(argv)
+    plan.metadata["method"] = method
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def evaluate_plans(
+    task: Input[Dataset],
+    plan: Input[Dataset],
+    baseline_plan: Input[Dataset],
+    model: Input[Model],
+    model_alias: str,
+    hardware_kind: str,
+    device: str,
+    validate_iters: int,
+    evaluation: Output[Artifact],
+    comparison: Output[Metrics],
+    report: Output[HTML],
+):
+    """Measure the plan and TorchRec's plan on this node, one after the other; compare; report."""
+    import json
+    import os
+    from pathlib import Path
+
+    from shardwise.pipelines import steps
+
+    method = plan.metadata.get("method", "plan")
+    # the model's reference timing and batch: measure the way the profiler did
+    ref = steps.model_ref(model_alias, hardware_kind, model.path)
+    docs, reports = {}, {}
+    for name, plan_path in ((method, plan.path), ("torchrec", baseline_plan.path)):
+        out_dir = os.path.join(evaluation.path, name)
+        argv = ["evaluate", "--task", task.path, "--plan", plan_path, "--out", out_dir, "--device", device]
+        steps.run_step(argv + (["--model", ref] if ref else []))
+        docs[name] = steps.load_measured(out_dir)
+        for page in sorted(Path(out_dir).rglob("*.html")):
+            reports[f"{name}: {page.name}"] = str(page)
+    if validate_iters > 0:
+        # end-to-end DLRM throughput of both plans in the same run
+        steps.run_step(["validate", "--task", task.path, "--plan", plan.path, "--compare", baseline_plan.path,
+                        "--iters", str(validate_iters), "--device", device,
+                        "--out", os.path.join(evaluation.path, "validate.json")])
+    result = steps.comparison(docs[method], docs["torchrec"])
+    for key, value in result.items():
+        comparison.log_metric(key, value)
+    with open(os.path.join(evaluation.path, "comparison.json"), "w") as out:
+        json.dump({"method": method, **result}, out, indent=1)
+    with open(report.path, "w") as out:
+        out.write(steps.comparison_html(method, result, docs, reports))

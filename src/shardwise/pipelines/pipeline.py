@@ -1,0 +1,171 @@
+"""The shardwise pipeline: workload -> augment -> profile (GPU) -> pretrain -> task -> plan x2 -> evaluate (GPU).
+
+The same definition runs on a Kubeflow cluster (compiled YAML) and locally through `kfp.local`. The
+Kubernetes settings (accelerators, tolerations, node selector, secrets, config maps) live in the compiled
+platform spec, which `kfp.local` does not read: locally they are harmless, and the environment (for
+example MLFLOW_TRACKING_URI) is inherited from the calling process instead.
+"""
+
+# No `from __future__ import annotations`: KFP reads the pipeline signature's types at import time.
+from typing import Any
+
+from kfp import dsl, kubernetes
+from kfp.dsl.graph_component import GraphComponent
+
+from shardwise.pipelines.components import (
+    IMAGE,
+    augment_tables,
+    evaluate_plans,
+    make_task,
+    pretrain_cost_model,
+    profile_costs,
+    search_plan,
+    synth_workload,
+)
+
+PIPELINE_NAME = "shardwise"
+# What the cluster provides (manifests/ creates them): S3 credentials and MLflow/S3 endpoints.
+SECRET_NAME = "shardwise-s3"
+SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+CONFIG_MAP_NAME = "shardwise-config"
+CONFIG_MAP_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
+GPU_RESOURCE = "nvidia.com/gpu"
+# The label NVIDIA's GPU feature discovery puts on nodes, e.g. "NVIDIA-H100-80GB-HBM3".
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+__all__ = [
+    "CONFIG_MAP_KEYS",
+    "CONFIG_MAP_NAME",
+    "GPU_PRODUCT_LABEL",
+    "GPU_RESOURCE",
+    "IMAGE",
+    "PIPELINE_NAME",
+    "SECRET_KEYS",
+    "SECRET_NAME",
+    "build_pipeline",
+]
+
+
+def _with_cluster_settings(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """S3 credentials from the secret, MLflow and S3 endpoints from the config map."""
+    kubernetes.use_secret_as_env(task, secret_name=SECRET_NAME, secret_key_to_env={k: k for k in SECRET_KEYS})
+    kubernetes.use_config_map_as_env(
+        task, config_map_name=CONFIG_MAP_NAME, config_map_key_to_env={k: k for k in CONFIG_MAP_KEYS}
+    )
+    return task
+
+
+def _on_gpu(task: dsl.PipelineTask, count: Any, gpu_product: str | None) -> dsl.PipelineTask:
+    """Ask for `count` GPUs, tolerate GPU taints, optionally pin to one GPU product."""
+    task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(count)
+    kubernetes.add_toleration(task, key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
+    if gpu_product:
+        kubernetes.add_node_selector(task, label_key=GPU_PRODUCT_LABEL, label_value=gpu_product)
+    return task
+
+
+def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
+    """The pipeline function; `gpu_product` (a node label value) pins GPU steps to that product."""
+
+    @dsl.pipeline(
+        name=PIPELINE_NAME,
+        description="Profile fbgemm kernels, pre-train the cost model, plan with it, measure against TorchRec.",
+    )
+    def shardwise_pipeline(
+        num_tables: int = 60,
+        row_scale: float = 0.01,
+        batch_size: int = 2048,
+        holdout_fraction: float = 0.2,
+        task_num_tables: int = 10,
+        num_devices: int = 4,
+        memory_slack: float = 1.5,
+        profile_num_shards: int = 400,
+        profile_comm_layouts: int = 40,
+        profile_max_tables: int = 15,
+        profile_repeats: int = 1,
+        pretrain_epochs: int = 0,
+        search_method: str = "neuroshard",
+        model_alias: str = "champion",
+        device: str = "cuda",
+        validate_iters: int = 0,
+        seed: int = 0,
+    ) -> dsl.Metrics:
+        """The whole method; returns the measured comparison against TorchRec's planner."""
+        workload = _with_cluster_settings(
+            synth_workload(
+                num_tables=num_tables,
+                row_scale=row_scale,
+                batch_size=batch_size,
+                holdout_fraction=holdout_fraction,
+                seed=seed,
+            )
+        ).set_display_name("workload")
+        augment = _with_cluster_settings(
+            augment_tables(tables=workload.outputs["train_tables"], seed=seed)
+        ).set_display_name("augment")
+        profile = _on_gpu(
+            _with_cluster_settings(
+                profile_costs(
+                    tables=augment.outputs["augmented"],
+                    num_shards=profile_num_shards,
+                    comm_layouts=profile_comm_layouts,
+                    max_tables=profile_max_tables,
+                    repeats=profile_repeats,
+                    seed=seed,
+                    device=device,
+                )
+            ),
+            1,
+            gpu_product,
+        ).set_display_name("profile")
+        pretrain = _with_cluster_settings(
+            pretrain_cost_model(costs=profile.outputs["costs"], seed=seed, epochs=pretrain_epochs)
+        ).set_display_name("pretrain")
+        task = _with_cluster_settings(
+            make_task(
+                tables=workload.outputs["holdout_tables"],
+                num_tables=task_num_tables,
+                num_devices=num_devices,
+                memory_slack=memory_slack,
+                seed=seed,
+            )
+        ).set_display_name("task")
+        plan = _with_cluster_settings(
+            search_plan(
+                task=task.outputs["task"],
+                method=search_method,
+                model_alias=model_alias,
+                hardware_kind=profile.outputs["Output"],
+                model=pretrain.outputs["model"],
+            )
+        ).set_display_name("plan")
+        baseline = _with_cluster_settings(
+            search_plan(
+                task=task.outputs["task"],
+                method="torchrec",
+                model_alias="",
+                hardware_kind=profile.outputs["Output"],
+            )
+        ).set_display_name("plan-torchrec")
+        evaluate = _on_gpu(
+            _with_cluster_settings(
+                evaluate_plans(
+                    task=task.outputs["task"],
+                    plan=plan.outputs["plan"],
+                    baseline_plan=baseline.outputs["plan"],
+                    model=pretrain.outputs["model"],
+                    model_alias=model_alias,
+                    hardware_kind=profile.outputs["Output"],
+                    device=device,
+                    validate_iters=validate_iters,
+                )
+            ),
+            num_devices,
+            gpu_product,
+        ).set_display_name("evaluate")
+        # measurements are never reused from a cache: the point is to measure this run's hardware
+        for step in (profile, evaluate):
+            step.set_caching_options(False)
+        return evaluate.outputs["comparison"]
+
+    return shardwise_pipeline

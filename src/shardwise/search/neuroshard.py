@@ -1,0 +1,318 @@
+"""NeuroShard: beam search over column splits around a greedy grid search for table-wise placement.
+
+The inner greedy places shards in descending predicted cost, each on the device whose predicted cost
+(compute + all-to-all) after taking it is lowest, under memory and a cap on the dims a device holds.
+Adding a shard to a device is one vector add in the cost model's table-embedding space, so one step
+is a single batched head call over every (cap, device) candidate; the caps of the grid run in lockstep.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from shardwise.costmodel.types import CostModel
+from shardwise.workload import ShardingTask, TableSpec
+from shardwise.workload.tables import DIM_ALIGNMENT
+
+from .plan import Plan, PlanError, Shard, check_memory_bounds, shard_state_bytes
+from .report import finish_plan
+from .simulator import ShardCostCache, predict_comm_ms
+
+#: pieces per table (1 = whole table, 2 = halves, 4 = quarters, ...), indexed like task.tables
+SplitState = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class NeuroShardConfig:
+    """Search breadth: beam over column splits, candidates per step, depth, and the grid of dim caps."""
+
+    beam_width: int = 2
+    #: per criterion: the largest (memory) and the most costly (predicted) shards are both tried
+    num_candidates: int = 2
+    max_depth: int = 3
+    #: a device may hold at most factor x (total dim / devices) columns; inf = cost-greedy only
+    dim_cap_factors: tuple[float, ...] = (1.0, 1.1, 1.25, 1.5, float("inf"))
+    #: a device may hold at most factor x (sum of single-shard predicted costs / devices): a balance cap on
+    #: work rather than width (it catches what the dim caps miss when pooling factors differ widely)
+    cost_cap_factors: tuple[float, ...] = (1.0, 1.05, 1.1, 1.25)
+    #: devices per step whose all-to-all is priced exactly (the rest are ranked by their current one)
+    comm_candidates: int = 3
+    #: stop widening the beam once this much time is spent (None: run to `max_depth`)
+    time_budget_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "num_candidates", "comm_candidates"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_depth < 0:
+            raise ValueError(f"max_depth must be >= 0, got {self.max_depth}")
+        if not self.dim_cap_factors or any(f <= 0 for f in self.dim_cap_factors):
+            raise ValueError(f"dim_cap_factors must be positive, got {self.dim_cap_factors}")
+        if any(f <= 0 for f in self.cost_cap_factors):
+            raise ValueError(f"cost_cap_factors must be positive, got {self.cost_cap_factors}")
+
+
+@dataclass
+class _Evaluated:
+    cost_ms: float
+    devices: np.ndarray | None  # per unit, the chosen device (None when nothing fit)
+    units: list[tuple[int, int, int]] = field(default_factory=list)  # (table index, piece, pieces)
+
+
+class _Placer:
+    """The greedy grid for one task and model; caches per-(table, pieces) embeddings, costs and memory."""
+
+    def __init__(self, task: ShardingTask, cost_model: CostModel, config: NeuroShardConfig) -> None:
+        self.task = task
+        self.model = cost_model
+        self.config = config
+        self._piece: dict[tuple[int, int], tuple[np.ndarray, float, int]] = {}
+        self.head_calls = 0
+
+    def piece_spec(self, i: int, pieces: int, k: int = 0) -> TableSpec:
+        table = self.task.tables[i]
+        if pieces == 1:
+            return table
+        width = table.dim // pieces
+        return table.with_dim(width, name=f"{table.name}[{k * width}:{(k + 1) * width}]")
+
+    def _fill(self, keys: list[tuple[int, int]]) -> None:
+        missing = sorted({k for k in keys if k not in self._piece})
+        if not missing:
+            return
+        # all pieces of a split table have the same features, so one embedding serves them all
+        specs = [self.piece_spec(i, p) for i, p in missing]
+        emb = np.asarray(self.model.table_embeddings(specs), dtype=np.float64)
+        cost = np.asarray(self.model.compute_from_embeddings(emb), dtype=np.float64).sum(axis=1)
+        self.head_calls += 1
+        for key, spec, e, c in zip(missing, specs, emb, cost):
+            self._piece[key] = (e, float(c), shard_state_bytes(spec, self.task))
+
+    def piece_cost(self, i: int, pieces: int) -> tuple[float, int]:
+        """Predicted fwd+bwd ms of one piece alone, and its memory bytes."""
+        self._fill([(i, pieces)])
+        _, cost, memory = self._piece[(i, pieces)]
+        return cost, memory
+
+    def evaluate(self, states: list[SplitState]) -> list[_Evaluated]:
+        """Best table-wise placement of each state's shards over the grid of dim caps.
+
+        States with the same number of shards (a beam's children) and every cap run in lockstep: one
+        step places one shard in every (state, cap) row with one head call and one all-to-all call."""
+        by_count: dict[int, list[int]] = {}
+        for j, state in enumerate(states):
+            by_count.setdefault(sum(state), []).append(j)
+        results: list[_Evaluated] = [_Evaluated(float("inf"), None)] * len(states)
+        for group in by_count.values():
+            for j, result in zip(group, self._evaluate_lockstep([states[j] for j in group])):
+                results[j] = result
+        return results
+
+    def _evaluate_lockstep(self, states: list[SplitState]) -> list[_Evaluated]:
+        task, model, config = self.task, self.model, self.config
+        num_devices = task.num_devices
+        units = [[(i, k, p) for i, p in enumerate(state) for k in range(p)] for state in states]
+        self._fill([(i, p) for state_units in units for i, _, p in state_units])
+        emb = np.stack([np.stack([self._piece[(i, p)][0] for i, _, p in su]) for su in units])  # [S, U, H]
+        cost = np.array([[self._piece[(i, p)][1] for i, _, p in su] for su in units])
+        memory = np.array([[self._piece[(i, p)][2] for i, _, p in su] for su in units], dtype=np.int64)
+        dims = np.array([[task.tables[i].dim // p for i, _, p in su] for su in units], dtype=np.float64)
+        table_of = np.array([[i for i, _, _ in su] for su in units])
+        order = np.argsort(-cost, axis=1, kind="stable")  # most costly shards first
+
+        # the grid: each row caps either a device's total dim or its sum of single-shard costs
+        factors = np.array(config.dim_cap_factors + config.cost_cap_factors, dtype=np.float64)
+        on_cost = np.arange(len(factors)) >= len(config.dim_cap_factors)
+        grid = len(factors)
+        rows = len(states) * grid
+        state_of = np.repeat(np.arange(len(states)), grid)
+        capped_by_cost = np.tile(on_cost, len(states))
+        size = np.where(capped_by_cost[:, None], cost[state_of], dims[state_of])  # [R, U] what each cap counts
+        cap = np.maximum(np.tile(factors, len(states)) * size.sum(axis=1) / num_devices, size.max(axis=1))
+        load = np.zeros((rows, num_devices))
+        hidden = emb.shape[2]
+        summed = np.zeros((rows, num_devices, hidden))
+        compute = np.zeros((rows, num_devices))
+        width = np.zeros((rows, num_devices))
+        free = np.full((rows, num_devices), task.device_memory_bytes, dtype=np.int64)
+        # slices of one table go to different devices: two on one device would only add a kernel input
+        holds = np.zeros((rows, num_devices, len(task.tables)), dtype=bool)
+        alive = np.ones(rows, dtype=bool)
+        chosen = np.full((rows, emb.shape[1]), -1)
+        row_idx = np.arange(rows)
+        comm_now = predict_comm_ms(model, width, compute).sum(axis=2)
+        k = min(num_devices, config.comm_candidates)
+
+        for step in range(emb.shape[1]):
+            u = order[state_of, step]
+            e, m, dm, tb = emb[state_of, u], memory[state_of, u], dims[state_of, u], table_of[state_of, u]
+            su = size[row_idx, u]
+            feasible = (free >= m[:, None]) & ~holds[row_idx, :, tb] & alive[:, None]
+            alive &= feasible.any(axis=1)
+            if not alive.any():
+                break
+            new_compute = model.compute_from_embeddings((summed + e[:, None, :]).reshape(-1, hidden))
+            new_compute = np.asarray(new_compute, dtype=np.float64).sum(axis=1).reshape(rows, num_devices)
+            under_cap = feasible & (load + su[:, None] <= cap[:, None] * (1 + 1e-9))
+            allowed = np.where(under_cap.any(axis=1, keepdims=True), under_cap, feasible)
+            # shortlist by compute plus the device's current all-to-all, then price the all-to-all exactly
+            # for the shortlisted layouts (a full [devices x devices] comm call per step is the bottleneck)
+            approx = np.where(allowed, new_compute + comm_now, np.inf)
+            short = np.argpartition(approx, k - 1, axis=1)[:, :k] if k < num_devices else np.tile(
+                np.arange(num_devices), (rows, 1)
+            )
+            onehot = np.arange(num_devices)[None, None, :] == short[:, :, None]  # [R, k, D]
+            layout_width = width[:, None, :] + dm[:, None, None] * onehot
+            layout_compute = np.where(onehot, new_compute[row_idx[:, None], short][:, :, None], compute[:, None, :])
+            comm = predict_comm_ms(
+                model, layout_width.reshape(-1, num_devices), layout_compute.reshape(-1, num_devices)
+            ).sum(axis=2).reshape(rows, k, num_devices)
+            own_comm = np.take_along_axis(comm, short[:, :, None], axis=2)[:, :, 0]
+            score = np.where(
+                np.take_along_axis(allowed, short, axis=1),
+                np.take_along_axis(new_compute, short, axis=1) + own_comm,
+                np.inf,
+            )
+            pick = np.argmin(score, axis=1)
+            live = row_idx[alive]
+            d = short[live, pick[live]]
+            chosen[live, u[live]] = d
+            summed[live, d] += e[live]
+            compute[live, d] = new_compute[live, d]
+            width[live, d] += dm[live]
+            load[live, d] += su[live]
+            free[live, d] -= m[live]
+            holds[live, d, tb[live]] = True
+            comm_now[live] = comm[live, pick[live]]
+            self.head_calls += 2
+
+        # a row's plan cost: its slowest device under the final layout's all-to-all
+        plan_cost = np.where(alive, (compute + comm_now).max(axis=1), np.inf)
+        results = []
+        for j, su in enumerate(units):
+            mine = np.flatnonzero(state_of == j)
+            best = mine[int(np.argmin(plan_cost[mine]))]
+            if np.isfinite(plan_cost[best]):
+                results.append(_Evaluated(float(plan_cost[best]), chosen[best].copy(), su))
+            else:
+                results.append(_Evaluated(float("inf"), None, su))
+        return results
+
+
+@contextmanager
+def _one_intra_op_thread() -> Iterator[None]:
+    """Run the model's small batched calls on one thread: with hundreds of rows per call, intra-op threads
+    only add synchronisation, and on a busy machine their spin-waits cost 10x (measured: 31 s vs 1.8 s)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class NeuroShardSearch:
+    """Cost-model-guided search: greedy grid for placement inside a beam search over column splits."""
+
+    name = "neuroshard"
+
+    def __init__(self, config: NeuroShardConfig | None = None, **options: object) -> None:
+        self.config = config or NeuroShardConfig(**options)  # type: ignore[arg-type]
+
+    def _candidates(self, placer: _Placer, state: SplitState) -> list[int]:
+        num_devices = placer.task.num_devices
+        splittable = [
+            i
+            for i, p in enumerate(state)
+            if 2 * p <= num_devices and (placer.task.tables[i].dim // (2 * p)) % DIM_ALIGNMENT == 0
+            and placer.task.tables[i].dim % (2 * p) == 0
+        ]
+        if not splittable:
+            return []
+        placer._fill([(i, state[i]) for i in splittable])  # one batched model call for all of them
+        costs = {i: placer.piece_cost(i, state[i]) for i in splittable}
+        k = self.config.num_candidates
+        by_cost = sorted(splittable, key=lambda i: -costs[i][0])[:k]
+        by_memory = sorted(splittable, key=lambda i: -costs[i][1])[:k]
+        return list(dict.fromkeys(by_cost + by_memory))
+
+    def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
+        """The lowest-predicted-cost plan found; PlanError when nothing fits in memory."""
+        if cost_model is None:
+            raise PlanError("neuroshard needs a cost model (pass --model, or `shardwise pretrain` one)")
+        with _one_intra_op_thread():
+            return self._search(task, cost_model, seed)
+
+    def _search(self, task: ShardingTask, cost_model: CostModel, seed: int) -> Plan:
+        started = time.perf_counter()
+        check_memory_bounds(task, column_split=True)
+        placer = _Placer(task, cost_model, self.config)
+        root: SplitState = (1,) * len(task.tables)
+        seen: dict[SplitState, _Evaluated] = {root: placer.evaluate([root])[0]}
+        best = root
+        beam = [root]
+        depth_reached = 0
+        for depth in range(1, self.config.max_depth + 1):
+            budget = self.config.time_budget_s
+            if budget is not None and time.perf_counter() - started > budget:
+                break
+            children: list[SplitState] = []
+            for state in beam:
+                for i in self._candidates(placer, state):
+                    child = state[:i] + (state[i] * 2,) + state[i + 1 :]
+                    if child not in seen and child not in children:
+                        children.append(child)
+            if not children:
+                break
+            seen.update(zip(children, placer.evaluate(children)))
+            depth_reached = depth
+            children.sort(key=lambda s: seen[s].cost_ms)
+            beam = children[: self.config.beam_width]
+            if seen[beam[0]].cost_ms < seen[best].cost_ms:
+                best = beam[0]
+            elif np.isfinite(seen[best].cost_ms):
+                break  # splitting further no longer helps the best plan
+        result = seen[best]
+        if result.devices is None:
+            raise PlanError(
+                f"neuroshard: no memory-feasible plan found with up to {self.config.max_depth} column splits "
+                "(raise max_depth or add devices)"
+            )
+        shards = []
+        for (i, k, p), device in zip(result.units, result.devices):
+            table = task.tables[i]
+            width = table.dim // p
+            shards.append(Shard(table=table.name, col_offset=k * width, dim=width, device=int(device)))
+        plan = Plan(num_devices=task.num_devices, shards=tuple(shards), method=self.name)
+        plan = plan.model_copy(
+            update={
+                "extra": {
+                    "search": {
+                        "states_evaluated": len(seen),
+                        "depth_reached": depth_reached,
+                        "split_tables": {
+                            task.tables[i].name: p for i, p in enumerate(best) if p > 1
+                        },
+                        "predicted_max_cost_ms": round(result.cost_ms, 4),
+                    }
+                }
+            }
+        )
+        options = {k: v for k, v in asdict(self.config).items()}
+        options["dim_cap_factors"] = [str(f) if not np.isfinite(f) else f for f in self.config.dim_cap_factors]
+        return finish_plan(
+            plan,
+            task,
+            cost_model,
+            planning_time_s=time.perf_counter() - started,
+            seed=seed,
+            options=options,
+            cache=ShardCostCache(cost_model),
+        )

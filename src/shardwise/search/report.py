@@ -1,0 +1,95 @@
+"""What a returned plan carries and shows: validity checked, memory and predicted costs per device."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from shardwise import __version__
+from shardwise.costmodel.types import CostModel
+from shardwise.workload import ShardingTask
+
+from .plan import GIB, Plan, plan_memory_bytes, validate_plan
+from .simulator import ShardCostCache, simulate
+
+
+def finish_plan(
+    plan: Plan,
+    task: ShardingTask,
+    cost_model: CostModel | None,
+    *,
+    planning_time_s: float,
+    seed: int,
+    options: dict[str, Any] | None = None,
+    cache: ShardCostCache | None = None,
+) -> Plan:
+    """Validate `plan` (never hand out one over memory) and record method, memory, predicted costs,
+    planning time and provenance in its `extra` keys."""
+    validate_plan(plan, task)
+    memory = plan_memory_bytes(plan, task)
+    dims = {t.name: t.dim for t in task.tables}
+    devices: list[dict[str, Any]] = [
+        {"device": d, "shards": [], "dim": 0, "memory_bytes": memory[d]} for d in range(plan.num_devices)
+    ]
+    for s in plan.shards:
+        row = devices[s.device]
+        row["shards"].append(s.table if s.dim == dims[s.table] else f"{s.table}[{s.col_offset}:{s.col_offset + s.dim}]")
+        row["dim"] += s.dim
+    extra: dict[str, Any] = {
+        **plan.extra,
+        "method": plan.method,
+        "seed": seed,
+        "planning_time_s": round(planning_time_s, 4),
+        "memory_bytes": memory,
+        "memory_cap_bytes": task.device_memory_bytes,
+        "devices": devices,
+        "provenance": {
+            "shardwise_version": __version__,
+            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "num_tables": len(task.tables),
+            "batch_size": task.batch_size,
+            "options": options or {},
+            **plan.extra.get("provenance", {}),
+        },
+    }
+    if cost_model is not None:
+        cost = simulate(plan, task, cost_model, cache)
+        predicted = cost.to_json()
+        extra["predicted"] = predicted
+        extra["provenance"]["cost_model"] = {
+            "hardware_kind": cost_model.hardware_kind,
+            "batch_size": cost_model.batch_size,
+        }
+        for d, row in enumerate(devices):
+            row.update({k: predicted[k][d] for k in ("fwd_ms", "bwd_ms", "comm_fwd_ms", "comm_bwd_ms", "total_ms")})
+    return plan.model_copy(update={"extra": extra})
+
+
+def format_plan(plan: Plan) -> str:
+    """A per-device table (shards, dims, memory against the cap, predicted ms) and the imbalance."""
+    extra = plan.extra
+    cap = extra.get("memory_cap_bytes")
+    predicted = extra.get("predicted")
+    rows = extra.get("devices") or []
+    head = f"{'device':>6}  {'shards':>6}  {'dim':>6}  {'memory GiB':>16}"
+    if predicted:
+        head += f"  {'fwd ms':>8}  {'bwd ms':>8}  {'comm ms':>8}  {'total ms':>9}"
+    lines = [f"plan: {plan.method}, {len(plan.shards)} shards on {plan.num_devices} devices", head]
+    for row in rows:
+        memory = row["memory_bytes"] / GIB
+        share = f"{memory:.2f}/{cap / GIB:.2f}" if cap else f"{memory:.2f}"
+        line = f"{row['device']:>6}  {len(row['shards']):>6}  {row['dim']:>6}  {share:>16}"
+        if predicted:
+            comm = row["comm_fwd_ms"] + row["comm_bwd_ms"]
+            line += f"  {row['fwd_ms']:>8.3f}  {row['bwd_ms']:>8.3f}  {comm:>8.3f}  {row['total_ms']:>9.3f}"
+        lines.append(line)
+    if predicted:
+        lines.append(
+            f"predicted plan cost (slowest device) {predicted['max_cost_ms']:.3f} ms, "
+            f"imbalance (max/mean) {predicted['imbalance']:.3f}"
+        )
+    else:
+        lines.append("no cost model: predicted costs not shown")
+    if "planning_time_s" in extra:
+        lines.append(f"planning time {extra['planning_time_s']:.3f} s")
+    return "\n".join(lines)

@@ -1,0 +1,130 @@
+"""Predicted cost of a plan: per-device forward, backward and all-to-all ms from a cost model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardwise.costmodel.types import CostModel
+from shardwise.workload import ShardingTask, TableSpec
+
+from .plan import Plan, device_specs
+
+ShardKey = tuple[tuple[str, int, int, float], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class PlanCost:
+    """Predicted per-device costs of one plan, in ms per training iteration; the plan waits for the slowest."""
+
+    fwd_ms: np.ndarray
+    bwd_ms: np.ndarray
+    comm_fwd_ms: np.ndarray
+    comm_bwd_ms: np.ndarray
+
+    @property
+    def compute_ms(self) -> np.ndarray:
+        """Forward plus backward kernel time per device."""
+        return self.fwd_ms + self.bwd_ms
+
+    @property
+    def total_ms(self) -> np.ndarray:
+        """Compute plus communication per device."""
+        return self.fwd_ms + self.bwd_ms + self.comm_fwd_ms + self.comm_bwd_ms
+
+    @property
+    def max_cost_ms(self) -> float:
+        """The plan's cost: the slowest device."""
+        return float(self.total_ms.max())
+
+    @property
+    def imbalance(self) -> float:
+        """Slowest device over the mean device (1.0 is perfectly balanced)."""
+        mean = float(self.total_ms.mean())
+        return self.max_cost_ms / mean if mean > 0 else 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        """Per-device lists and the summary, rounded to microseconds."""
+
+        def ms(a: np.ndarray) -> list[float]:
+            return [round(float(x), 3) for x in a]
+
+        return {
+            "fwd_ms": ms(self.fwd_ms),
+            "bwd_ms": ms(self.bwd_ms),
+            "comm_fwd_ms": ms(self.comm_fwd_ms),
+            "comm_bwd_ms": ms(self.comm_bwd_ms),
+            "total_ms": ms(self.total_ms),
+            "max_cost_ms": round(self.max_cost_ms, 3),
+            "imbalance": round(self.imbalance, 4),
+        }
+
+
+def shard_key(tables: Sequence[TableSpec]) -> ShardKey:
+    """Cache key of a shard: its tables (slices by name and width), order-free."""
+    return tuple(sorted((t.name, t.dim, t.rows, t.pooling_factor) for t in tables))
+
+
+class ShardCostCache:
+    """Compute-cost predictions of shards, batched over cache misses and memoised by the shard's tables.
+
+    Valid for one cost model and one task (table names are the identity)."""
+
+    def __init__(self, cost_model: CostModel) -> None:
+        self.cost_model = cost_model
+        self._compute_ms: dict[ShardKey, np.ndarray] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def compute_ms(self, shards: Sequence[Sequence[TableSpec]]) -> np.ndarray:
+        """[N, 2] forward and backward ms of N shards, one cost-model call for all misses."""
+        keys = [shard_key(s) for s in shards]
+        missing: dict[ShardKey, Sequence[TableSpec]] = {}
+        for key, shard in zip(keys, shards):
+            if key not in self._compute_ms and key not in missing:
+                missing[key] = shard
+        self.misses += len(missing)
+        self.hits += len(keys) - len(missing)
+        if missing:
+            # empty shards cost nothing; the model is only asked about the rest
+            to_ask = [(k, s) for k, s in missing.items() if s]
+            for k, s in missing.items():
+                if not s:
+                    self._compute_ms[k] = np.zeros(2)
+            if to_ask:
+                predicted = np.asarray(self.cost_model.predict_compute([s for _, s in to_ask]), dtype=np.float64)
+                for (k, _), row in zip(to_ask, predicted):
+                    self._compute_ms[k] = row
+        if not keys:
+            return np.zeros((0, 2))
+        return np.stack([self._compute_ms[k] for k in keys])
+
+
+def predict_comm_ms(cost_model: CostModel, widths: np.ndarray, compute_ms: np.ndarray) -> np.ndarray:
+    """[N, D, 2] all-to-all ms of N layouts; zeros for a model trained without communication data."""
+    if not getattr(cost_model, "has_comm", True):
+        return np.zeros((*np.shape(widths), 2))
+    return np.asarray(cost_model.predict_comm(widths, compute_ms), dtype=np.float64)
+
+
+def simulate_devices(
+    devices: Sequence[Sequence[TableSpec]], cost_model: CostModel, cache: ShardCostCache | None = None
+) -> PlanCost:
+    """Predicted cost of a layout given as the tables (or slices) on each device."""
+    cache = cache or ShardCostCache(cost_model)
+    compute = cache.compute_ms(devices)
+    widths = np.array([[sum(t.dim for t in d) for d in devices]], dtype=np.float64)
+    comm = predict_comm_ms(cost_model, widths, compute.sum(axis=1)[None, :])[0]
+    return PlanCost(
+        fwd_ms=compute[:, 0], bwd_ms=compute[:, 1], comm_fwd_ms=comm[:, 0], comm_bwd_ms=comm[:, 1]
+    )
+
+
+def simulate(
+    plan: Plan, task: ShardingTask, cost_model: CostModel, cache: ShardCostCache | None = None
+) -> PlanCost:
+    """Predicted per-device forward, backward and communication ms of `plan`, and its cost."""
+    return simulate_devices(device_specs(plan, task), cost_model, cache)

@@ -1,0 +1,127 @@
+"""TorchRec's own `EmbeddingShardingPlanner` as a baseline, on the same task and constraints as shardwise.
+
+Fair configuration (see ENVIRONMENT.md): the fused kernel only, the task's pooling factors, the task's memory
+cap as HBM with no storage reservation, the optimizer's state counted; table-wise, or table-wise and
+column-wise with `min_partition` (TorchRec's default never splits tables of dim <= 128).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from shardwise.costmodel.types import CostModel
+from shardwise.workload import ShardingTask
+
+from .plan import Plan, PlanError, Shard, check_memory_bounds
+from .report import finish_plan
+
+
+def _optimizer_class(optimizer: str) -> type:
+    import torch
+    from torchrec.optim import RowWiseAdagrad
+
+    return {"rowwise_adagrad": RowWiseAdagrad, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[optimizer]
+
+
+def ebc_on_meta(task: ShardingTask) -> Any:
+    """The task's tables as an `EmbeddingBagCollection` on the meta device (one feature per table)."""
+    import torch
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    data_type = DataType.FP16 if task.weights_precision == "fp16" else DataType.FP32
+    ebc = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(
+                name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name], data_type=data_type
+            )
+            for t in task.tables
+        ],
+        device=torch.device("meta"),
+    )
+    optimizer = _optimizer_class(task.optimizer)
+    for param in ebc.parameters():
+        # TorchRec's storage estimator reads the optimizer from this attribute (set by its fused optimizers)
+        param._optimizer_classes = [optimizer]  # type: ignore[attr-defined]
+    return ebc
+
+
+def plan_from_module_sharding(module_plan: Any, num_devices: int, method: str) -> Plan:
+    """A TorchRec `EmbeddingModuleShardingPlan` (table-wise / column-wise) as a shardwise plan."""
+    shards: list[Shard] = []
+    for table, sharding in module_plan.items():
+        if sharding.sharding_type not in ("table_wise", "column_wise"):
+            raise PlanError(f"table {table!r}: sharding type {sharding.sharding_type!r} has no shardwise form")
+        for meta in sharding.sharding_spec.shards:
+            row_offset, col_offset = meta.shard_offsets
+            if row_offset != 0:
+                raise PlanError(f"table {table!r}: row-split shards have no shardwise form")
+            shards.append(
+                Shard(table=table, col_offset=col_offset, dim=meta.shard_sizes[1], device=meta.placement.rank())
+            )
+    return Plan(num_devices=num_devices, shards=tuple(shards), method=method)
+
+
+class TorchRecPlannerSearch:
+    """TorchRec's `EmbeddingShardingPlanner` run on the task; its plan converted to `shardwise.plan/v1`."""
+
+    def __init__(self, column_wise: bool = False, min_partition: int = 32, timeout_s: int | None = None) -> None:
+        self.column_wise = column_wise
+        self.min_partition = min_partition
+        self.timeout_s = timeout_s
+        self.name = "torchrec_cw" if column_wise else "torchrec"
+
+    def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
+        """TorchRec's plan for `task`; PlanError when it finds none or it breaks shardwise's memory cap."""
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+        from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+        from torchrec.distributed.planner.types import PlannerError
+
+        started = time.perf_counter()
+        check_memory_bounds(task, column_split=self.column_wise)
+        sharding_types = ["table_wise", "column_wise"] if self.column_wise else ["table_wise"]
+        constraints = {
+            t.name: ParameterConstraints(
+                sharding_types=sharding_types,
+                compute_kernels=["fused"],
+                pooling_factors=[t.pooling_factor],
+                min_partition=self.min_partition if self.column_wise else None,
+            )
+            for t in task.tables
+        }
+        # "cuda": a "cpu" topology drops HBM and the sharding options compared here; the explicit
+        # constructor is the documented way to set hbm_cap, so its advisory warning is silenced
+        types_logger = logging.getLogger("torchrec.distributed.planner.types")
+        level = types_logger.level
+        types_logger.setLevel(logging.ERROR)
+        try:
+            topology = Topology(
+                world_size=task.num_devices, compute_device="cuda", hbm_cap=task.device_memory_bytes
+            )
+        finally:
+            types_logger.setLevel(level)
+        planner = EmbeddingShardingPlanner(
+            topology=topology,
+            batch_size=task.batch_size,
+            storage_reservation=FixedPercentageStorageReservation(0.0),
+            constraints=constraints,
+            debug=False,
+            timeout_seconds=self.timeout_s,
+        )
+        try:
+            sharding_plan = planner.plan(ebc_on_meta(task), [EmbeddingBagCollectionSharder()])
+        except PlannerError as err:
+            raise PlanError(f"{self.name}: TorchRec's planner found no plan: {str(err).splitlines()[0]}") from None
+        planner_s = time.perf_counter() - started
+        plan = plan_from_module_sharding(sharding_plan.plan[""], task.num_devices, self.name)
+        plan = plan.model_copy(update={"extra": {"provenance": {"torchrec_planner_s": round(planner_s, 4)}}})
+        try:
+            return finish_plan(
+                plan, task, cost_model, planning_time_s=planner_s, seed=seed,
+                options={"column_wise": self.column_wise, "min_partition": self.min_partition},
+            )
+        except PlanError as err:
+            raise PlanError(f"{self.name}: TorchRec's plan is invalid under shardwise's accounting: {err}") from None

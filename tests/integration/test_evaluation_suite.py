@@ -1,0 +1,78 @@
+"""The benchmark and the evaluate verb end to end on real CPU kernels and gloo (tiny sizes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shardwise.cli import main
+from shardwise.evaluation.suite import (
+    MEASURED_GREEDY,
+    TaskSetSpec,
+    log_benchmark_to_mlflow,
+    make_task_set,
+    run_benchmark,
+)
+from shardwise.profiling.kernel import TimingProtocol
+from shardwise.search import make_searcher, save_plan
+from shardwise.workload import TableSpec, save_task
+from shardwise.workload.tableset import TableSet
+
+pytestmark = pytest.mark.integration
+
+PROTOCOL = TimingProtocol(warmup_iters=1, iters=3, calibration_runs=5)
+POOL = TableSet(
+    batch_size=512,
+    tables=tuple(
+        TableSpec(name=f"t{i}", rows=2000 * (1 + i % 3), dim=(16, 32)[i % 2], pooling_factor=2.0 + 3 * (i % 4),
+                  zipf_alpha=1.05)
+        for i in range(12)
+    ),
+)
+
+
+def test_benchmark_measures_every_method_and_writes_the_report(tmp_path) -> None:
+    spec = TaskSetSpec(name="2dev", num_devices=2, min_tables=4, max_tables=6, num_tasks=1)
+    task_sets = {spec.name: make_task_set(POOL, spec, seed=0)}
+    methods = ["size_greedy", "random", "torchrec", MEASURED_GREEDY, "neuroshard"]
+    results, rows = run_benchmark(task_sets, methods, device="cpu", protocol=PROTOCOL, comm_iters=2,
+                                  out_dir=tmp_path)
+    # no cost model: neuroshard is skipped; the others are planned, measured and compared
+    assert {r.method for r in results} == {"size_greedy", "random", "torchrec", MEASURED_GREEDY}
+    assert all(r.measured_ms > 0 and r.memory_headroom >= 0 for r in results)
+    by_method = {r["method"]: r for r in rows}
+    assert by_method["torchrec"]["ratio_to_torchrec"] == pytest.approx(1.0)
+    assert by_method[MEASURED_GREEDY]["planning_time_s"] > by_method["size_greedy"]["planning_time_s"]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert len(saved["plans"]) == 4 and saved["reference_ms"] > 0
+    html = (tmp_path / "benchmark.html").read_text()
+    assert "measured_greedy" in html and (tmp_path / "benchmark_methods.png").stat().st_size > 5000
+    assert (tmp_path / "2dev/task00/torchrec.html").exists()
+
+    # logged to MLflow: one run with a metric per task set x method x measure, the report as artifacts
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_id = log_benchmark_to_mlflow(rows, tmp_path, tracking_uri=uri, params={"methods": ",".join(methods)})
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.data.metrics["2dev.torchrec.ratio_to_torchrec"] == pytest.approx(1.0)
+    assert run.data.metrics["2dev.size_greedy.mean_cost_ms"] == pytest.approx(by_method["size_greedy"]["mean_cost_ms"])
+    artifacts = {a.path for a in MlflowClient(uri).list_artifacts(run_id, "benchmark")}
+    assert {"benchmark/benchmark.html", "benchmark/benchmark_methods.png", "benchmark/results.json"} <= artifacts
+
+
+def test_cli_evaluate_prints_the_per_device_table_and_writes_the_report(tmp_path, capsys) -> None:
+    task = make_task_set(POOL, TaskSetSpec(name="s", num_devices=2, min_tables=4, max_tables=4, num_tasks=1), 0)[0]
+    plan = make_searcher("size_greedy").search(task, None, seed=0)
+    task_path = save_task(task, tmp_path / "task.json")
+    plan_path = save_plan(plan, tmp_path / "plans/plan.json")
+    status = main(["evaluate", "--task", str(task_path), "--plan", str(plan_path), "--device", "cpu",
+                   "--warmup-iters", "1", "--timing-iters", "3", "--comm-iters", "2"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "a2a_fwd" in out and "plan (size_greedy): max" in out
+    report = tmp_path / "plans/plan_eval"  # next to the plan by default
+    measured = json.loads((report / "plan.measured.json").read_text())
+    assert len(measured["devices"]) == 2 and measured["max_cost_ms"] > 0
+    assert f"{measured['max_cost_ms']:.3f}" in (report / "plan.html").read_text()

@@ -1,0 +1,87 @@
+"""TorchRec's planner as a baseline on shardwise tasks, and shardwise as a drop-in TorchRec planner."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from shardwise.integrations.torchrec import ShardwisePlanner, to_module_sharding_plan, to_sharding_plan
+from shardwise.search import PlanError, TorchRecPlannerSearch, make_searcher, validate_plan
+from shardwise.search.plan import shard_state_bytes
+from shardwise.search.torchrec_planner import plan_from_module_sharding
+from shardwise.workload import ShardingTask, TableSpec
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+from search_doubles import FeatureCostModel, random_task  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("method", ["torchrec", "torchrec_cw"])
+def test_torchrecs_plan_is_valid_and_within_memory(method):
+    task = random_task(0, 30, 4, memory_slack=2.0)
+    plan = make_searcher(method).search(task, FeatureCostModel(), 0)
+    validate_plan(plan, task)
+    assert plan.method == method and max(plan.extra["memory_bytes"]) <= task.device_memory_bytes
+    assert plan.extra["predicted"]["max_cost_ms"] > 0 and plan.extra["planning_time_s"] > 0
+
+
+def test_torchrec_column_wise_splits_a_table_too_big_for_one_device():
+    big = TableSpec(name="big", rows=200_000, dim=128, pooling_factor=5.0)
+    tables = (big, *[TableSpec(name=f"s{i}", rows=1000, dim=16, pooling_factor=2.0) for i in range(6)])
+    probe = ShardingTask(num_devices=4, device_memory_bytes=1, batch_size=512, tables=tables)
+    task = probe.model_copy(update={"device_memory_bytes": int(shard_state_bytes(big, probe) * 0.6)})
+    with pytest.raises(PlanError, match="table 'big': the table alone needs"):
+        TorchRecPlannerSearch().search(task, None, 0)
+    plan = TorchRecPlannerSearch(column_wise=True, min_partition=32).search(task, None, 0)
+    validate_plan(plan, task)
+    widths = sorted(s.dim for s in plan.shards if s.table == "big")
+    assert len(widths) >= 2 and all(w >= 32 for w in widths)
+
+
+def test_export_and_import_of_module_sharding_plans_round_trip():
+    task = random_task(1, 12, 4)
+    plan = make_searcher("neuroshard").search(task, FeatureCostModel(), 0)
+    module_plan = to_module_sharding_plan(plan, task, device_type="cuda")
+    for sharding in module_plan.values():
+        assert sharding.compute_kernel == "fused"
+        assert sharding.sharding_type in ("table_wise", "column_wise")
+        assert all(m.placement.device().type == "cuda" for m in sharding.sharding_spec.shards)
+    back = plan_from_module_sharding(module_plan, task.num_devices, plan.method)
+    key = lambda s: (s.table, s.col_offset)  # noqa: E731
+    assert sorted(back.shards, key=key) == sorted(plan.shards, key=key)
+    with pytest.raises(PlanError, match="covered more than once"):
+        to_sharding_plan(plan.model_copy(update={"shards": plan.shards + plan.shards[:1]}), task)
+
+
+def test_shardwise_planner_has_torchrecs_call_shape():
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    configs = [
+        EmbeddingBagConfig(name=f"t{i}", embedding_dim=dim, num_embeddings=rows, feature_names=[f"f{i}"])
+        for i, (rows, dim) in enumerate([(5000, 64), (200, 16), (80000, 128), (3000, 32), (100, 8)])
+    ]
+    model = torch.nn.Sequential()
+    model.add_module("sparse", EmbeddingBagCollection(tables=configs, device=torch.device("meta")))
+    constraints = {"t2": ParameterConstraints(pooling_factors=[40.0])}
+    planner = ShardwisePlanner(
+        world_size=4, device_memory_bytes=2**30, batch_size=1024, method="neuroshard",
+        cost_model=FeatureCostModel(), constraints=constraints, device_type="cpu",
+    )
+    sharding_plan = planner.collective_plan(model, [EmbeddingBagCollectionSharder()])
+    assert set(sharding_plan.plan) == {"sparse"}
+    assert set(sharding_plan.plan["sparse"]) == {c.name for c in configs}
+    assert planner.last_task.table("t2").pooling_factor == 40.0
+    assert planner.last_task.table("t0").pooling_factor == 1.0  # TorchRec's default
+    ranks = {r for s in sharding_plan.plan["sparse"].values() for r in s.ranks}
+    assert ranks <= {0, 1, 2, 3}
+    validate_plan(planner.last_plan, planner.last_task)
+
+    with pytest.raises(PlanError, match="needs world_size"):
+        ShardwisePlanner(device_memory_bytes=2**30, batch_size=8, method="size_greedy").plan(model)

@@ -1,0 +1,68 @@
+"""A small deterministic cost model for search tests (the cost model is not the code under test here).
+
+It honours the `CostModel` interface the way the real one does: a per-table embedding summed over a shard,
+then a head; the head's fixed cost grows with the square root of the table count, so fused shards are
+sub-additive like fbgemm's kernel. Communication grows with a device's width and the layout's total width."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from shardwise.workload import ShardingTask, TableSpec
+
+
+class FeatureCostModel:
+    """fwd = 0.05 + 0.1 sqrt(tables) + lookups/2e4 + rows*dim/1e8 ms; bwd = 1.5 fwd (0 for no tables)."""
+
+    hardware_kind = "test-double"
+    batch_size = 4096
+
+    def table_embeddings(self, tables: Sequence[TableSpec]) -> np.ndarray:
+        """[T, 3]: count channel, lookups (dim x pooling), size in elements."""
+        return np.array([[1.0, t.dim * t.pooling_factor, t.rows * t.dim] for t in tables]).reshape(-1, 3)
+
+    def compute_from_embeddings(self, summed: np.ndarray) -> np.ndarray:
+        """[N, 3] -> [N, 2] forward and backward ms."""
+        summed = np.asarray(summed, dtype=np.float64)
+        count = summed[:, 0]
+        fwd = 0.05 + 0.1 * np.sqrt(count) + summed[:, 1] / 2e4 + summed[:, 2] / 1e8
+        fwd = np.where(count > 0.5, fwd, 0.0)
+        return np.stack([fwd, 1.5 * fwd], axis=1)
+
+    def predict_compute(self, shards: Sequence[Sequence[TableSpec]]) -> np.ndarray:
+        """[N, 2] ms of N shards."""
+        summed = np.stack([self.table_embeddings(s).sum(axis=0) for s in shards]) if shards else np.zeros((0, 3))
+        return self.compute_from_embeddings(summed)
+
+    def predict_comm(self, widths: np.ndarray, compute_ms: np.ndarray) -> np.ndarray:
+        """[N, D] -> [N, D, 2]: own width plus an equal share of everyone's, fwd and 1.2x bwd."""
+        widths = np.asarray(widths, dtype=np.float64)
+        fwd = 2e-4 * widths + 1e-4 * widths.sum(axis=1, keepdims=True) / widths.shape[1]
+        return np.stack([fwd, 1.2 * fwd], axis=-1)
+
+
+def random_task(seed: int, num_tables: int, num_devices: int, memory_slack: float = 1.5) -> ShardingTask:
+    """Synthetic DLRM-like tables with skewed sizes and poolings; memory = slack x total / devices."""
+    from shardwise.workload import shard_memory_bytes
+
+    rng = np.random.default_rng(seed)
+    tables = [
+        TableSpec(
+            name=f"t{i}",
+            rows=int(10 ** rng.uniform(3, 5.3)),
+            dim=int(rng.choice([16, 32, 64, 128])),
+            pooling_factor=float(np.round(10 ** rng.uniform(0, 1.7), 2)),
+            zipf_alpha=float(rng.uniform(0.8, 1.2)),
+        )
+        for i in range(num_tables)
+    ]
+    batch_size = 4096
+    total = shard_memory_bytes(tables, batch_size)
+    return ShardingTask(
+        num_devices=num_devices,
+        device_memory_bytes=int(memory_slack * total / num_devices),
+        batch_size=batch_size,
+        tables=tuple(tables),
+    )

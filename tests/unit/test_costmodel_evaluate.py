@@ -1,0 +1,41 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from shardwise.costmodel.evaluate import (
+    format_table,
+    noise_floor_table,
+    regression_metrics,
+    torchrec_estimates,
+)
+from shardwise.workload import TableSpec
+
+
+def test_regression_metrics_known_values():
+    m = regression_metrics(np.array([1.1, 1.8, 3.0]), np.array([1.0, 2.0, 3.0]))
+    assert m["mape_pct"] == pytest.approx((10 + 10 + 0) / 3)
+    assert m["rmse_ms"] == pytest.approx(np.sqrt((0.01 + 0.04) / 3))
+    assert m["spearman"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="shape"):
+        regression_metrics(np.ones(2), np.ones(3))
+
+
+def test_torchrec_estimator_sums_tables_and_grows_with_pooling():
+    small = TableSpec(name="s", rows=10_000, dim=64, pooling_factor=2.0)
+    big = small.model_copy(update={"name": "b", "pooling_factor": 40.0})
+    est = torchrec_estimates([[small], [big], [small, big], []], batch_size=1024)
+    assert est.shape == (4, 2)
+    assert est[1, 0] > est[0, 0] > 0
+    np.testing.assert_allclose(est[2], est[0] + est[1])
+    np.testing.assert_array_equal(est[3], [0, 0])
+
+
+def test_noise_floor_compares_repeats_to_the_first_measurement():
+    df = pd.DataFrame({
+        "config_id": ["a", "a", "b", "b", "c"], "repeat": [0, 1, 0, 1, 0],
+        "fwd_ms": [1.0, 1.1, 2.0, 2.0, 5.0], "bwd_ms": [1.0, 1.1, 2.0, 2.0, 5.0],
+    })
+    table = noise_floor_table(df).set_index("target")
+    assert table.loc["total", "n"] == 2
+    assert table.loc["total", "mape_pct"] == pytest.approx(5.0)
+    assert "noise_floor" in format_table(table.reset_index())

@@ -1,0 +1,89 @@
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
+
+from shardwise.costmodel import CostModel, NeuralCostModel, TrainConfig, train_cost_model
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    df = pd.concat(
+        [cost_frame({"a": synthetic_tables("a", 20, 0), "h": synthetic_tables("h", 6, 1)}, {"a": 120, "h": 30}, 0),
+         comm_rows(20, 0)],
+        ignore_index=True,
+    )
+    return train_cost_model(df, 0, TrainConfig(epochs=40, comm_epochs=40, progress=False))
+
+
+def test_implements_the_cost_model_protocol(trained):
+    model, _ = trained
+    assert isinstance(model, CostModel)
+    assert model.hardware_kind == "cpu-test" and model.batch_size == 512
+
+
+def test_predict_compute_equals_head_of_summed_embeddings(trained):
+    model, report = trained
+    shards = [list(s) for s in report.test.shards[:20]] + [[]]
+    direct = model.predict_compute(shards)
+    summed = np.stack([model.table_embeddings(s).sum(axis=0) if s else
+                       np.zeros(model.compute_net.embedding_dim, dtype=np.float32) for s in shards])
+    np.testing.assert_allclose(model.compute_from_embeddings(summed), direct, rtol=1e-5)
+    assert direct.shape == (21, 2) and np.all(direct[:-1] > 0)
+    np.testing.assert_array_equal(direct[-1], [0.0, 0.0])
+
+
+def test_batched_prediction_matches_one_shard_at_a_time(trained):
+    model, report = trained
+    shards = [list(s) for s in report.test.shards[:15]]
+    one_by_one = np.concatenate([model.predict_compute([s]) for s in shards])
+    np.testing.assert_allclose(model.predict_compute(shards), one_by_one, rtol=1e-5)
+
+
+def test_more_tables_cost_more(trained):
+    model, report = trained
+    tables = list(report.test.shards[0]) + [t for s in report.test.shards for t in s]
+    tables = list(dict.fromkeys(tables))[:6]
+    costs = model.predict_compute([tables[:k] for k in range(1, 7)]).sum(axis=1)
+    assert costs[-1] > costs[0]
+
+
+def test_save_load_round_trip_gives_identical_predictions(trained, tmp_path):
+    model, report = trained
+    model.save(tmp_path / "m")
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["cost_model.json", "weights.pt"]
+    loaded = NeuralCostModel.load(tmp_path / "m")
+    shards = [list(s) for s in report.test.shards]
+    np.testing.assert_array_equal(loaded.predict_compute(shards), model.predict_compute(shards))
+    widths = np.array([[64, 128, 0, 32]])
+    compute = np.array([[1.0, 2.0, 0.0, 0.5]])
+    np.testing.assert_array_equal(loaded.predict_comm(widths, compute), model.predict_comm(widths, compute))
+    assert loaded.meta == model.meta
+
+
+def test_load_refuses_a_directory_without_a_model(tmp_path):
+    with pytest.raises(FileNotFoundError, match="cost_model.json"):
+        NeuralCostModel.load(tmp_path)
+    (tmp_path / "cost_model.json").write_text('{"format": "other"}')
+    with pytest.raises(ValueError, match="field 'format'"):
+        NeuralCostModel.load(tmp_path)
+
+
+def test_predict_comm_any_number_of_devices_and_grows_with_width(trained):
+    model, _ = trained
+    for d in (2, 3, 8):
+        out = model.predict_comm(np.full((2, d), 64), np.zeros((2, d)))
+        assert out.shape == (2, d, 2) and np.all(out > 0)
+    small, big = model.predict_comm(np.array([[16, 16], [500, 500]]), np.zeros((2, 2)))
+    assert big.sum() > small.sum()
+
+
+def test_model_without_comm_data_says_so():
+    df = cost_frame({"a": synthetic_tables("a", 12, 2), "h": synthetic_tables("h", 4, 3)}, {"a": 60, "h": 20}, 1)
+    model, _ = train_cost_model(df, 0, TrainConfig(epochs=3, progress=False))
+    assert not model.has_comm
+    with pytest.raises(ValueError, match="no communication network"):
+        model.predict_comm(np.ones((1, 2)), np.zeros((1, 2)))

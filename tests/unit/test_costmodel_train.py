@@ -1,0 +1,98 @@
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from costmodel_synthetic import cost_frame, synthetic_tables
+
+from shardwise.costmodel import CostDataError, TrainConfig, train_cost_model
+from shardwise.costmodel.train import compute_samples, pick_heldout_sources
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def frame():
+    return cost_frame({"a": synthetic_tables("a", 30, 0), "h": synthetic_tables("h", 8, 1)}, {"a": 300, "h": 80}, 0)
+
+
+@pytest.fixture(scope="module")
+def trained(frame):
+    return train_cost_model(frame, 0, TrainConfig(epochs=120, progress=False))
+
+
+def _sources(shards):
+    return {t.source or t.name for s in shards for t in s}
+
+
+def test_heldout_tables_never_reach_training(trained):
+    _, report = trained
+    assert set(report.heldout_sources) == {f"h{i}" for i in range(8)}  # the separately profiled group
+    assert _sources(report.test.shards) <= set(report.heldout_sources)
+    assert not _sources(report.train.shards) & set(report.heldout_sources)
+    assert report.sizes["test"] > 50
+
+
+def test_heldout_shard_sizes_are_out_of_training_and_reported_separately(trained):
+    _, report = trained
+    (size,) = report.heldout_num_tables
+    assert all(len(s) != size for s in report.train.shards)
+    assert report.size_test and all(len(s) == size for s in report.size_test.shards)
+    assert (report.evaluation["split"] == f"held-out sizes [{size}]").any()
+
+
+def test_model_beats_baselines_on_unseen_tables(trained):
+    _, report = trained
+    ev = report.evaluation.set_index(["split", "method", "target"])
+    neural = ev.loc[("held-out tables", "neural", "total")]
+    assert neural["mape_pct"] < 10 and neural["spearman"] > 0.98
+    for baseline in ("additive", "torchrec_estimator"):
+        assert neural["mape_pct"] < ev.loc[("held-out tables", baseline, "total"), "mape_pct"]
+    noise = ev.loc[("repeats", "noise_floor", "total")]
+    assert 0 < noise["mape_pct"] < 3  # the generator's 1% noise
+    assert report.metrics["neural_heldout_tables_total_mape_pct"] == pytest.approx(neural["mape_pct"])
+    assert "neural_over_noise_mape_ratio" in report.metrics
+
+
+def test_training_is_reproducible_for_a_seed(frame):
+    cfg = TrainConfig(epochs=5, progress=False)
+    a, rep = train_cost_model(frame, 3, cfg)
+    b, _ = train_cost_model(frame, 3, cfg)
+    c, _ = train_cost_model(frame, 4, cfg)
+    shards = [list(s) for s in rep.test.shards]
+    np.testing.assert_array_equal(a.predict_compute(shards), b.predict_compute(shards))
+    assert not np.array_equal(a.predict_compute(shards), c.predict_compute(shards))
+
+
+def test_repeats_are_averaged_into_one_sample(frame):
+    samples = compute_samples(frame)
+    assert len(samples) == frame["config_id"].nunique()
+    cid = frame.loc[frame["repeat"] == 1, "config_id"].iloc[0]
+    i = samples.config_ids.index(cid)
+    assert samples.fwd_ms[i] == pytest.approx(frame.loc[frame["config_id"] == cid, "fwd_ms"].mean())
+
+
+def test_random_sources_held_out_when_all_tables_mix(frame):
+    mixed = cost_frame({"a": synthetic_tables("a", 20, 5)}, {"a": 100}, 2)
+    held = pick_heldout_sources(compute_samples(mixed), 0.2, seed=0)
+    assert len(held) == 4
+
+
+def test_mixed_hardware_kinds_are_refused_by_name(frame):
+    other = frame.head(5).assign(hardware_kind="cuda-nvidia-h100")
+    with pytest.raises(CostDataError, match=r"mixes hardware kinds \['cpu-test', 'cuda-nvidia-h100'\]"):
+        train_cost_model(pd.concat([frame, other]), 0)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda df: df.drop(columns=["fwd_ms"]), r"lacks column\(s\) \['fwd_ms'\]"),
+        (lambda df: df.assign(bwd_ms=-1.0), "'fwd_ms'/'bwd_ms'"),
+        (lambda df: df.assign(kind="disk"), "column 'kind'"),
+        (lambda df: df.assign(tables_json="[]"), "has no tables"),
+        (lambda df: df.assign(batch_size=np.arange(len(df)) % 2 + 1), "mixes batch sizes"),
+    ],
+)
+def test_bad_datasets_are_refused_naming_the_field(frame, change, message):
+    with pytest.raises(CostDataError, match=message):
+        train_cost_model(change(frame.copy()), 0, TrainConfig(epochs=1, progress=False))

@@ -1,0 +1,43 @@
+"""Reports: the HTML pages hold the per-device and comparison tables; the PNGs are real images."""
+
+from __future__ import annotations
+
+from shardwise.evaluation.measured import DeviceCost, MeasuredPlanCost
+from shardwise.evaluation.report import write_benchmark_report, write_plan_report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _cost() -> MeasuredPlanCost:
+    devices = tuple(
+        DeviceCost(device=d, shards=(f"t{d}",), width=16 * (d + 1), fwd_ms=1.0 + d, bwd_ms=2.0 + d,
+                   comm_fwd_ms=0.25, comm_bwd_ms=0.5, memory_bytes=(d + 1) * 2**20)
+        for d in range(3)
+    )
+    return MeasuredPlanCost(method="size_greedy", batch_size=512, device_kind="cpu", hardware_kind="cpu-test",
+                            device_memory_bytes=4 * 2**20, devices=devices)
+
+
+def test_plan_report_holds_the_per_device_table_and_plots(tmp_path) -> None:
+    page, cost_png, memory_png = write_plan_report(_cost(), tmp_path, name="p", predicted_total_ms=[4.0, 6.0, 8.0])
+    html = page.read_text()
+    assert page.name == "p.html" and "src='p_cost.png'" in html and "src='p_memory.png'" in html
+    # device 2: 3 + 4 + 0.25 + 0.5 ms, 3 MiB
+    assert "<td>2</td><td>1</td><td>48</td><td>3.000</td><td>4.000</td><td>0.250</td><td>0.500</td><td>7.750</td>" in html
+    assert "plan cost (slowest device) <b>7.750 ms</b>" in html and "predicted ms" in html
+    for png in (cost_png, memory_png):
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000
+
+
+def test_benchmark_report_holds_the_method_comparison(tmp_path) -> None:
+    rows = [
+        {"task_set": "4dev", "method": m, "tasks": 2, "failed": 0, "mean_cost_ms": c, "mean_compute_ms": c / 2, "ratio_to_torchrec": c / 10.0,
+         "ratio_to_best_baseline": c / 8.0, "best_baseline": "size_greedy", "imbalance": 1.2,
+         "memory_headroom": 0.1, "planning_time_s": 0.5, "prediction_error": None}
+        for m, c in (("torchrec", 10.0), ("size_greedy", 8.0), ("neuroshard", 6.0))
+    ]
+    page, png = write_benchmark_report(rows, tmp_path, plan_reports=[("4dev task 0 neuroshard", "x/neuroshard.html")])
+    html = page.read_text()
+    assert "<td>4dev</td><td>neuroshard</td><td>2</td><td>0</td><td>6.000</td><td>3.000</td><td>0.600</td><td>0.750</td>" in html
+    assert "href='x/neuroshard.html'" in html
+    assert png.read_bytes()[:8] == PNG_MAGIC

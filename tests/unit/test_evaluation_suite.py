@@ -1,0 +1,60 @@
+"""Benchmark suite: seeded task sets, the comparison arithmetic, failures reported, not fatal."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardwise.evaluation.suite import (
+    PlanResult,
+    TaskSetSpec,
+    cost_ratio,
+    format_summary,
+    make_task_set,
+    summarize,
+)
+from shardwise.workload import TableSpec
+from shardwise.workload.tableset import TableSet
+
+POOL = TableSet(
+    batch_size=512,
+    tables=tuple(TableSpec(name=f"t{i}", rows=1000 + 10 * i, dim=16, pooling_factor=2.0) for i in range(30)),
+)
+
+
+def _result(method: str, task: int, ms: float, predicted: float | None = None) -> PlanResult:
+    return PlanResult(task_set="s", task_index=task, num_tables=10, method=method, measured_ms=ms, compute_ms=ms / 2, imbalance=1.1,
+                      memory_headroom=0.2, planning_time_s=0.01, predicted_ms=predicted)
+
+
+def test_task_sets_are_seeded_and_within_the_table_range() -> None:
+    spec = TaskSetSpec(name="s", num_devices=4, min_tables=5, max_tables=12, num_tasks=4)
+    first, again = make_task_set(POOL, spec, seed=3), make_task_set(POOL, spec, seed=3)
+    assert [t.tables for t in first] == [t.tables for t in again]
+    assert all(5 <= len(t.tables) <= 12 and t.num_devices == 4 for t in first)
+    assert [t.tables for t in make_task_set(POOL, spec, seed=4)] != [t.tables for t in first]
+
+
+def test_task_set_larger_than_the_pool_is_refused() -> None:
+    spec = TaskSetSpec(name="big", num_devices=8, min_tables=80, max_tables=120, num_tasks=1)
+    with pytest.raises(ValueError, match="max_tables 120 exceeds the 30 tables"):
+        make_task_set(POOL, spec, seed=0)
+
+
+def test_summary_ratios_compare_the_tasks_both_methods_planned() -> None:
+    results = [
+        _result("torchrec", 0, 10.0), _result("torchrec", 1, 20.0),
+        _result("size_greedy", 0, 8.0), _result("size_greedy", 1, 30.0),
+        _result("neuroshard", 0, 6.0, predicted=6.6),  # task 1: neuroshard failed
+    ]
+    rows = {r["method"]: r for r in summarize(results, failures=[("s", 1, "neuroshard", "no room")])}
+    assert rows["neuroshard"]["failed"] == 1 and rows["neuroshard"]["tasks"] == 1
+    assert rows["neuroshard"]["ratio_to_torchrec"] == pytest.approx(0.6)  # task 0 only
+    assert rows["size_greedy"]["ratio_to_torchrec"] == pytest.approx(38.0 / 30.0)
+    # the best baseline is the lowest mean among non-learned methods: torchrec (15) beats size_greedy (19)
+    assert rows["neuroshard"]["best_baseline"] == "torchrec"
+    assert rows["neuroshard"]["prediction_error"] == pytest.approx(0.1)
+    assert rows["torchrec"]["prediction_error"] is None
+    assert rows["torchrec"]["mean_compute_ms"] == pytest.approx(7.5)
+    assert cost_ratio(results, "neuroshard", "size_greedy") == pytest.approx(6.0 / 8.0)
+    text = format_summary(list(rows.values()))
+    assert "neuroshard" in text and "0.600" in text and "best baseline: s: torchrec" in text

@@ -1,0 +1,128 @@
+"""The compiled pipeline: identical to the committed golden YAML, and the cluster settings are in it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from shardwise.cli import main
+from shardwise.integrations import kubeflow
+from shardwise.pipelines.components import STEPS
+from shardwise.pipelines.pipeline import (
+    CONFIG_MAP_KEYS,
+    CONFIG_MAP_NAME,
+    GPU_RESOURCE,
+    IMAGE,
+    SECRET_KEYS,
+    SECRET_NAME,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "pipelines" / "shardwise_pipeline.yaml"
+REGENERATE = "regenerate with `.venv/bin/python pipelines/compile.py` and review the diff"
+GPU_EXECUTORS = ("exec-profile-costs", "exec-evaluate-plans")
+
+
+def _compile(tmp_path: Path, *extra: str) -> tuple[dict, dict]:
+    out = tmp_path / "pipeline.yaml"
+    assert main(["pipeline", "compile", "--out", str(out), *extra]) == 0
+    pipeline_spec, platform_spec = yaml.safe_load_all(out.read_text())
+    return pipeline_spec, platform_spec
+
+
+def test_compiled_pipeline_matches_golden_file(tmp_path):
+    out = tmp_path / "pipeline.yaml"
+    assert main(["pipeline", "compile", "--out", str(out)]) == 0
+    assert out.read_text() == GOLDEN.read_text(), f"{GOLDEN} is stale: {REGENERATE}"
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_compiled_components_match_golden_files(tmp_path, step):
+    (path,) = [p for p in kubeflow.compile_components(tmp_path) if p.stem == step]
+    golden = ROOT / "components" / f"{step}.yaml"
+    assert path.read_text() == golden.read_text(), f"{golden} is stale: {REGENERATE}"
+
+
+def test_every_step_runs_the_project_image_without_installing_kfp(tmp_path):
+    spec, _ = _compile(tmp_path)
+    executors = spec["deploymentSpec"]["executors"]
+    assert len(executors) == len(STEPS) + 1  # search_plan runs twice: the method and TorchRec
+    for name, executor in executors.items():
+        container = executor["container"]
+        assert container["image"] == IMAGE, name
+        # the image has shardwise (and kfp) installed: no pip install at step start
+        assert "pip install" not in " ".join(container["command"]), name
+
+
+def test_gpu_steps_ask_for_accelerators_and_tolerate_gpu_taints(tmp_path):
+    spec, platform = _compile(tmp_path, "--gpu-product", "NVIDIA-H100-80GB-HBM3")
+    executors = spec["deploymentSpec"]["executors"]
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for name in GPU_EXECUTORS:
+        accelerator = executors[name]["container"]["resources"]["accelerator"]
+        assert accelerator["resourceType"] == GPU_RESOURCE
+        assert k8s[name]["tolerations"] == [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+        assert k8s[name]["nodeSelector"]["labels"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    # evaluation runs one process per device of the task: as many GPUs as num_devices
+    assert "num_devices" in executors["exec-evaluate-plans"]["container"]["resources"]["accelerator"]["resourceCount"]
+    for name in set(executors) - set(GPU_EXECUTORS):
+        assert "resources" not in executors[name]["container"], name
+        assert "tolerations" not in k8s[name] and "nodeSelector" not in k8s[name], name
+
+
+def test_node_selector_only_when_a_gpu_product_is_named(tmp_path):
+    _, platform = _compile(tmp_path)
+    for name, settings in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].items():
+        assert "nodeSelector" not in settings, name
+
+
+def test_every_step_reads_s3_and_mlflow_settings_from_secret_and_config_map(tmp_path):
+    spec, platform = _compile(tmp_path)
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert set(k8s) == set(spec["deploymentSpec"]["executors"])
+    for name, settings in k8s.items():
+        (secret,) = settings["secretAsEnv"]
+        assert secret["secretName"] == SECRET_NAME, name
+        assert {kv["secretKey"] for kv in secret["keyToEnv"]} == set(SECRET_KEYS)
+        (config_map,) = settings["configMapAsEnv"]
+        assert config_map["configMapName"] == CONFIG_MAP_NAME, name
+        assert {kv["configMapKey"] for kv in config_map["keyToEnv"]} == set(CONFIG_MAP_KEYS)
+
+
+def test_parameters_cover_size_devices_method_and_alias():
+    params = kubeflow.pipeline_parameters()
+    for name in ("num_tables", "row_scale", "batch_size", "num_devices", "search_method", "model_alias", "seed"):
+        assert name in params
+    assert params["model_alias"] == "champion"
+    assert params["device"] == "cuda"
+    # the local defaults are all real parameters
+    assert set(kubeflow.LOCAL_ARGUMENTS) <= set(params)
+
+
+def test_measurement_steps_are_never_cached(tmp_path):
+    spec, _ = _compile(tmp_path)
+    tasks = spec["root"]["dag"]["tasks"]
+    for name in ("profile-costs", "evaluate-plans"):
+        assert tasks[name]["cachingOptions"] == {}, name  # enableCache absent = false
+    assert tasks["search-plan"]["cachingOptions"] == {"enableCache": True}
+
+
+def test_baseline_plan_is_torchrec_and_uses_no_model(tmp_path):
+    spec, _ = _compile(tmp_path)
+    tasks = spec["root"]["dag"]["tasks"]
+    baseline = tasks["search-plan-2"]["inputs"]
+    assert baseline["parameters"]["method"]["runtimeValue"]["constant"] == "torchrec"
+    assert "model" not in baseline.get("artifacts", {})
+    assert tasks["search-plan"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"]["producerTask"] == (
+        "pretrain-cost-model"
+    )
+
+
+def test_argument_checks_name_the_parameter():
+    assert kubeflow.check_arguments({"num_devices": "8", "row_scale": "0.5"}) == {"num_devices": 8, "row_scale": 0.5}
+    with pytest.raises(kubeflow.PipelineArgumentError, match="'num_devices': 2.5 is not an int"):
+        kubeflow.check_arguments({"num_devices": 2.5})
+    with pytest.raises(kubeflow.PipelineArgumentError, match="'devices' is unknown"):
+        kubeflow.check_arguments({"devices": 2})

@@ -1,0 +1,73 @@
+"""The library helpers the pipeline components run in their containers (steps.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from shardwise.pipelines import steps
+
+
+def _measured(max_ms: float, method: str) -> dict:
+    devices = [{"device": 0, "total_ms": max_ms, "fwd_ms": max_ms / 2}, {"device": 1, "total_ms": max_ms / 2}]
+    return {"format": steps.MEASURED_FORMAT, "method": method, "max_cost_ms": max_ms, "imbalance": 1.33,
+            "devices": devices}
+
+
+def test_run_step_raises_with_the_failing_command(tmp_path):
+    with pytest.raises(steps.StepError, match=r"`shardwise task check .*absent.json` exited with status 2"):
+        steps.run_step(["task", "check", str(tmp_path / "absent.json")])
+
+
+def test_load_measured_finds_the_measured_document_among_other_files(tmp_path):
+    (tmp_path / "plan.json").write_text(json.dumps({"format": "shardwise.plan/v1"}))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "m.json").write_text(json.dumps(_measured(3.0, "neuroshard")))
+    assert steps.load_measured(tmp_path)["max_cost_ms"] == 3.0
+
+
+def test_load_measured_says_what_is_missing(tmp_path):
+    (tmp_path / "plan.json").write_text(json.dumps({"format": "shardwise.plan/v1"}))
+    with pytest.raises(FileNotFoundError, match="no shardwise.measured/v1 document"):
+        steps.load_measured(tmp_path)
+
+
+def test_comparison_ratio_is_method_over_torchrec():
+    result = steps.comparison(_measured(3.0, "neuroshard"), _measured(4.0, "torchrec"))
+    assert result["ratio_to_torchrec"] == pytest.approx(0.75)
+    assert result["method_max_cost_ms"] == 3.0 and result["torchrec_max_cost_ms"] == 4.0
+
+
+def test_comparison_html_shows_both_plans_and_escapes_names():
+    docs = {"<neuro>": _measured(3.0, "n"), "torchrec": _measured(4.0, "t")}
+    page = steps.comparison_html("<neuro>", {"ratio_to_torchrec": 0.75}, docs, {"a": "/x/report.html"})
+    assert "&lt;neuro&gt; vs TorchRec" in page and "<neuro>" not in page
+    assert page.count("per device (measured)") == 2 and "0.75" in page and "/x/report.html" in page
+
+
+def test_model_ref_prefers_the_registered_alias():
+    assert steps.model_ref("champion", "cpu-x86_64-2c", "/m") == "models:/shardwise-cost-cpu-x86_64-2c@champion"
+    assert steps.model_ref("", "cpu-x86_64-2c", "/m") == "/m"
+    assert steps.model_ref("", "cpu-x86_64-2c", None) is None
+
+
+def test_evaluation_metrics_flattens_numeric_cells(tmp_path):
+    table = tmp_path / "evaluation.csv"
+    table.write_text("split,mape_pct,spearman,note\nheld-out tables,4.5,0.99,ok\ntrain,2.0,,x\n")
+    assert steps.evaluation_metrics(table) == {
+        "held-out_tables_mape_pct": 4.5, "held-out_tables_spearman": 0.99, "train_mape_pct": 2.0,
+    }
+
+
+def test_steps_import_inside_a_kfp_step_container():
+    # KFP runs component code with _KFP_RUNTIME=true: kfp.dsl then lacks the pipeline API and
+    # kfp.kubernetes fails to import, so what a step imports must not pull the pipeline definition in
+    code = "import shardwise.pipelines.steps, shardwise.cli; import sys; print(sorted(m for m in sys.modules if m.startswith('kfp.kubernetes')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "_KFP_RUNTIME": "true"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,150 @@
+"""`shardwise pipeline submit|schedule` against a local fake of the Kubeflow Pipelines API (v2beta1).
+
+No real KFP API server can run here; the fake answers the few endpoints kfp.Client calls and records
+every request, so the tests check what a cluster would receive.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from shardwise.cli import main
+from shardwise.integrations import kubeflow
+
+
+class FakeKubeflow(BaseHTTPRequestHandler):
+    """Records requests; answers like the KFP v2beta1 REST API would."""
+
+    requests: list[dict] = []
+
+    def log_message(self, *args) -> None:  # keep pytest output clean
+        pass
+
+    def _answer(self, body: dict, status: int = 200) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _record(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        url = urlparse(self.path)
+        entry = {"method": self.command, "path": url.path, "query": parse_qs(url.query)}
+        try:
+            entry["body"] = json.loads(raw) if raw else None
+        except ValueError:
+            entry["body"] = raw.decode(errors="replace")
+        self.requests.append(entry)
+        return entry
+
+    def do_GET(self) -> None:
+        entry = self._record()
+        if entry["path"].endswith("/healthz"):
+            self._answer({"multi_user": False})
+        elif entry["path"] == "/apis/v2beta1/experiments":
+            self._answer({"experiments": [], "total_size": 0})  # none yet: the client creates it
+        else:
+            self._answer({})
+
+    def do_POST(self) -> None:
+        entry = self._record()
+        if entry["path"] == "/apis/v2beta1/experiments":
+            self._answer({"experiment_id": "exp-1", "display_name": entry["body"]["display_name"]})
+        elif entry["path"] == "/apis/v2beta1/runs":
+            self._answer({"run_id": "run-1", "display_name": entry["body"]["display_name"]})
+        elif entry["path"] == "/apis/v2beta1/recurringruns":
+            self._answer({"recurring_run_id": "rr-1", "display_name": entry["body"]["display_name"]})
+        else:
+            self._answer({"error": f"unexpected POST {entry['path']}"}, status=404)
+
+
+@pytest.fixture
+def kfp_api():
+    FakeKubeflow.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeKubeflow)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", FakeKubeflow.requests
+    server.shutdown()
+    server.server_close()
+
+
+def _posts(requests: list[dict], path: str) -> list[dict]:
+    return [r for r in requests if r["method"] == "POST" and r["path"] == path]
+
+
+def test_submit_creates_experiment_and_one_run(kfp_api, capsys):
+    host, requests = kfp_api
+    status = main(["pipeline", "submit", "--host", host, "--num-devices", "8", "--search-method", "neuroshard",
+                   "--model-alias", "challenger", "--gpu-product", "NVIDIA-H100-80GB-HBM3", "--name", "nightly"])
+    assert status == 0
+    assert "run run-1 in experiment exp-1" in capsys.readouterr().out
+
+    (exp,) = _posts(requests, "/apis/v2beta1/experiments")
+    assert exp["body"]["display_name"] == "shardwise"
+    (run,) = _posts(requests, "/apis/v2beta1/runs")
+    body = run["body"]
+    assert body["display_name"] == "nightly"
+    assert body["experiment_id"] == "exp-1"
+    params = body["runtime_config"]["parameters"]
+    assert params["num_devices"] == 8
+    assert params["search_method"] == "neuroshard"
+    assert params["model_alias"] == "challenger"
+    # the compiled pipeline travels inline, with the Kubernetes platform settings
+    spec = body["pipeline_spec"]
+    assert spec["pipeline_spec"]["pipelineInfo"]["name"] == "shardwise"
+    executors = spec["platform_spec"]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert executors["exec-profile-costs"]["nodeSelector"]["labels"] == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"
+    }
+    assert not _posts(requests, "/apis/v2beta1/recurringruns")
+
+
+def test_schedule_creates_recurring_run_with_cron(kfp_api, capsys):
+    host, requests = kfp_api
+    status = main(["pipeline", "schedule", "--host", host, "--cron", "0 3 * * 1", "--name", "weekly-retrain",
+                   "--arg", "profile_num_shards=2000"])
+    assert status == 0
+    assert "recurring run rr-1" in capsys.readouterr().out
+    (job,) = _posts(requests, "/apis/v2beta1/recurringruns")
+    body = job["body"]
+    assert body["display_name"] == "weekly-retrain"
+    assert body["experiment_id"] == "exp-1"
+    # standard 5-field cron gains KFP's leading seconds field
+    assert body["trigger"]["cron_schedule"]["cron"] == "0 0 3 * * 1"
+    assert body["max_concurrency"] == "1" or body["max_concurrency"] == 1
+    assert body["no_catchup"] is True
+    assert body["runtime_config"]["parameters"]["profile_num_shards"] == 2000
+    assert body["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "shardwise"
+    assert not _posts(requests, "/apis/v2beta1/runs")
+
+
+def test_unknown_or_mistyped_arguments_are_refused_before_any_request(kfp_api, capsys):
+    host, requests = kfp_api
+    assert main(["pipeline", "submit", "--host", host, "--arg", "num_tabels=10"]) == 2
+    assert "pipeline argument 'num_tabels' is unknown" in capsys.readouterr().err
+    assert main(["pipeline", "submit", "--host", host, "--arg", "num_devices=four"]) == 2
+    assert "'num_devices': 'four' is not a int" in capsys.readouterr().err
+    assert requests == []
+
+
+def test_bad_cron_is_refused():
+    with pytest.raises(kubeflow.PipelineArgumentError, match="expected 5 or 6 fields"):
+        kubeflow.schedule("http://127.0.0.1:9", "daily")
+
+
+
+def test_run_needs_local_and_refuses_unknown_arguments_before_running(tmp_path, capsys):
+    assert main(["pipeline", "run", "--workdir", str(tmp_path)]) == 2
+    assert "only --local runs here" in capsys.readouterr().err
+    assert main(["pipeline", "run", "--local", "--workdir", str(tmp_path), "--arg", "gpus=2"]) == 2
+    assert "pipeline argument 'gpus' is unknown" in capsys.readouterr().err
+    assert not (tmp_path / "pipeline_root").exists()

@@ -1,0 +1,82 @@
+import pytest
+
+from shardwise.search import (
+    Plan,
+    PlanError,
+    Shard,
+    check_memory_bounds,
+    load_plan,
+    plan_memory_bytes,
+    save_plan,
+    validate_plan,
+)
+from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
+
+TABLES = (
+    TableSpec(name="a", rows=1000, dim=16, pooling_factor=2.0),
+    TableSpec(name="b", rows=2000, dim=32, pooling_factor=5.0),
+    TableSpec(name="c", rows=500, dim=8, pooling_factor=1.0),
+)
+
+
+def task(memory_bytes: int = 2**30, num_devices: int = 2) -> ShardingTask:
+    return ShardingTask(num_devices=num_devices, device_memory_bytes=memory_bytes, batch_size=256, tables=TABLES)
+
+
+def plan(*shards: tuple[str, int, int, int], num_devices: int = 2) -> Plan:
+    return Plan(num_devices=num_devices, shards=tuple(Shard(table=t, col_offset=o, dim=d, device=v) for t, o, d, v in shards))
+
+
+GOOD = plan(("a", 0, 16, 0), ("b", 0, 16, 1), ("b", 16, 16, 0), ("c", 0, 8, 1))
+
+
+def test_a_valid_plan_passes_and_its_memory_is_the_per_device_sum():
+    validate_plan(GOOD, task())
+    b = TABLES[1]
+    expected = [
+        shard_memory_bytes([TABLES[0], b.with_dim(16, "b[16:32]")], 256),
+        shard_memory_bytes([b.with_dim(16, "b[0:16]"), TABLES[2]], 256),
+    ]
+    assert plan_memory_bytes(GOOD, task()) == expected
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (plan(("a", 0, 16, 0), ("b", 0, 32, 1), ("b", 16, 16, 0), ("c", 0, 8, 1)), "covered more than once"),
+        (plan(("a", 0, 16, 0), ("b", 0, 16, 1), ("c", 0, 8, 1)), "columns 16..31 are not covered"),
+        (plan(("a", 0, 16, 0), ("b", 0, 32, 1)), "table 'c' is not placed"),
+        (plan(("a", 0, 16, 0), ("b", 0, 32, 2), ("c", 0, 8, 1)), "device 2 is out of range 0..1"),
+        (plan(("a", 0, 16, 0), ("b", 0, 32, 1), ("c", 0, 8, 1), ("z", 0, 8, 1)), "no such table"),
+        (plan(("a", 0, 6, 0), ("a", 6, 10, 1), ("b", 0, 32, 1), ("c", 0, 8, 1)), "not on a multiple of 4"),
+        (plan(("a", 0, 16, 0), ("b", 0, 36, 1), ("c", 0, 8, 1)), "the table has dim 32"),
+        (plan(("a", 0, 16, 0), ("b", 0, 32, 1), ("c", 0, 8, 0), num_devices=3), "num_devices 3"),
+    ],
+)
+def test_invalid_plans_are_refused_naming_the_problem(bad, message):
+    with pytest.raises(PlanError, match=message):
+        validate_plan(bad, task())
+
+
+def test_a_plan_over_a_device_memory_cap_is_refused_with_the_excess():
+    cap = max(plan_memory_bytes(GOOD, task())) - 1
+    with pytest.raises(PlanError, match=r"device \d needs .* GiB, over its cap .* by 0.000 GiB"):
+        validate_plan(GOOD, task(memory_bytes=cap))
+
+
+def test_memory_bounds_say_how_much_is_missing():
+    total = shard_memory_bytes(TABLES, 256)
+    with pytest.raises(PlanError, match=r"GiB missing"):
+        check_memory_bounds(task(memory_bytes=total // 3), column_split=True)
+    # b alone does not fit one device, but its halves do
+    b_alone = shard_memory_bytes([TABLES[1]], 256)
+    tight = task(memory_bytes=b_alone - 1)
+    with pytest.raises(PlanError, match=r"table 'b': the table alone needs .* over the device cap"):
+        check_memory_bounds(tight, column_split=False)
+    check_memory_bounds(tight, column_split=True)
+
+
+def test_plan_files_round_trip_with_extra_keys(tmp_path):
+    annotated = GOOD.model_copy(update={"method": "handmade", "extra": {"memory_bytes": [1, 2]}})
+    loaded = load_plan(save_plan(annotated, tmp_path / "plan.json"))
+    assert loaded == annotated
