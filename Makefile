@@ -19,7 +19,7 @@ $(STAMP): requirements/cpu.txt requirements/dev.txt requirements/torchrec.txt py
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/shardwise run-local --workdir $(WORK)
+	$(BIN)/shardwise pipeline run --local --workdir $(WORK)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

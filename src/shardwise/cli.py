@@ -806,13 +806,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=_cmd_task_check)
 
     # one `_add_<step>_verbs(verbs)` per step, each with its handlers (thin calls into the library)
+    # in the order of the method: workload -> profile -> pretrain -> plan -> evaluate, then the pipeline
     _add_workload_verbs(verbs)
-    _add_pipeline_verbs(verbs)
-    _add_evaluation_verbs(verbs)
-    _add_pretrain_verbs(verbs)
     _add_profile_verbs(verbs)
+    _add_pretrain_verbs(verbs)
     _add_policy_verbs(verbs)
     _add_plan_verbs(verbs)
+    _add_evaluation_verbs(verbs)
+    _add_pipeline_verbs(verbs)
     return parser
 
 

@@ -38,7 +38,9 @@ class TaskSetSpec(BaseModel):
     min_tables: int = Field(ge=1)
     max_tables: int = Field(ge=1)
     num_tasks: int = Field(ge=1)
-    memory_slack: float = Field(default=1.5, gt=0)
+    # at 1.5x TorchRec's perf-first partitioner finds no plan for most 8-device tasks (it does not
+    # backtrack on memory); 2.0x lets every method plan, so ratios compare the same tasks
+    memory_slack: float = Field(default=2.0, gt=0)
 
 
 #: the papers' settings: 10-60 tables on 4 devices, 80-120 tables on 8 devices

@@ -12,7 +12,6 @@ returned.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,20 +25,17 @@ from tqdm.auto import tqdm
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import NUM_FEATURES, ShardingTask
 
-from .plan import Plan, PlanError
 from .policy_common import (
     PlacementTask,
-    best_assignment,
+    PolicySearch,
     legal_devices,
     masked_logits,
-    plan_from_assignment,
     prepare_task,
     read_policy,
     save_policy,
     select_device,
     single_thread,
 )
-from .report import finish_plan
 
 METHOD = "autoshard"
 #: per-device action features: compute now, total now, total after placing, plan cost after, plan cost now,
@@ -246,32 +242,8 @@ class AutoShardPolicy:
         return policy.to(device)
 
 
-class AutoShardSearch:
-    """Plans with a trained AutoShard policy: greedy placement plus `samples` sampled rollouts, the best
-    fitting one by the CostModel's predicted plan cost."""
-
-    name = METHOD
-
-    def __init__(self, policy: AutoShardPolicy, samples: int = 0) -> None:
-        if samples < 0:
-            raise ValueError(f"samples must be >= 0, got {samples}")
-        self.policy = policy
-        self.samples = samples
-
-    def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
-        """A memory-feasible table-wise plan for `task`, or PlanError."""
-        if cost_model is None:
-            raise PlanError("autoshard needs a cost model (pass --model)")
-        started = time.perf_counter()
-        prepared = prepare_task(task, cost_model)
-        with single_thread():
-            candidates = self.policy.candidates(cost_model, prepared, self.samples, seed)
-        assignment, _ = best_assignment(cost_model, prepared, candidates, METHOD)
-        plan = plan_from_assignment(prepared, assignment, METHOD, extra={"policy": self.policy.provenance})
-        return finish_plan(
-            plan, task, cost_model, planning_time_s=time.perf_counter() - started, seed=seed,
-            options={"samples": self.samples, "candidates": len(candidates)},
-        )
+class AutoShardSearch(PolicySearch):
+    """Plans with a trained AutoShard policy (greedy plus sampled rollouts, best predicted)."""
 
 
 def _train_autoshard(

@@ -11,7 +11,6 @@ independent of the number of tables and devices, so one policy plans any task.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,21 +24,19 @@ from tqdm.auto import tqdm
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import NUM_FEATURES, ShardingTask
 
-from .plan import Plan, PlanError
+from .plan import PlanError
 from .policy_common import (
     PlacementTask,
+    PolicySearch,
     assignment_costs_ms,
-    best_assignment,
     legal_devices,
     masked_logits,
-    plan_from_assignment,
     prepare_task,
     read_policy,
     save_policy,
     select_device,
     single_thread,
 )
-from .report import finish_plan
 
 METHOD = "dreamshard"
 #: cost features per device: current fwd/bwd/comm, after placing the table, plan cost after, plan cost now,
@@ -240,7 +237,9 @@ class DreamShardPolicy:
         )
 
     @torch.no_grad()
-    def candidates(self, prepared: PlacementTask, samples: int, seed: int) -> list[np.ndarray]:
+    def candidates(
+        self, cost_model: CostModel, prepared: PlacementTask, samples: int, seed: int
+    ) -> list[np.ndarray]:
         """The greedy placement, then `samples` sampled ones (seeded), as device-per-table arrays."""
         self.cost_net.eval()
         self.policy_net.eval()
@@ -269,32 +268,8 @@ class DreamShardPolicy:
         return policy.to(device)
 
 
-class DreamShardSearch:
-    """Plans with a trained DreamShard policy: greedy placement plus `samples` sampled rollouts, the best
-    fitting one by the CostModel's predicted plan cost."""
-
-    name = METHOD
-
-    def __init__(self, policy: DreamShardPolicy, samples: int = 0) -> None:
-        if samples < 0:
-            raise ValueError(f"samples must be >= 0, got {samples}")
-        self.policy = policy
-        self.samples = samples
-
-    def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
-        """A memory-feasible table-wise plan for `task`, or PlanError."""
-        if cost_model is None:
-            raise PlanError("dreamshard needs a cost model (pass --model)")
-        started = time.perf_counter()
-        prepared = prepare_task(task, cost_model)
-        with single_thread():
-            candidates = self.policy.candidates(prepared, self.samples, seed)
-        assignment, _ = best_assignment(cost_model, prepared, candidates, METHOD)
-        plan = plan_from_assignment(prepared, assignment, METHOD, extra={"policy": self.policy.provenance})
-        return finish_plan(
-            plan, task, cost_model, planning_time_s=time.perf_counter() - started, seed=seed,
-            options={"samples": self.samples, "candidates": len(candidates)},
-        )
+class DreamShardSearch(PolicySearch):
+    """Plans with a trained DreamShard policy (greedy plus sampled rollouts, best predicted)."""
 
 
 # -- training ----------------------------------------------------------------------------------------------

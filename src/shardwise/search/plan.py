@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
+from shardwise.workload.documents import describe_validation_error, read_json_document, write_json_document
 from shardwise.workload.tables import DIM_ALIGNMENT
 
 PLAN_FORMAT = "shardwise.plan/v1"
@@ -67,28 +67,17 @@ def plan_from_json(doc: Any, source: str = "plan") -> Plan:
             {**{k: v for k, v in doc.items() if k in known}, "extra": {k: v for k, v in doc.items() if k not in known}}
         )
     except ValidationError as err:
-        fields = "; ".join(
-            f"field '{'.'.join(map(str, e['loc']))}': {e['msg']}" for e in err.errors()
-        )
-        raise PlanError(f"{source}: {fields}") from None
+        raise PlanError(f"{source}: {describe_validation_error(err)}") from None
 
 
 def load_plan(path: str | Path) -> Plan:
     """Read a `shardwise.plan/v1` JSON file."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise PlanError(f"{path}: not valid JSON ({err})") from None
-    return plan_from_json(doc, source=str(path))
+    return plan_from_json(read_json_document(path, PlanError, "plan"), source=str(path))
 
 
 def save_plan(plan: Plan, path: str | Path) -> Path:
     """Write `plan` as `shardwise.plan/v1` JSON."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(plan.to_json(), indent=1))
-    return path
+    return write_json_document(plan.to_json(), path)
 
 
 # --- validity and memory -------------------------------------------------------------------------------

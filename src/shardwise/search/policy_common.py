@@ -4,11 +4,12 @@ and saving a trained policy (state_dict + JSON config, no pickled modules)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -260,8 +261,50 @@ def _load_policy_dir(root: Path, device: str) -> Any:
     raise ValueError(f"{found[0] / 'policy.json'}: field 'method' is {method!r}, expected one of {POLICY_METHODS}")
 
 
+class PlacementPolicy(Protocol):
+    """A trained placement policy: candidate table -> device assignments for a prepared task."""
+
+    method: str
+    provenance: dict[str, Any]
+
+    def candidates(
+        self, cost_model: CostModel, prepared: PlacementTask, samples: int, seed: int
+    ) -> list[np.ndarray]:
+        """The greedy assignment plus `samples` sampled ones, each [T] device per table (placement order)."""
+        ...
+
+
+class PolicySearch:
+    """Plans with a trained policy: greedy placement plus `samples` sampled rollouts, the best fitting one
+    by the CostModel's predicted plan cost."""
+
+    def __init__(self, policy: PlacementPolicy, samples: int = 0) -> None:
+        if samples < 0:
+            raise ValueError(f"samples must be >= 0, got {samples}")
+        self.policy = policy
+        self.samples = samples
+        self.name = policy.method
+
+    def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
+        """A memory-feasible table-wise plan for `task`, or PlanError."""
+        from .report import finish_plan
+
+        if cost_model is None:
+            raise PlanError(f"{self.name} needs a cost model (pass --model)")
+        started = time.perf_counter()
+        prepared = prepare_task(task, cost_model)
+        with single_thread():
+            candidates = self.policy.candidates(cost_model, prepared, self.samples, seed)
+        assignment, _ = best_assignment(cost_model, prepared, candidates, self.name)
+        plan = plan_from_assignment(prepared, assignment, self.name, extra={"policy": self.policy.provenance})
+        return finish_plan(
+            plan, task, cost_model, planning_time_s=time.perf_counter() - started, seed=seed,
+            options={"samples": self.samples, "candidates": len(candidates)},
+        )
+
+
 def policy_searcher(method: str, *, policy: Any = None, samples: int = 0, tracking_uri: str | None = None) -> Any:
-    """The DreamShardSearch / AutoShardSearch for `policy` (a loaded policy, a directory or a registry URI)."""
+    """The PolicySearch for `policy` (a loaded policy, a directory or a registry URI)."""
     if method not in POLICY_METHODS:
         raise ValueError(f"method {method!r} is not one of {POLICY_METHODS}")
     if policy is None:
@@ -270,13 +313,7 @@ def policy_searcher(method: str, *, policy: Any = None, samples: int = 0, tracki
         policy = load_policy(policy, tracking_uri=tracking_uri)
     if getattr(policy, "method", None) != method:
         raise ValueError(f"policy is a {getattr(policy, 'method', type(policy).__name__)} policy, not {method}")
-    if method == "dreamshard":
-        from .dreamshard import DreamShardSearch
-
-        return DreamShardSearch(policy, samples=samples)
-    from .autoshard import AutoShardSearch
-
-    return AutoShardSearch(policy, samples=samples)
+    return PolicySearch(policy, samples=samples)
 
 
 class _RegisteredPolicySearch:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -10,9 +9,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .documents import describe_validation_error, read_json_document, write_json_document
 from .memory import Optimizer, WeightsPrecision, shard_memory_bytes
 from .tables import TableSpec
-from .task import ShardingTask, _describe
+from .task import ShardingTask
 
 TABLES_FORMAT: Literal["shardwise.tables/v1"] = "shardwise.tables/v1"
 
@@ -63,30 +63,17 @@ def tableset_from_json(doc: Any, source: str = "tables") -> TableSet:
     try:
         return TableSet.model_validate(doc)
     except ValidationError as err:
-        message = _describe(err)
-        # pydantic also reports the tuple as too short once its bad items are dropped: noise, keep the causes
-        causes = "; ".join(p for p in message.split("; ") if "after validation" not in p)
-        raise TableSetError(f"{source}: {causes or message}") from None
+        raise TableSetError(f"{source}: {describe_validation_error(err)}") from None
 
 
 def load_tables(path: str | Path) -> TableSet:
     """Read and validate a `shardwise.tables/v1` JSON file."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TableSetError(f"{path}: no such table file") from None
-    except json.JSONDecodeError as err:
-        raise TableSetError(f"{path}: not valid JSON ({err})") from None
-    return tableset_from_json(doc, source=str(path))
+    return tableset_from_json(read_json_document(path, TableSetError, "table"), source=str(path))
 
 
 def save_tables(tableset: TableSet, path: str | Path) -> Path:
     """Write `tableset` as `shardwise.tables/v1` JSON."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(tableset.to_json(), indent=1))
-    return path
+    return write_json_document(tableset.to_json(), path)
 
 
 def split_tables(tableset: TableSet, holdout_fraction: float, seed: int) -> tuple[TableSet, TableSet]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .documents import describe_validation_error, read_json_document, write_json_document
 from .memory import Optimizer, WeightsPrecision
 from .tables import TableSpec
 
@@ -53,15 +53,6 @@ class ShardingTask(BaseModel):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-def _describe(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(document)"
-        msg = e["msg"].removeprefix("Value error, ")
-        lines.append(f"field '{loc}': {msg}")
-    return "; ".join(lines)
-
-
 def task_from_json(doc: Any, source: str = "task") -> ShardingTask:
     """Validate a parsed task document; refuse it naming the field that is wrong."""
     if not isinstance(doc, dict):
@@ -71,24 +62,14 @@ def task_from_json(doc: Any, source: str = "task") -> ShardingTask:
     try:
         return ShardingTask.model_validate(doc)
     except ValidationError as err:
-        raise TaskError(f"{source}: {_describe(err)}") from None
+        raise TaskError(f"{source}: {describe_validation_error(err)}") from None
 
 
 def load_task(path: str | Path) -> ShardingTask:
     """Read and validate a `shardwise.task/v1` JSON file."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise TaskError(f"{path}: no such task file") from None
-    except json.JSONDecodeError as err:
-        raise TaskError(f"{path}: not valid JSON ({err})") from None
-    return task_from_json(doc, source=str(path))
+    return task_from_json(read_json_document(path, TaskError, "task"), source=str(path))
 
 
 def save_task(task: ShardingTask, path: str | Path) -> Path:
     """Write `task` as `shardwise.task/v1` JSON."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(task.to_json(), indent=1))
-    return path
+    return write_json_document(task.to_json(), path)
