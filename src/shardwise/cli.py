@@ -174,24 +174,46 @@ def _evaluation_protocol(args: argparse.Namespace):  # type: ignore[no-untyped-d
     return TimingProtocol(warmup_iters=args.warmup_iters, iters=args.timing_iters)
 
 
+def _plan_names(paths: list[str], plans: list) -> list[str]:  # type: ignore[type-arg]
+    """Report names for plan files: their file stems, else their methods, else stem-<i> (all unique)."""
+    from pathlib import Path
+
+    for names in ([Path(p).stem for p in paths], [plan.method for plan in plans]):
+        if len(set(names)) == len(names):
+            return names
+    return [f"{Path(p).stem}-{i}" for i, p in enumerate(paths)]
+
+
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from shardwise.evaluation.measured import evaluate_plan
+    from shardwise.evaluation.measured import evaluate_plans
 
-    task, plan = _load_task_and_plan(args.task, args.plan)
+    loaded = [_load_task_and_plan(args.task, p) for p in args.plan]
+    task = loaded[0][0]
+    plans = [plan for _, plan in loaded]
+    if args.name and len(args.name) != len(args.plan):
+        raise CliError(f"--name given {len(args.name)} times for {len(args.plan)} --plan; give one per plan or none")
+    names = args.name or _plan_names(args.plan, plans)
     cost_model = None
     if args.model:
         from shardwise.integrations.mlflow import load_cost_model
 
         cost_model = load_cost_model(args.model, tracking_uri=args.tracking_uri)
-    out = Path(args.out) if args.out else Path(args.plan).with_suffix("").with_name(Path(args.plan).stem + "_eval")
-    cost, paths = evaluate_plan(
-        task, plan, out, cost_model=cost_model, device=args.device, protocol=_evaluation_protocol(args),
-        reference_ms=args.reference_ms, batch_size=args.batch_size, comm_iters=args.comm_iters,
-        name=Path(args.plan).stem,
-    )
-    print(cost.table())
+    first = Path(args.plan[0])
+    out = Path(args.out) if args.out else first.with_name(first.stem + "_eval")
+    try:
+        costs, comparison, paths = evaluate_plans(
+            task, list(zip(names, plans)), out, cost_model=cost_model, device=args.device,
+            protocol=_evaluation_protocol(args), reference_ms=args.reference_ms, batch_size=args.batch_size,
+            compute_rounds=args.timing_rounds, comm_iters=args.comm_iters, comm_rounds=args.comm_rounds,
+        )
+    except ValueError as err:
+        raise CliError(str(err)) from None
+    for name, cost in zip(names, costs):
+        print(f"{name}:\n{cost.table()}" if len(costs) > 1 else cost.table())
+    if len(costs) > 1:
+        print(comparison.table())
     print(f"wrote {', '.join(str(p) for p in paths)}")
     uri = _evaluation_tracking_uri(args)
     if uri:
@@ -199,10 +221,13 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
         mlflow.set_tracking_uri(uri)
         mlflow.set_experiment("shardwise-evaluate")
-        with mlflow.start_run(run_name=f"evaluate-{plan.method}"):
-            mlflow.log_params({"method": plan.method, "num_devices": plan.num_devices, "batch_size": cost.batch_size})
-            mlflow.log_metrics({"max_cost_ms": cost.max_cost_ms, "imbalance": cost.imbalance,
-                                "memory_headroom": cost.memory_headroom})
+        with mlflow.start_run(run_name="evaluate-" + "-vs-".join(names if len(names) > 1 else [plans[0].method])):
+            mlflow.log_params({"methods": ",".join(p.method for p in plans), "num_devices": plans[0].num_devices,
+                               "batch_size": costs[0].batch_size})
+            for name, cost in zip(names, costs):
+                prefix = f"{name}_" if len(costs) > 1 else ""
+                mlflow.log_metrics({f"{prefix}max_cost_ms": cost.max_cost_ms, f"{prefix}imbalance": cost.imbalance,
+                                    f"{prefix}memory_headroom": cost.memory_headroom})
             mlflow.log_artifacts(str(out), artifact_path="evaluation")
     return 0
 
@@ -263,7 +288,8 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     batch = args.batch_size or (cost_model.batch_size if cost_model is not None else None)
     _, rows = run_benchmark(
         task_sets, methods, cost_model=cost_model, device=args.device, protocol=_evaluation_protocol(args),
-        reference_ms=args.reference_ms, batch_size=batch, comm_iters=args.comm_iters, seed=args.seed,
+        reference_ms=args.reference_ms, batch_size=batch, compute_rounds=args.timing_rounds,
+        comm_iters=args.comm_iters, comm_rounds=args.comm_rounds, seed=args.seed,
         out_dir=args.out,
     )
     print(format_summary(rows))
@@ -290,14 +316,23 @@ def _add_evaluation_verbs(verbs: argparse._SubParsersAction) -> None:
         parser.add_argument("--model", default=None, help="cost model URI: its reference timing, batch, predictions")
         parser.add_argument("--warmup-iters", type=int, default=3, help="kernel warm-up iterations per shard")
         parser.add_argument("--timing-iters", type=int, default=10, help="timed kernel iterations per shard")
-        parser.add_argument("--comm-iters", type=int, default=5, help="timed all-to-all iterations")
+        parser.add_argument("--timing-rounds", type=int, default=3,
+                            help="interleaved kernel timings per shard (per device: their median)")
+        parser.add_argument("--comm-iters", type=int, default=20, help="timed all-to-all iterations per round")
+        parser.add_argument("--comm-rounds", type=int, default=5,
+                            help="interleaved all-to-all rounds (per device: median of rounds x iterations)")
         parser.add_argument("--reference-ms", type=float, default=None,
                             help="reference kernel ms to normalise by (default: the model's, else calibrate)")
 
-    evaluate = verbs.add_parser("evaluate", help="measure a plan's per-device cost on this machine's kernels")
+    evaluate = verbs.add_parser("evaluate", help="measure plans' per-device cost on this machine's kernels")
     evaluate.add_argument("--task", required=True, help="shardwise.task/v1 file")
-    evaluate.add_argument("--plan", required=True, help="shardwise.plan/v1 file (from any tool)")
-    evaluate.add_argument("--out", default=None, help="report directory (default: <plan>_eval next to the plan)")
+    evaluate.add_argument("--plan", required=True, action="append",
+                          help="shardwise.plan/v1 file (from any tool); repeat to measure and compare several "
+                               "plans in one session")
+    evaluate.add_argument("--out", default=None,
+                          help="report directory (default: <first plan>_eval next to the first plan)")
+    evaluate.add_argument("--name", action="append", default=[],
+                          help="report name of each --plan, in order (default: file stems, else methods)")
     common(evaluate)
     timing(evaluate)
     evaluate.set_defaults(handler=_cmd_evaluate)

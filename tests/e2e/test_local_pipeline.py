@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardwise.cli import build_parser
+from shardwise.integrations.kubeflow import LOCAL_ARGUMENTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -45,7 +46,7 @@ def test_local_pipeline_end_to_end(tmp_path):
     out = result.stdout
     plan_path = Path(re.search(r"^plan \((.+)\):$", out, re.M).group(1))
     plan = json.loads(plan_path.read_text())
-    assert plan["format"] == "shardwise.plan/v1" and plan["num_devices"] == 2
+    assert plan["format"] == "shardwise.plan/v1" and plan["num_devices"] == LOCAL_ARGUMENTS["num_devices"]
     report = Path(re.search(r"^report: (.+)$", out, re.M).group(1))
     assert report.is_file() and "TorchRec" in report.read_text()
     match = re.search(r"measured vs TorchRec's planner: ([\d.]+) ms vs ([\d.]+) ms .*ratio ([\d.]+)", out)
@@ -53,5 +54,10 @@ def test_local_pipeline_end_to_end(tmp_path):
     method_ms, torchrec_ms, ratio = map(float, match.groups())
     assert method_ms > 0 and torchrec_ms > 0
     assert ratio == pytest.approx(method_ms / torchrec_ms, rel=1e-2)
+    # both plans were measured in one `shardwise evaluate` session: one comparison document holds both
+    comparison = json.loads((report.parent / "evaluation" / "comparison.json").read_text())
+    assert comparison["format"] == "shardwise.comparison/v1"
+    assert [p["name"] for p in comparison["plans"]] == [plan["method"], "torchrec"]
+    assert comparison["plans"][0]["max_cost_ms"] == pytest.approx(method_ms, rel=1e-3)
     # the embedded MLflow store holds the registered cost model
     assert (tmp_path / "mlflow.db").is_file()

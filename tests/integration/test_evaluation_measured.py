@@ -68,3 +68,24 @@ def test_column_slices_are_measured_and_reported(tmp_path) -> None:
     page = paths[0].read_text()
     assert "a2a fwd ms" in page and f"{cost.devices[1].total_ms:.3f}" in page
     assert all(p.exists() and p.stat().st_size > 1000 for p in paths[1:])
+
+
+def test_evaluate_plans_measures_several_plans_in_one_session(tmp_path) -> None:
+    from shardwise.evaluation.measured import evaluate_plans
+
+    task = _task()
+    plans = [("balanced", _plan([0, 1, 0, 1], "balanced")), ("same", _plan([0, 1, 0, 1], "balanced")),
+             ("stacked", _plan([0, 0, 0, 1], "stacked"))]
+    costs, comparison, paths = evaluate_plans(task, plans, tmp_path, device="cpu", protocol=PROTOCOL,
+                                              compute_rounds=2, comm_iters=4, comm_rounds=2, progress=False)
+    assert [r.name for r in comparison.plans] == ["balanced", "same", "stacked"]
+    assert len({c.reference_ms for c in costs}) == 1 and costs[0].reference_ms is not None
+    assert comparison.row("stacked").ratio_to_first == pytest.approx(costs[2].max_cost_ms / costs[0].max_cost_ms)
+    for name in ("balanced", "same", "stacked"):
+        doc = json.loads((tmp_path / f"{name}.measured.json").read_text())
+        assert doc["format"] == "shardwise.measured/v1" and (tmp_path / f"{name}.html").is_file()
+    saved = json.loads((tmp_path / "comparison.json").read_text())
+    assert saved["format"] == "shardwise.comparison/v1" and saved["comm_rounds"] == 2
+    page = (tmp_path / "comparison.html").read_text()
+    assert "stacked_cost.png" in page and "balanced.html" in page
+    assert {tmp_path / "comparison.json", tmp_path / "comparison.html", tmp_path / "comparison.png"} <= set(paths)

@@ -85,3 +85,39 @@ def test_plan_cost_is_the_slowest_device_and_imbalance_is_max_over_mean() -> Non
     assert doc["format"] == "shardwise.measured/v1" and doc["devices"][1]["total_ms"] == pytest.approx(8.0)
     table = cost.table()
     assert "8.000" in table and "imbalance 1.333" in table
+
+
+def test_comparison_ratios_are_to_the_first_plan_and_rows_are_found_by_name() -> None:
+    from shardwise.evaluation.measured import compare_measured
+
+    cheap = _cost([(1.0, 1.0, 0.5, 0.5), (1.0, 1.0, 0.5, 0.5)], [100, 100])  # 3 ms
+    dear = _cost([(2.0, 2.0, 1.0, 1.0), (1.0, 1.0, 0.5, 0.5)], [100, 100])  # 6 ms
+    comparison = compare_measured([("a", dear), ("b", cheap)], predicted_max_ms=[5.0, None])
+    assert comparison.row("a").ratio_to_first == pytest.approx(1.0)
+    assert comparison.row("b").ratio_to_first == pytest.approx(0.5)
+    assert comparison.row("a").max_comm_ms == pytest.approx(2.0)
+    assert comparison.row("a").predicted_max_cost_ms == 5.0 and comparison.row("b").predicted_max_cost_ms is None
+    assert "0.500" in comparison.table() and comparison.format == "shardwise.comparison/v1"
+    with pytest.raises(KeyError, match="no plan named 'c'"):
+        comparison.row("c")
+    with pytest.raises(ValueError, match="nothing to compare"):
+        compare_measured([])
+
+
+def test_cli_evaluate_needs_one_name_per_plan(tmp_path, capsys) -> None:
+    task_path = save_task(TASK, tmp_path / "task.json")
+    plan_path = save_plan(VALID, tmp_path / "plan.json")
+    argv = ["evaluate", "--task", str(task_path), "--plan", str(plan_path), "--plan", str(plan_path),
+            "--name", "only-one", "--device", "cpu"]
+    assert main(argv) == 2
+    assert "--name given 1 times for 2 --plan" in capsys.readouterr().err
+    assert not (tmp_path / "plan_eval").exists()
+
+
+def test_cli_plan_names_are_stems_else_methods_else_numbered() -> None:
+    from shardwise.cli import _plan_names
+
+    a, b = VALID.model_copy(update={"method": "x"}), VALID.model_copy(update={"method": "y"})
+    assert _plan_names(["d/p1.json", "d/p2.json"], [a, a]) == ["p1", "p2"]
+    assert _plan_names(["d1/plan", "d2/plan"], [a, b]) == ["x", "y"]
+    assert _plan_names(["d1/plan", "d2/plan"], [a, a]) == ["plan-0", "plan-1"]

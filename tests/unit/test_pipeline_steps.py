@@ -71,3 +71,18 @@ def test_steps_import_inside_a_kfp_step_container():
                             env={**os.environ, "_KFP_RUNTIME": "true"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_plan_names_stay_distinct_when_the_method_is_torchrec():
+    assert steps.plan_names("neuroshard") == ("neuroshard", "torchrec")
+    assert steps.plan_names("torchrec") == ("torchrec", "torchrec-baseline")
+
+
+def test_load_evaluation_reads_each_named_plan_and_lists_pages(tmp_path):
+    (tmp_path / "neuroshard.measured.json").write_text(json.dumps(_measured(3.0, "neuroshard")))
+    (tmp_path / "torchrec.measured.json").write_text(json.dumps(_measured(4.0, "torchrec")))
+    (tmp_path / "comparison.html").write_text("<html></html>")
+    docs, pages = steps.load_evaluation(tmp_path, ("neuroshard", "torchrec"))
+    assert docs["torchrec"]["max_cost_ms"] == 4.0 and list(pages) == ["comparison.html"]
+    with pytest.raises(FileNotFoundError, match="absent.measured.json"):
+        steps.load_evaluation(tmp_path, ("absent",))

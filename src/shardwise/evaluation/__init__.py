@@ -4,12 +4,15 @@ from .dlrm import DLRMThroughput, build_dlrm, measure_dlrm_throughput, validate_
 from .measured import (
     DeviceCost,
     MeasuredPlanCost,
+    PlanComparison,
+    compare_measured,
     evaluate_plan,
+    evaluate_plans,
     measure_plan,
     measure_plans,
     save_measured,
 )
-from .report import write_benchmark_report, write_plan_report
+from .report import write_benchmark_report, write_comparison_report, write_plan_report
 from .suite import (
     PAPER_TASK_SETS,
     SMALL_TASK_SETS,
@@ -28,10 +31,13 @@ __all__ = [
     "DeviceCost",
     "MeasuredCostGreedySearch",
     "MeasuredPlanCost",
+    "PlanComparison",
     "PlanResult",
     "TaskSetSpec",
     "build_dlrm",
+    "compare_measured",
     "evaluate_plan",
+    "evaluate_plans",
     "make_task_set",
     "measure_dlrm_throughput",
     "measure_plan",
@@ -41,5 +47,6 @@ __all__ = [
     "summarize",
     "validate_plan_e2e",
     "write_benchmark_report",
+    "write_comparison_report",
     "write_plan_report",
 ]

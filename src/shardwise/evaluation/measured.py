@@ -17,6 +17,14 @@ from shardwise.search.plan import Plan, device_specs, plan_memory_bytes, validat
 from shardwise.workload import ShardingTask
 
 MEASURED_FORMAT = "shardwise.measured/v1"
+# All-to-all timing: per device, the median of COMM_ROUNDS x COMM_ITERS exchanges. On a shared CPU one
+# exchange swings by 2x with scheduling, and the medians of fewer samples differed by 30% for a symmetric one.
+COMM_ITERS = 20
+COMM_ROUNDS = 5
+# Kernel timing: per device, the median of COMPUTE_ROUNDS timings (each the protocol's median of its iterations)
+# taken in interleaved rounds; one timing of the same shard differed by up to 25% within one session.
+COMPUTE_ROUNDS = 3
+COMPARISON_FORMAT = "shardwise.comparison/v1"
 
 
 class DeviceCost(BaseModel):
@@ -163,12 +171,19 @@ def measure_plans(
     protocol: TimingProtocol | None = None,
     reference_ms: float | None = None,
     batch_size: int | None = None,
-    comm_iters: int = 5,
-    comm_rounds: int = 3,
+    compute_rounds: int = COMPUTE_ROUNDS,
+    comm_iters: int = COMM_ITERS,
+    comm_rounds: int = COMM_ROUNDS,
     comm_backend: str | None = None,
     progress: bool = True,
 ) -> list[MeasuredPlanCost]:
-    """Measure several (task, plan) pairs; all-to-alls of equal device counts share one process group."""
+    """Measure several (task, plan) pairs in one session: one reference calibration for all, every shard timed
+    in `compute_rounds` interleaved rounds, and all-to-alls of equal device counts in one process group,
+    interleaved over `comm_rounds` rounds of `comm_iters` each; medians per device."""
+    if compute_rounds < 1 or comm_rounds < 1 or comm_iters < 1:
+        raise ValueError(
+            f"compute_rounds, comm_rounds and comm_iters must be >= 1, got {compute_rounds}, {comm_rounds}, {comm_iters}"
+        )
     from shardwise.profiling.comm import default_backend, measure_all_to_all_many
     from shardwise.profiling.hardware import hardware_kind
     from shardwise.profiling.kernel import measure_shard
@@ -180,19 +195,25 @@ def measure_plans(
     batches = [batch_size or task.batch_size for task, _ in items]
     layouts = [device_specs(plan, task) for task, plan in items]  # column slices keep their source's data
 
-    compute: list[list[tuple[float, float]]] = []
-    todo = sum(len(devices) for devices in layouts)
-    with tqdm(total=todo, desc="measure shards", unit="device", disable=not progress) as bar:
-        for (task, _), devices, batch in zip(items, layouts, batches):
-            row = []
-            for tables in devices:
-                if tables:
-                    t = measure_shard(tables, batch, device=dev, protocol=protocol, optimizer=task.optimizer)
-                    row.append((float(t.fwd_ms), float(t.bwd_ms)))
-                else:
-                    row.append((0.0, 0.0))
-                bar.update()
-            compute.append(row)
+    # every device's shard timed once per round, rounds interleaved over all plans, median per device: one
+    # timing of a shard swings by 20% on a shared CPU (the reference normalises drift, not preemption)
+    samples: list[list[list[tuple[float, float]]]] = [[[] for _ in devices] for devices in layouts]
+    todo = compute_rounds * sum(1 for devices in layouts for tables in devices if tables)
+    with tqdm(total=todo, desc="measure shards", unit="shard", disable=not progress) as bar:
+        for _ in range(compute_rounds):
+            for (task, _), devices, batch, timed in zip(items, layouts, batches, samples):
+                for tables, row in zip(devices, timed):
+                    if tables:
+                        t = measure_shard(tables, batch, device=dev, protocol=protocol, optimizer=task.optimizer)
+                        row.append((float(t.fwd_ms), float(t.bwd_ms)))
+                        bar.update()
+    compute = [
+        [
+            (statistics.median(f for f, _ in row), statistics.median(b for _, b in row)) if row else (0.0, 0.0)
+            for row in timed
+        ]
+        for timed in samples
+    ]
 
     widths = [[sum(t.dim for t in tables) for tables in devices] for devices in layouts]
     comm: list[list[tuple[float, float]]] = [[(0.0, 0.0)] * len(w) for w in widths]  # one device: no exchange
@@ -202,17 +223,18 @@ def measure_plans(
             groups.setdefault((len(w), batch), []).append(k)
     backend = comm_backend or default_backend(dev.type)
     for (_, batch), members in groups.items():
-        # every layout timed in `comm_rounds` interleaved rounds, median per device: machine drift during
-        # the run then hits all plans alike instead of whichever layout happened to run during a slow spell
-        timed = measure_all_to_all_many(
+        # every layout timed in `comm_rounds` interleaved rounds, median of all rounds' iterations per device:
+        # machine drift during the run then hits all plans alike instead of whichever layout happened to run
+        # during a slow spell
+        exchanges = measure_all_to_all_many(
             [widths[k] for k in members] * comm_rounds, batch, backend=backend, iters=comm_iters
         )
         for j, k in enumerate(members):
-            rounds = timed[j :: len(members)]
+            rounds = exchanges[j :: len(members)]
             comm[k] = [
                 (
-                    statistics.median(r[d].fwd_ms for r in rounds),
-                    statistics.median(r[d].bwd_ms for r in rounds),
+                    statistics.median(ms for r in rounds for ms in r[d].fwd_samples_ms),
+                    statistics.median(ms for r in rounds for ms in r[d].bwd_samples_ms),
                 )
                 for d in range(len(widths[k]))
             ]
@@ -241,7 +263,10 @@ def measure_plans(
                 device_kind=dev.type,
                 hardware_kind=kind,
                 device_memory_bytes=task.device_memory_bytes,
-                timing=protocol.model_dump(mode="json", exclude={"reference_ms"}),
+                timing={
+                    **protocol.model_dump(mode="json", exclude={"reference_ms"}),
+                    "compute_rounds": compute_rounds, "comm_iters": comm_iters, "comm_rounds": comm_rounds,
+                },
                 reference_ms=protocol.reference_ms,
                 devices=costs,
             )
@@ -257,7 +282,9 @@ def measure_plan(
     protocol: TimingProtocol | None = None,
     reference_ms: float | None = None,
     batch_size: int | None = None,
-    comm_iters: int = 5,
+    compute_rounds: int = COMPUTE_ROUNDS,
+    comm_iters: int = COMM_ITERS,
+    comm_rounds: int = COMM_ROUNDS,
     comm_backend: str | None = None,
     progress: bool = True,
 ) -> MeasuredPlanCost:
@@ -273,10 +300,165 @@ def measure_plan(
         protocol=protocol,
         reference_ms=reference_ms,
         batch_size=batch_size,
+        compute_rounds=compute_rounds,
         comm_iters=comm_iters,
+        comm_rounds=comm_rounds,
         comm_backend=comm_backend,
         progress=progress,
     )[0]
+
+
+class PlanComparisonRow(BaseModel):
+    """One plan's line in a comparison of plans measured in the same session."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    method: str
+    max_cost_ms: float
+    max_compute_ms: float
+    max_comm_ms: float
+    mean_cost_ms: float
+    imbalance: float
+    memory_headroom: float
+    ratio_to_first: float  # max_cost_ms / the first plan's (below 1: cheaper than the first plan)
+    predicted_max_cost_ms: float | None = None
+
+
+class PlanComparison(BaseModel):
+    """Plans of one task measured in one session (same reference timing, same all-to-all process group)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    format: str = COMPARISON_FORMAT
+    batch_size: int
+    hardware_kind: str
+    reference_ms: float | None
+    compute_rounds: int
+    comm_iters: int
+    comm_rounds: int
+    plans: tuple[PlanComparisonRow, ...]
+
+    def row(self, name: str) -> PlanComparisonRow:
+        """The row of plan `name`."""
+        for r in self.plans:
+            if r.name == name:
+                return r
+        raise KeyError(f"no plan named {name!r} in the comparison; plans: {[r.name for r in self.plans]}")
+
+    def table(self) -> str:
+        """A text table, one line per plan (what `shardwise evaluate` prints for several plans)."""
+        lines = [
+            f"{'plan':<20} {'method':<14} {'max_ms':>9} {'compute':>9} {'a2a':>9} {'imbal':>7} {'headroom':>8} "
+            f"{'vs_first':>8} {'predicted':>9}"
+        ]
+        for r in self.plans:
+            predicted = "-" if r.predicted_max_cost_ms is None else f"{r.predicted_max_cost_ms:.3f}"
+            lines.append(
+                f"{r.name:<20} {r.method:<14} {r.max_cost_ms:>9.3f} {r.max_compute_ms:>9.3f} {r.max_comm_ms:>9.3f} "
+                f"{r.imbalance:>7.3f} {r.memory_headroom:>8.1%} {r.ratio_to_first:>8.3f} {predicted:>9}"
+            )
+        lines.append(
+            f"measured in one session: batch {self.batch_size}, {self.hardware_kind}, reference_ms "
+            f"{'-' if self.reference_ms is None else format(self.reference_ms, '.4f')}; medians of "
+            f"{self.compute_rounds} interleaved kernel timings and {self.comm_rounds} interleaved rounds x "
+            f"{self.comm_iters} all-to-alls per device"
+        )
+        return "\n".join(lines)
+
+
+def compare_measured(
+    named: Sequence[tuple[str, MeasuredPlanCost]],
+    *,
+    predicted_max_ms: Sequence[float | None] | None = None,
+) -> PlanComparison:
+    """The comparison of plans measured together (`measure_plans`); ratios are to the first plan."""
+    if not named:
+        raise ValueError("plans: nothing to compare")
+    first = named[0][1].max_cost_ms
+    predicted = list(predicted_max_ms) if predicted_max_ms is not None else [None] * len(named)
+    rows = tuple(
+        PlanComparisonRow(
+            name=name,
+            method=cost.method,
+            max_cost_ms=cost.max_cost_ms,
+            max_compute_ms=cost.max_compute_ms,
+            max_comm_ms=max(d.comm_ms for d in cost.devices),
+            mean_cost_ms=cost.mean_cost_ms,
+            imbalance=cost.imbalance,
+            memory_headroom=cost.memory_headroom,
+            ratio_to_first=cost.max_cost_ms / first if first > 0 else float("nan"),
+            predicted_max_cost_ms=p,
+        )
+        for (name, cost), p in zip(named, predicted)
+    )
+    ref = named[0][1]
+    return PlanComparison(
+        batch_size=ref.batch_size,
+        hardware_kind=ref.hardware_kind,
+        reference_ms=ref.reference_ms,
+        compute_rounds=int(ref.timing.get("compute_rounds", 1)),
+        comm_iters=int(ref.timing.get("comm_iters", 0)),
+        comm_rounds=int(ref.timing.get("comm_rounds", 1)),
+        plans=rows,
+    )
+
+
+def evaluate_plans(
+    task: ShardingTask,
+    plans: Sequence[tuple[str, Plan]],
+    out_dir: str | Path,
+    *,
+    cost_model: Any = None,
+    device: str | torch.device | None = None,
+    protocol: TimingProtocol | None = None,
+    reference_ms: float | None = None,
+    batch_size: int | None = None,
+    compute_rounds: int = COMPUTE_ROUNDS,
+    comm_iters: int = COMM_ITERS,
+    comm_rounds: int = COMM_ROUNDS,
+    progress: bool = True,
+) -> tuple[list[MeasuredPlanCost], PlanComparison, list[Path]]:
+    """Measure named plans of `task` in one session; write `<name>.measured.json` and a report per plan, and
+    `comparison.json` + `comparison.html` across them.
+
+    One session: one reference calibration, one all-to-all process group with the plans' layouts interleaved,
+    so machine drift hits every plan alike. With a cost model, time as its training data was (its
+    reference_ms and batch size unless given) and show its predictions next to the measurement."""
+    from shardwise.search.simulator import simulate
+
+    from .report import write_comparison_report, write_plan_report
+
+    names = [name for name, _ in plans]
+    if len(set(names)) != len(names):
+        raise ValueError(f"plans: names must be unique, got {names}")
+    if reference_ms is None and cost_model is not None:
+        reference_ms = getattr(cost_model, "reference_ms", None)
+    if batch_size is None and cost_model is not None:
+        batch_size = cost_model.batch_size
+    costs = measure_plans(
+        [(task, plan) for _, plan in plans], device=device, protocol=protocol, reference_ms=reference_ms,
+        batch_size=batch_size, compute_rounds=compute_rounds, comm_iters=comm_iters, comm_rounds=comm_rounds,
+        progress=progress,
+    )
+    predicted: list[list[float] | None] = [
+        list(simulate(plan, task, cost_model).total_ms) if cost_model is not None else None for _, plan in plans
+    ]
+    out = Path(out_dir)
+    paths: list[Path] = []
+    for name, cost, pred in zip(names, costs, predicted):
+        paths.append(save_measured(cost, out / f"{name}.measured.json"))
+        paths += write_plan_report(cost, out, name=name, predicted_total_ms=pred)
+    comparison = compare_measured(
+        list(zip(names, costs)),
+        predicted_max_ms=[max(p) if p else None for p in predicted],
+    )
+    if len(plans) > 1:
+        path = out / "comparison.json"
+        path.write_text(json.dumps(comparison.model_dump(mode="json"), indent=1))
+        paths.append(path)
+        paths += write_comparison_report(comparison, out)
+    return costs, comparison, paths
 
 
 def evaluate_plan(
@@ -289,27 +471,15 @@ def evaluate_plan(
     protocol: TimingProtocol | None = None,
     reference_ms: float | None = None,
     batch_size: int | None = None,
-    comm_iters: int = 5,
+    compute_rounds: int = COMPUTE_ROUNDS,
+    comm_iters: int = COMM_ITERS,
+    comm_rounds: int = COMM_ROUNDS,
     name: str = "plan",
 ) -> tuple[MeasuredPlanCost, list[Path]]:
-    """Measure `plan` and write `<name>.measured.json` plus the HTML/PNG report into `out_dir`.
-
-    With a cost model, time as its training data was (its reference_ms and batch size unless given) and
-    show its predictions next to the measurement."""
-    from shardwise.search.simulator import simulate
-
-    from .report import write_plan_report
-
-    if reference_ms is None and cost_model is not None:
-        reference_ms = getattr(cost_model, "reference_ms", None)
-    if batch_size is None and cost_model is not None:
-        batch_size = cost_model.batch_size
-    cost = measure_plan(
-        task, plan, device=device, protocol=protocol, reference_ms=reference_ms, batch_size=batch_size,
-        comm_iters=comm_iters,
+    """Measure `plan` and write `<name>.measured.json` plus the HTML/PNG report into `out_dir`."""
+    costs, _, paths = evaluate_plans(
+        task, [(name, plan)], out_dir, cost_model=cost_model, device=device, protocol=protocol,
+        reference_ms=reference_ms, batch_size=batch_size, compute_rounds=compute_rounds, comm_iters=comm_iters,
+        comm_rounds=comm_rounds,
     )
-    predicted = list(simulate(plan, task, cost_model).total_ms) if cost_model is not None else None
-    out = Path(out_dir)
-    paths = [save_measured(cost, out / f"{name}.measured.json")]
-    paths += write_plan_report(cost, out, name=name, predicted_total_ms=predicted)
-    return cost, paths
+    return costs[0], paths

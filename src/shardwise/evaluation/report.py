@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .measured import MeasuredPlanCost  # noqa: E402
+from .measured import MeasuredPlanCost, PlanComparison  # noqa: E402
 
 if TYPE_CHECKING:
     from .dlrm import DLRMThroughput
@@ -201,4 +201,70 @@ def write_benchmark_report(
         ) + "</ul>"
     page = out / "benchmark.html"
     page.write_text(_page(title, body))
+    return [page, png]
+
+
+def plot_plan_comparison(comparison: PlanComparison, path: Path) -> Path:
+    """One bar per plan: the slowest device's kernel and all-to-all ms (predicted plan cost as a marker)."""
+    names = [r.name for r in comparison.plans]
+    x = list(range(len(names)))
+    # the slowest device's total is not always max compute + max comm: show the total, split by the shares
+    compute = [min(r.max_compute_ms, r.max_cost_ms) for r in comparison.plans]
+    rest = [r.max_cost_ms - c for r, c in zip(comparison.plans, compute)]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(names) + 4.0), 3.8))
+    ax.bar(x, compute, color="#4c72b0", label="slowest kernel (fwd + bwd)")
+    ax.bar(x, rest, bottom=compute, color="#55a868", label="rest of slowest device\n(all-to-all)")
+    predicted = [(i, r.predicted_max_cost_ms) for i, r in enumerate(comparison.plans) if r.predicted_max_cost_ms]
+    if predicted:
+        ax.scatter([i for i, _ in predicted], [v for _, v in predicted], marker="_", s=600, color="k", zorder=3,
+                   label="predicted plan cost")
+    for i, r in enumerate(comparison.plans):
+        ax.text(i, r.max_cost_ms, f"{r.ratio_to_first:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x)
+    ax.set_xticklabels(names, fontsize=8)
+    ax.set_ylabel("plan cost, ms per iteration")
+    ax.set_title("measured in one session (labels: cost relative to the first plan)", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+COMPARISON_HEADER = (
+    "plan", "method", "plan cost ms", "slowest kernel ms", "slowest a2a ms", "mean device ms", "imbalance",
+    "memory headroom", "cost / first plan", "predicted ms",
+)
+
+
+def write_comparison_report(comparison: PlanComparison, out_dir: str | Path) -> list[Path]:
+    """`comparison.html` + `comparison.png` for plans measured together; links each plan's own report."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    png = plot_plan_comparison(comparison, out / "comparison.png")
+    rows = [
+        [r.name, r.method, r.max_cost_ms, r.max_compute_ms, r.max_comm_ms, r.mean_cost_ms, r.imbalance,
+         f"{r.memory_headroom:.1%}", r.ratio_to_first, "-" if r.predicted_max_cost_ms is None else r.predicted_max_cost_ms]
+        for r in comparison.plans
+    ]
+    ref = "-" if comparison.reference_ms is None else f"{comparison.reference_ms:.4f}"
+    body = (
+        f"<p>All plans were measured in one session: one reference timing (reference_ms {ref}), every shard "
+        f"timed in {comparison.compute_rounds} interleaved rounds, one all-to-all process group with the plans' "
+        f"layouts interleaved over {comparison.comm_rounds} rounds of {comparison.comm_iters} exchanges (medians "
+        f"per device); batch {comparison.batch_size}, hardware "
+        f"{html.escape(comparison.hardware_kind)}. Plan cost is the slowest device's forward + backward + "
+        "all-to-all ms.</p>"
+        + _table(COMPARISON_HEADER, rows)
+        + f"<img src='{png.name}' alt='plan comparison' style='max-width:70%'>"
+        + "<h2>Per plan</h2><ul>"
+        + "".join(
+            f"<li><a href='{html.escape(r.name)}.html'>{html.escape(r.name)}</a> ({html.escape(r.method)})</li>"
+            for r in comparison.plans
+        )
+        + "</ul>"
+        + "".join(f"<img src='{html.escape(r.name)}_cost.png' alt='{html.escape(r.name)}'>" for r in comparison.plans)
+    )
+    page = out / "comparison.html"
+    page.write_text(_page("shardwise: plans measured together", body))
     return [page, png]

@@ -21,7 +21,15 @@ from shardwise.search.plan import Plan, PlanError, Shard, check_memory_bounds, s
 from shardwise.workload import ShardingTask, TableSpec
 from shardwise.workload.tableset import TableSet, sample_task
 
-from .measured import measure_plans, resolve_device, resolve_protocol, save_measured
+from .measured import (
+    COMM_ITERS,
+    COMM_ROUNDS,
+    COMPUTE_ROUNDS,
+    measure_plans,
+    resolve_device,
+    resolve_protocol,
+    save_measured,
+)
 
 MEASURED_GREEDY = "measured_greedy"
 #: methods that learn from or search with the cost model; everything else is a baseline
@@ -254,7 +262,9 @@ def run_benchmark(
     protocol: TimingProtocol | None = None,
     reference_ms: float | None = None,
     batch_size: int | None = None,
-    comm_iters: int = 5,
+    compute_rounds: int = COMPUTE_ROUNDS,
+    comm_iters: int = COMM_ITERS,
+    comm_rounds: int = COMM_ROUNDS,
     seed: int = 0,
     out_dir: str | Path | None = None,
     plan_reports: bool = True,
@@ -301,7 +311,8 @@ def run_benchmark(
 
     measured = measure_plans(
         [(task, plan) for _, _, _, task, plan, _ in planned],
-        device=dev, protocol=protocol, batch_size=batch_size, comm_iters=comm_iters,
+        device=dev, protocol=protocol, batch_size=batch_size, compute_rounds=compute_rounds, comm_iters=comm_iters,
+        comm_rounds=comm_rounds,
     )
 
     results: list[PlanResult] = []

@@ -150,33 +150,30 @@ def evaluate_plans(
     comparison: Output[Metrics],
     report: Output[HTML],
 ):
-    """Measure the plan and TorchRec's plan on this node, one after the other; compare; report."""
+    """Measure the plan and TorchRec's plan on this node in one session (same reference, interleaved
+    all-to-alls); compare; report."""
     import json
     import os
-    from pathlib import Path
 
     from shardwise.pipelines import steps
 
     method = plan.metadata.get("method", "plan")
+    names = steps.plan_names(method)
     # the model's reference timing and batch: measure the way the profiler did
     ref = steps.model_ref(model_alias, hardware_kind, model.path)
-    docs, reports = {}, {}
-    for name, plan_path in ((method, plan.path), ("torchrec", baseline_plan.path)):
-        out_dir = os.path.join(evaluation.path, name)
-        argv = ["evaluate", "--task", task.path, "--plan", plan_path, "--out", out_dir, "--device", device]
-        steps.run_step(argv + (["--model", ref] if ref else []))
-        docs[name] = steps.load_measured(out_dir)
-        for page in sorted(Path(out_dir).rglob("*.html")):
-            reports[f"{name}: {page.name}"] = str(page)
+    argv = ["evaluate", "--task", task.path, "--plan", plan.path, "--name", names[0],
+            "--plan", baseline_plan.path, "--name", names[1], "--out", evaluation.path, "--device", device]
+    steps.run_step(argv + (["--model", ref] if ref else []))
+    docs, reports = steps.load_evaluation(evaluation.path, names)
     if validate_iters > 0:
         # end-to-end DLRM throughput of both plans in the same run
         steps.run_step(["validate", "--task", task.path, "--plan", plan.path, "--compare", baseline_plan.path,
                         "--iters", str(validate_iters), "--device", device,
                         "--out", os.path.join(evaluation.path, "validate.json")])
-    result = steps.comparison(docs[method], docs["torchrec"])
+    result = steps.comparison(docs[names[0]], docs[names[1]])
     for key, value in result.items():
         comparison.log_metric(key, value)
-    with open(os.path.join(evaluation.path, "comparison.json"), "w") as out:
+    with open(os.path.join(evaluation.path, "summary.json"), "w") as out:
         json.dump({"method": method, **result}, out, indent=1)
     with open(report.path, "w") as out:
         out.write(steps.comparison_html(method, result, docs, reports))

@@ -71,6 +71,24 @@ def load_measured(directory: str | Path) -> dict[str, Any]:
     raise FileNotFoundError(f"no {MEASURED_FORMAT} document under '{directory}' (did `shardwise evaluate` run?)")
 
 
+def plan_names(method: str) -> tuple[str, str]:
+    """The names the evaluate step gives the searched plan and TorchRec's (distinct even for method torchrec)."""
+    return (method, "torchrec") if method != "torchrec" else (method, "torchrec-baseline")
+
+
+def load_evaluation(directory: str | Path, names: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The measured documents `shardwise evaluate --name N ... --out DIR` wrote (by name) and its HTML pages."""
+    directory = Path(directory)
+    docs = {}
+    for name in names:
+        path = directory / f"{name}.measured.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no {MEASURED_FORMAT} document '{path}' (did `shardwise evaluate` run?)")
+        docs[name] = json.loads(path.read_text())
+    reports = {page.name: str(page) for page in sorted(directory.glob("*.html"))}
+    return docs, reports
+
+
 def comparison(method_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any]) -> dict[str, float]:
     """Measured plan cost of the chosen method against TorchRec's planner (ratio < 1: the method wins)."""
     method_ms = float(method_doc["max_cost_ms"])

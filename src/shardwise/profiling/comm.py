@@ -3,6 +3,12 @@
 Table-wise sharding: device r holds the pooled output [B, width_r] of its tables for the whole batch; the
 forward all-to-all sends each device j its B/D slice of every device's output (`all_to_all_single` with split
 sizes), and backward sends the gradients of those slices back (the reverse exchange).
+
+Each timed exchange starts after a barrier, but the ranks leave a barrier at different moments (on a shared
+CPU by whole scheduler slices), and a rank's own clock would then count the wait for the last peer to arrive
+as its exchange time. All ranks run on one host and read one monotonic clock, so a device's time is measured
+from the moment the last rank entered the exchange to the moment this rank finished it; the median over
+iterations then removes the remaining preemptions.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ class CommTiming:
     bwd_ms: float
     received_bytes: int
     correct: bool | None  # check mode: whether the received slices held the right values (else None)
+    # every timed iteration's ms (the medians above are over these): callers pool them across rounds
+    fwd_samples_ms: tuple[float, ...] = ()
+    bwd_samples_ms: tuple[float, ...] = ()
 
 
 def local_batch_sizes(batch_size: int, num_devices: int) -> list[int]:
@@ -116,12 +125,11 @@ def _worker(
         for widths in layouts:
             send, recv, fwd_in, fwd_out, correct = _exchange(rank, widths, batch_size, device, check)
             grad_out = torch.empty_like(send).reshape(-1)  # backward: gradients of my slices go back
-            fwd_ms: list[float] = []
-            bwd_ms: list[float] = []
+            stamps: list[tuple[float, float, float, float]] = []  # (fwd start, fwd end, bwd start, bwd end)
             for i in range(warmup_iters + iters):
                 dist.barrier()
                 _sync(device)
-                t0 = time.perf_counter()
+                t0 = time.perf_counter()  # CLOCK_MONOTONIC: one clock for every process on the host
                 dist.all_to_all_single(recv, send.reshape(-1), fwd_out, fwd_in)
                 _sync(device)
                 t1 = time.perf_counter()
@@ -132,12 +140,10 @@ def _worker(
                 _sync(device)
                 t3 = time.perf_counter()
                 if i >= warmup_iters:
-                    fwd_ms.append((t1 - t0) * 1e3)
-                    bwd_ms.append((t3 - t2) * 1e3)
+                    stamps.append((t0, t1, t2, t3))
             results.append(
                 {
-                    "fwd_ms": statistics.median(fwd_ms),
-                    "bwd_ms": statistics.median(bwd_ms),
+                    "stamps": stamps,
                     "received_bytes": recv.numel() * recv.element_size(),
                     "correct": correct,
                 }
@@ -197,7 +203,32 @@ def measure_all_to_all_many(
             else:
                 os.environ["OMP_NUM_THREADS"] = env_before
         per_rank = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(num_devices)]
-    return [[CommTiming(**per_rank[r][k]) for r in range(num_devices)] for k in range(len(layouts))]
+    return [_timings([per_rank[r][k] for r in range(num_devices)]) for k in range(len(layouts))]
+
+
+def _timings(ranks: Sequence[dict]) -> list[CommTiming]:
+    """Per-rank medians of one layout, each exchange timed from the last rank's start to this rank's end."""
+    stamps = [r["stamps"] for r in ranks]
+    out = []
+    for r, rank in enumerate(ranks):
+        fwd, bwd = [], []
+        for i, (_, t1, _, t3) in enumerate(stamps[r]):
+            fwd_start = max(s[i][0] for s in stamps)
+            bwd_start = max(s[i][2] for s in stamps)
+            # clamped: a rank cannot finish before the last one started, up to clock resolution
+            fwd.append(max(t1 - fwd_start, 0.0) * 1e3)
+            bwd.append(max(t3 - bwd_start, 0.0) * 1e3)
+        out.append(
+            CommTiming(
+                fwd_ms=statistics.median(fwd),
+                bwd_ms=statistics.median(bwd),
+                received_bytes=rank["received_bytes"],
+                correct=rank["correct"],
+                fwd_samples_ms=tuple(fwd),
+                bwd_samples_ms=tuple(bwd),
+            )
+        )
+    return out
 
 
 def measure_all_to_all(

@@ -1,9 +1,10 @@
 """The measured cost of one shard on one device: fbgemm's fused table-batched embedding kernel (TBE).
 
 Forward and backward (optimizer fused into backward) are timed separately, with warm-up and the median of
-N iterations: CUDA events and an L2 flush on GPU, `time.perf_counter` and a fixed thread count on CPU.
-Shared CPUs drift in speed by up to 1.5x within seconds, so on CPU each timed iteration is paired with one
-iteration of a fixed reference kernel and the ratio is kept (reference normalisation, see TimingProtocol).
+N iterations after a cache flush: CUDA events on GPU; on CPU a fixed thread count and the timing thread's
+CPU time (or `time.perf_counter` with several threads). Shared CPUs drift in speed by up to 1.5x within
+seconds, so on CPU each timed iteration is paired with one iteration of a fixed reference kernel and the
+ratio is kept (reference normalisation, see TimingProtocol).
 """
 
 from __future__ import annotations
