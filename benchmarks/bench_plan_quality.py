@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="measure at this batch (default: task's)")
     parser.add_argument("--num-tasks", type=int, default=None, help="tasks per set (default: the set's)")
     parser.add_argument("--small", action="store_true", help="tiny sets and batch: proves the pipeline works")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods to compare")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench_plan_quality")
     args = parser.parse_args()
@@ -70,7 +71,7 @@ def main() -> None:
     batch = args.batch_size or (cost_model.batch_size if cost_model is not None else None)
     started = time.perf_counter()
     results, rows = run_benchmark(
-        task_sets, METHODS, cost_model=cost_model, protocol=protocol, batch_size=batch,
+        task_sets, tuple(args.methods.split(",")), cost_model=cost_model, protocol=protocol, batch_size=batch,
         comm_iters=3 if args.small else 5, seed=args.seed, out_dir=args.out,
     )
     print(format_summary(rows))
