@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -125,3 +126,33 @@ def stable_seed(*parts: object) -> int:
 
     digest = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+class TableCollection(BaseModel):
+    """Base of the documents that hold uniquely named tables (tasks, table sets); each declares `tables`."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    tables: tuple[TableSpec, ...]
+
+    @field_validator("tables")
+    @classmethod
+    def _unique_names(cls, tables: tuple[TableSpec, ...]) -> tuple[TableSpec, ...]:
+        seen: set[str] = set()
+        for t in tables:
+            if t.name in seen:
+                raise ValueError(f"table name {t.name!r} appears more than once (names must be unique)")
+            seen.add(t.name)
+        return tables
+
+    def table(self, name: str) -> TableSpec:
+        """The table called `name`."""
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(f"no table {name!r} in the {type(self).__name__}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document (versioned by its `format` field): header fields first, then the tables."""
+        doc = self.model_dump(mode="json", exclude_none=True)
+        return {**{k: v for k, v in doc.items() if k != "tables"}, "tables": doc["tables"]}

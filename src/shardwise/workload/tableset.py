@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError
 
 from .documents import describe_validation_error, read_json_document, write_json_document
 from .memory import Optimizer, WeightsPrecision, shard_memory_bytes
-from .tables import TableSpec
+from .tables import TableCollection, TableSpec
 from .task import ShardingTask
 
 TABLES_FORMAT: Literal["shardwise.tables/v1"] = "shardwise.tables/v1"
@@ -21,7 +21,7 @@ class TableSetError(ValueError):
     """A table population file or request that cannot be used; the message names the offending field."""
 
 
-class TableSet(BaseModel):
+class TableSet(TableCollection):
     """Tables to draw tasks and profiling shards from, described at one `batch_size`."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -30,26 +30,6 @@ class TableSet(BaseModel):
     batch_size: int = Field(ge=1)
     tables: tuple[TableSpec, ...] = Field(min_length=1)
 
-    @field_validator("tables")
-    @classmethod
-    def _unique_names(cls, tables: tuple[TableSpec, ...]) -> tuple[TableSpec, ...]:
-        seen: set[str] = set()
-        for t in tables:
-            if t.name in seen:
-                raise ValueError(f"table name {t.name!r} appears more than once (names must be unique)")
-            seen.add(t.name)
-        return tables
-
-    def table(self, name: str) -> TableSpec:
-        """The table called `name`."""
-        for t in self.tables:
-            if t.name == name:
-                return t
-        raise KeyError(f"no table {name!r} in the table set")
-
-    def to_json(self) -> dict[str, Any]:
-        """The `shardwise.tables/v1` document."""
-        return self.model_dump(mode="json", exclude_none=True)
 
 
 def tableset_from_json(doc: Any, source: str = "tables") -> TableSet:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError
 
 from .documents import describe_validation_error, read_json_document, write_json_document
 from .memory import Optimizer, WeightsPrecision
-from .tables import TableSpec
+from .tables import TableCollection, TableSpec
 
 TASK_FORMAT: Literal["shardwise.task/v1"] = "shardwise.task/v1"
 
@@ -18,7 +18,7 @@ class TaskError(ValueError):
     """A task file or object that cannot be used; the message names the offending field."""
 
 
-class ShardingTask(BaseModel):
+class ShardingTask(TableCollection):
     """Place `tables` on `num_devices` devices of `device_memory_bytes` each, for `batch_size` samples."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -31,26 +31,6 @@ class ShardingTask(BaseModel):
     optimizer: Optimizer = "rowwise_adagrad"
     weights_precision: WeightsPrecision = "fp32"
 
-    @field_validator("tables")
-    @classmethod
-    def _unique_names(cls, tables: tuple[TableSpec, ...]) -> tuple[TableSpec, ...]:
-        seen: set[str] = set()
-        for t in tables:
-            if t.name in seen:
-                raise ValueError(f"table name {t.name!r} appears more than once (names must be unique)")
-            seen.add(t.name)
-        return tables
-
-    def table(self, name: str) -> TableSpec:
-        """The table called `name`."""
-        for t in self.tables:
-            if t.name == name:
-                return t
-        raise KeyError(f"no table {name!r} in the task")
-
-    def to_json(self) -> dict[str, Any]:
-        """The `shardwise.task/v1` document."""
-        return self.model_dump(mode="json", exclude_none=True)
 
 
 def task_from_json(doc: Any, source: str = "task") -> ShardingTask:
