@@ -67,6 +67,7 @@ def main() -> None:
     parser.add_argument("--repeat-shards", type=int, default=60, help="configs measured twice (noise floor)")
     parser.add_argument("--epochs", type=int, default=400)
     parser.add_argument("--weight-decay", type=float, default=TrainConfig().weight_decay)
+    parser.add_argument("--hidden", type=int, default=TrainConfig().hidden, help="width of the networks")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.small:
@@ -84,7 +85,9 @@ def main() -> None:
         df = load_costs(costs)
     sources = tuple(sorted({t.source or t.name for t in holdout.tables})) if holdout else None
     start = time.perf_counter()
-    model, report = train_cost_model(df, args.seed, TrainConfig(epochs=args.epochs, weight_decay=args.weight_decay, holdout_sources=sources))
+    model, report = train_cost_model(df, args.seed, TrainConfig(
+        epochs=args.epochs, weight_decay=args.weight_decay, hidden=args.hidden, holdout_sources=sources
+    ))
     train_s = time.perf_counter() - start
     model.save(out / "model")
     report.evaluation.to_csv(out / "evaluation.csv", index=False)

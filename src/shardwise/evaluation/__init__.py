@@ -1,12 +1,11 @@
 """Evaluation on hardware: measured plan cost, end-to-end DLRM throughput, benchmark suites, reports."""
 
-from .dlrm import DLRMThroughput, build_dlrm, measure_dlrm_throughput, validate_plan_e2e
+from .dlrm import DLRMThroughput, build_dlrm, measure_dlrm_throughput
 from .measured import (
     DeviceCost,
     MeasuredPlanCost,
     PlanComparison,
     compare_measured,
-    evaluate_plan,
     evaluate_plans,
     measure_plan,
     measure_plans,
@@ -36,7 +35,6 @@ __all__ = [
     "TaskSetSpec",
     "build_dlrm",
     "compare_measured",
-    "evaluate_plan",
     "evaluate_plans",
     "make_task_set",
     "measure_dlrm_throughput",
@@ -45,7 +43,6 @@ __all__ = [
     "run_benchmark",
     "save_measured",
     "summarize",
-    "validate_plan_e2e",
     "write_benchmark_report",
     "write_comparison_report",
     "write_plan_report",

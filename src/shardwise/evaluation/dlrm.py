@@ -282,6 +282,3 @@ def measure_dlrm_throughput(
         iter_ms=slowest,
         samples_per_s=samples_per_s,
     )
-
-
-validate_plan_e2e = measure_dlrm_throughput

@@ -459,27 +459,3 @@ def evaluate_plans(
         paths.append(path)
         paths += write_comparison_report(comparison, out)
     return costs, comparison, paths
-
-
-def evaluate_plan(
-    task: ShardingTask,
-    plan: Plan,
-    out_dir: str | Path,
-    *,
-    cost_model: Any = None,
-    device: str | torch.device | None = None,
-    protocol: TimingProtocol | None = None,
-    reference_ms: float | None = None,
-    batch_size: int | None = None,
-    compute_rounds: int = COMPUTE_ROUNDS,
-    comm_iters: int = COMM_ITERS,
-    comm_rounds: int = COMM_ROUNDS,
-    name: str = "plan",
-) -> tuple[MeasuredPlanCost, list[Path]]:
-    """Measure `plan` and write `<name>.measured.json` plus the HTML/PNG report into `out_dir`."""
-    costs, _, paths = evaluate_plans(
-        task, [(name, plan)], out_dir, cost_model=cost_model, device=device, protocol=protocol,
-        reference_ms=reference_ms, batch_size=batch_size, compute_rounds=compute_rounds, comm_iters=comm_iters,
-        comm_rounds=comm_rounds,
-    )
-    return costs[0], paths
