@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shardwise.workload import ShardingTask, TableSpec
+from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
 
 
 class FeatureCostModel:
@@ -66,3 +66,52 @@ def random_task(seed: int, num_tables: int, num_devices: int, memory_slack: floa
         batch_size=batch_size,
         tables=tuple(tables),
     )
+
+
+# --- for the learned placement policies (DreamShard, AutoShard) ------------------------------------------
+class AnalyticCostModel:
+    """Test double for the CostModel protocol: sub-additive fused compute, width-driven all-to-all."""
+
+    hardware_kind = "test-analytic"
+    batch_size = 512
+
+    def table_embeddings(self, tables):
+        return np.array([[t.pooling_factor * (t.dim + 16) / 1000.0, np.log1p(t.rows) / 10.0, 1.0] for t in tables])
+
+    def compute_from_embeddings(self, summed):
+        s = np.asarray(summed, dtype=np.float64)
+        # a fixed cost shared by the fused kernel (sqrt of the table count) plus lookup work
+        fwd = np.where(s[:, 2] > 0.5, 0.05 * np.sqrt(s[:, 2]) + s[:, 0] * (1 + 0.02 * s[:, 1]), 0.0)
+        return np.stack([fwd, 2.0 * fwd], axis=1)
+
+    def predict_compute(self, shards):
+        summed = [self.table_embeddings(s).sum(0) if s else np.zeros(3) for s in shards]
+        return self.compute_from_embeddings(np.stack(summed)) if shards else np.zeros((0, 2))
+
+    def predict_comm(self, widths, compute_ms):
+        w = np.asarray(widths, dtype=np.float64)
+        fwd = 0.002 * w + 0.0005 * w.sum(axis=1, keepdims=True) + 0.01
+        return np.stack([fwd, fwd], axis=2)
+
+
+def make_tables(n: int, seed: int, prefix: str) -> list[TableSpec]:
+    rng = np.random.default_rng(seed)
+    return [
+        TableSpec(name=f"{prefix}{i}", rows=int(10 ** rng.uniform(3, 5)), dim=int(rng.choice([8, 16, 32, 64, 128])),
+                  pooling_factor=float(rng.uniform(1, 40)), zipf_alpha=float(rng.uniform(0.5, 1.2)))
+        for i in range(n)
+    ]
+
+
+def make_task(tables: list[TableSpec], num_devices: int, slack: float = 1.5) -> ShardingTask:
+    total = shard_memory_bytes(tables, 512)
+    largest = max(shard_memory_bytes([t], 512) for t in tables)
+    return ShardingTask(num_devices=num_devices, device_memory_bytes=int(max(slack * total / num_devices, largest)),
+                        batch_size=512, tables=tuple(tables))
+
+
+def heldout_tasks(num_tasks: int, num_tables: int, num_devices: int) -> list[ShardingTask]:
+    pool = make_tables(200, seed=7, prefix="holdout")  # names and draws never seen in training
+    rng = np.random.default_rng(3)
+    return [make_task([pool[j] for j in rng.choice(200, size=num_tables, replace=False)], num_devices)
+            for _ in range(num_tasks)]
