@@ -4,8 +4,14 @@ Two seeded task sets like the papers' (10-60 tables on 4 devices, 80-120 on 8), 
 synthetic tables; every plan measured on the real kernels and all-to-all of this machine. Prints the
 comparison table with ratios to TorchRec and to the best baseline.
 
+With --throughput-tasks N it also trains TorchRec's DLRM (DistributedModelParallel, one process per device)
+under every method's plan of the first N tasks of each set, all in the same run with the same settings and
+warm-up excluded, and adds the mean samples/s and `thru/torchrec` (samples/s over TorchRec's plan's, higher
+is better) to the table. Off by default: on CPU each plan costs a training run of several seconds or more.
+
     python benchmarks/bench_plan_quality.py --model models:/shardwise-cost-cpu-x86_64-2c@champion
     python benchmarks/bench_plan_quality.py --small        # a minute-scale smoke run, no cost model
+    python benchmarks/bench_plan_quality.py --small --throughput-tasks 1   # + end-to-end DLRM samples/s
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from shardwise.evaluation.suite import (
     format_summary,
     make_task_set,
     run_benchmark,
+    throughput_ratio,
 )
 from shardwise.profiling.kernel import TimingProtocol
 from shardwise.workload.synthetic import synthesize_tables
@@ -41,6 +48,13 @@ def main() -> None:
     parser.add_argument("--num-tasks", type=int, default=None, help="tasks per set (default: the set's)")
     parser.add_argument("--small", action="store_true", help="tiny sets and batch: proves the pipeline works")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods to compare")
+    parser.add_argument("--throughput-tasks", type=int, default=0, metavar="N",
+                        help="also train TorchRec's DLRM under every plan of the first N tasks per set; samples/s "
+                             "and thru/torchrec, higher is better (default 0: off, slow on CPU)")
+    parser.add_argument("--throughput-iters", type=int, default=None,
+                        help="timed training iterations per plan (default 20, --small 5)")
+    parser.add_argument("--throughput-warmup", type=int, default=None,
+                        help="warm-up training iterations per plan (default 5, --small 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench_plan_quality")
     args = parser.parse_args()
@@ -72,7 +86,9 @@ def main() -> None:
     started = time.perf_counter()
     results, rows = run_benchmark(
         task_sets, tuple(args.methods.split(",")), cost_model=cost_model, protocol=protocol, batch_size=batch,
-        comm_iters=3 if args.small else 5, seed=args.seed, out_dir=args.out,
+        comm_iters=3 if args.small else 5, seed=args.seed, out_dir=args.out, throughput_tasks=args.throughput_tasks,
+        throughput_iters=args.throughput_iters if args.throughput_iters is not None else (5 if args.small else 20),
+        throughput_warmup=args.throughput_warmup if args.throughput_warmup is not None else (2 if args.small else 5),
     )
     print(format_summary(rows))
     # the headline ratios, each over the tasks both methods planned
@@ -89,6 +105,8 @@ def main() -> None:
             ]
             if parts:
                 print(f"{spec.name}: {name} " + ", ".join(parts))
+        if args.throughput_tasks and (thru := throughput_ratio(in_set, "neuroshard", "torchrec")) is not None:
+            print(f"{spec.name}: neuroshard DLRM samples/s / torchrec's = {thru:.3f} (higher is better)")
     print(f"report: {args.out}/benchmark.html ({time.perf_counter() - started:.0f} s)")
 
 

@@ -290,17 +290,33 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
         task_sets, methods, cost_model=cost_model, device=args.device, protocol=_evaluation_protocol(args),
         reference_ms=args.reference_ms, batch_size=batch, compute_rounds=args.timing_rounds,
         comm_iters=args.comm_iters, comm_rounds=args.comm_rounds, seed=args.seed,
-        out_dir=args.out,
+        out_dir=args.out, throughput_tasks=args.throughput_tasks, throughput_iters=args.throughput_iters,
+        throughput_warmup=args.throughput_warmup,
     )
     print(format_summary(rows))
     print(f"report: {args.out}/benchmark.html")
     uri = _evaluation_tracking_uri(args)
     if uri:
         params = {"tables": args.tables, "methods": ",".join(methods), "model": args.model, "seed": args.seed,
-                  "batch_size": batch, "task_sets": [s.model_dump() for s in specs]}
+                  "batch_size": batch, "task_sets": [s.model_dump() for s in specs],
+                  "throughput_tasks": args.throughput_tasks, "throughput_iters": args.throughput_iters,
+                  "throughput_warmup": args.throughput_warmup}
         run_id = log_benchmark_to_mlflow(rows, args.out, tracking_uri=uri, params=params)
         print(f"mlflow run {run_id} at {uri}")
     return 0
+
+
+def _int_at_least(minimum: int):  # type: ignore[no-untyped-def]
+    """An argparse type: an int >= `minimum` (argparse names the flag in the error)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse's message for a non-number: "invalid int value"
+    return parse
 
 
 def _add_evaluation_verbs(verbs: argparse._SubParsersAction) -> None:
@@ -348,7 +364,8 @@ def _add_evaluation_verbs(verbs: argparse._SubParsersAction) -> None:
     common(validate)
     validate.set_defaults(handler=_cmd_validate)
 
-    bench = verbs.add_parser("benchmark", help="plan the papers' task sets with every method; measure all plans")
+    bench = verbs.add_parser("benchmark", help="plan the papers' task sets with every method; measure all plans "
+                                "(with --throughput-tasks, also their DLRM training samples/s)")
     bench.add_argument("--tables", required=True, help="held-out shardwise.tables/v1 file the tasks are drawn from")
     bench.add_argument("--methods", default=None, help="comma-separated (default: every method + measured_greedy)")
     bench.add_argument("--task-sets", choices=("paper", "small"), default="paper",
@@ -356,6 +373,14 @@ def _add_evaluation_verbs(verbs: argparse._SubParsersAction) -> None:
     bench.add_argument("--num-tasks", type=int, default=None, help="tasks per set (default: the set's)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", default="runs/benchmark", help="plans, measurements and the report")
+    thru = bench.add_argument_group("end-to-end DLRM throughput (slow on CPU: one training run per plan)")
+    thru.add_argument("--throughput-tasks", type=_int_at_least(0), default=0, metavar="N",
+                      help="also train TorchRec's DLRM under every method's plan of the first N tasks of each set "
+                           "(as `validate` does) and report samples/s and thru/torchrec, higher is better "
+                           "(default 0: off)")
+    thru.add_argument("--throughput-iters", type=_int_at_least(1), default=20, help="timed training iterations per plan")
+    thru.add_argument("--throughput-warmup", type=_int_at_least(0), default=5,
+                      help="warm-up training iterations per plan (not timed)")
     common(bench)
     timing(bench)
     bench.set_defaults(handler=_cmd_benchmark)

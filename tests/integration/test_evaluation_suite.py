@@ -10,6 +10,7 @@ from shardwise.cli import main
 from shardwise.evaluation.suite import (
     MEASURED_GREEDY,
     TaskSetSpec,
+    format_summary,
     log_benchmark_to_mlflow,
     make_task_set,
     run_benchmark,
@@ -48,6 +49,10 @@ def test_benchmark_measures_every_method_and_writes_the_report(tmp_path) -> None
     assert len(saved["plans"]) == 4 and saved["reference_ms"] > 0
     html = (tmp_path / "benchmark.html").read_text()
     assert "measured_greedy" in html and (tmp_path / "benchmark_methods.png").stat().st_size > 5000
+    # throughput off (the default): no DLRM training, the table has no throughput columns
+    assert all(r.samples_per_s is None for r in results)
+    assert all("mean_samples_per_s" not in r and "throughput_ratio_to_torchrec" not in r for r in rows)
+    assert "mean_samples_per_s" not in html and not list(tmp_path.glob("2dev/task00/*.throughput.json"))
     assert (tmp_path / "2dev/task00/torchrec.html").exists()
 
     # logged to MLflow: one run with a metric per task set x method x measure, the report as artifacts
@@ -60,6 +65,42 @@ def test_benchmark_measures_every_method_and_writes_the_report(tmp_path) -> None
     assert run.data.metrics["2dev.size_greedy.mean_cost_ms"] == pytest.approx(by_method["size_greedy"]["mean_cost_ms"])
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(run_id, "benchmark")}
     assert {"benchmark/benchmark.html", "benchmark/benchmark_methods.png", "benchmark/results.json"} <= artifacts
+
+
+def test_benchmark_reports_dlrm_throughput_next_to_torchrecs_plan(tmp_path) -> None:
+    spec = TaskSetSpec(name="2dev", num_devices=2, min_tables=3, max_tables=3, num_tasks=2)
+    task_sets = {spec.name: make_task_set(POOL, spec, seed=0)}
+    results, rows = run_benchmark(
+        task_sets, ["size_greedy", "torchrec"], device="cpu", protocol=PROTOCOL, batch_size=128, comm_iters=2,
+        out_dir=tmp_path, throughput_tasks=1, throughput_iters=2, throughput_warmup=1,
+    )
+    # only the first task of the set is trained, under both methods' plans
+    trained = {(r.task_index, r.method): r.samples_per_s for r in results}
+    assert trained[1, "size_greedy"] is None and trained[1, "torchrec"] is None
+    assert trained[0, "size_greedy"] > 0 and trained[0, "torchrec"] > 0
+    by_method = {r["method"]: r for r in rows}
+    assert by_method["torchrec"]["throughput_ratio_to_torchrec"] == pytest.approx(1.0)
+    assert by_method["size_greedy"]["mean_samples_per_s"] == pytest.approx(trained[0, "size_greedy"])
+    assert by_method["size_greedy"]["throughput_ratio_to_torchrec"] == pytest.approx(
+        trained[0, "size_greedy"] / trained[0, "torchrec"]
+    )
+    assert "thru/torchrec" in format_summary(rows)
+    assert "<th>mean_samples_per_s</th><th>throughput_ratio_to_torchrec</th>" in (tmp_path / "benchmark.html").read_text()
+    saved = json.loads((tmp_path / "2dev/task00/torchrec.throughput.json").read_text())
+    assert saved["iters"] == 2 and saved["warmup"] == 1 and saved["global_batch_size"] == 128
+    # each plan's report shows both plans of the task, trained in the same run
+    assert "End-to-end DLRM training" in (tmp_path / "2dev/task00/size_greedy.html").read_text()
+    metrics = _logged_metrics(rows, tmp_path)
+    assert metrics["2dev.torchrec.throughput_ratio_to_torchrec"] == pytest.approx(1.0)
+    assert metrics["2dev.size_greedy.mean_samples_per_s"] == pytest.approx(trained[0, "size_greedy"])
+
+
+def _logged_metrics(rows, out_dir) -> dict[str, float]:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{out_dir / 'mlflow.db'}"
+    run_id = log_benchmark_to_mlflow(rows, out_dir, tracking_uri=uri, params={})
+    return MlflowClient(uri).get_run(run_id).data.metrics
 
 
 def test_cli_evaluate_prints_the_per_device_table_and_writes_the_report(tmp_path, capsys) -> None:

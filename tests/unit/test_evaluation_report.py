@@ -41,3 +41,19 @@ def test_benchmark_report_holds_the_method_comparison(tmp_path) -> None:
     assert "<td>4dev</td><td>neuroshard</td><td>2</td><td>0</td><td>6.000</td><td>3.000</td><td>0.600</td><td>0.750</td>" in html
     assert "href='x/neuroshard.html'" in html
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_benchmark_report_shows_throughput_columns_only_when_measured(tmp_path) -> None:
+    rows = [
+        {"task_set": "4dev", "method": m, "tasks": 1, "failed": 0, "mean_cost_ms": 5.0, "mean_compute_ms": 2.5,
+         "ratio_to_torchrec": 1.0, "ratio_to_best_baseline": 1.0, "best_baseline": "torchrec", "imbalance": 1.0,
+         "memory_headroom": 0.1, "planning_time_s": 0.5, "prediction_error": None}
+        for m in ("torchrec", "neuroshard")
+    ]
+    page, _ = write_benchmark_report(rows, tmp_path / "off")
+    assert "mean_samples_per_s" not in page.read_text()
+    for row, samples_per_s in zip(rows, (1000.0, 1250.0)):
+        row.update(mean_samples_per_s=samples_per_s, throughput_ratio_to_torchrec=samples_per_s / 1000.0)
+    html = write_benchmark_report(rows, tmp_path / "on")[0].read_text()
+    assert "<th>mean_samples_per_s</th><th>throughput_ratio_to_torchrec</th>" in html
+    assert "<td>-</td><td>1250.000</td><td>1.250</td></tr>" in html  # after prediction_error (none)

@@ -11,6 +11,7 @@ from shardwise.evaluation.suite import (
     format_summary,
     make_task_set,
     summarize,
+    throughput_ratio,
 )
 from shardwise.workload import TableSpec
 from shardwise.workload.tableset import TableSet
@@ -21,9 +22,11 @@ POOL = TableSet(
 )
 
 
-def _result(method: str, task: int, ms: float, predicted: float | None = None) -> PlanResult:
+def _result(
+    method: str, task: int, ms: float, predicted: float | None = None, samples_per_s: float | None = None
+) -> PlanResult:
     return PlanResult(task_set="s", task_index=task, num_tables=10, method=method, measured_ms=ms, compute_ms=ms / 2, imbalance=1.1,
-                      memory_headroom=0.2, planning_time_s=0.01, predicted_ms=predicted)
+                      memory_headroom=0.2, planning_time_s=0.01, predicted_ms=predicted, samples_per_s=samples_per_s)
 
 
 def test_task_sets_are_seeded_and_within_the_table_range() -> None:
@@ -58,3 +61,44 @@ def test_summary_ratios_compare_the_tasks_both_methods_planned() -> None:
     assert cost_ratio(results, "neuroshard", "size_greedy") == pytest.approx(6.0 / 8.0)
     text = format_summary(list(rows.values()))
     assert "neuroshard" in text and "0.600" in text and "best baseline: s: torchrec" in text
+
+
+def test_throughput_columns_compare_the_tasks_both_methods_trained() -> None:
+    results = [
+        _result("torchrec", 0, 10.0, samples_per_s=1000.0), _result("torchrec", 1, 20.0, samples_per_s=500.0),
+        _result("size_greedy", 0, 8.0, samples_per_s=1500.0), _result("size_greedy", 1, 30.0, samples_per_s=400.0),
+        _result("neuroshard", 0, 6.0, samples_per_s=1200.0), _result("neuroshard", 1, 5.0),  # task 1 not trained
+        _result("random", 0, 40.0),  # never trained
+    ]
+    rows = {r["method"]: r for r in summarize(results, throughput=True)}
+    assert rows["torchrec"]["mean_samples_per_s"] == pytest.approx(750.0)
+    assert rows["torchrec"]["throughput_ratio_to_torchrec"] == pytest.approx(1.0)
+    assert rows["size_greedy"]["throughput_ratio_to_torchrec"] == pytest.approx(950.0 / 750.0)
+    assert rows["neuroshard"]["throughput_ratio_to_torchrec"] == pytest.approx(1.2)  # task 0 only
+    assert rows["random"]["mean_samples_per_s"] is None and rows["random"]["throughput_ratio_to_torchrec"] is None
+    assert throughput_ratio(results, "neuroshard", "size_greedy") == pytest.approx(1200.0 / 1500.0)
+    text = format_summary(list(rows.values()))
+    assert "samples/s" in text and "thru/torchrec" in text and "1,200" in text and "1.200" in text
+
+
+def test_without_throughput_the_summary_has_no_throughput_columns() -> None:
+    rows = summarize([_result("torchrec", 0, 10.0), _result("size_greedy", 0, 8.0)])
+    assert all("mean_samples_per_s" not in r and "throughput_ratio_to_torchrec" not in r for r in rows)
+    assert "samples/s" not in format_summary(rows) and "thru/torchrec" not in format_summary(rows)
+
+
+@pytest.mark.parametrize("flag, value", [("--throughput-tasks", "-1"), ("--throughput-iters", "0")])
+def test_benchmark_cli_refuses_bad_throughput_options(flag: str, value: str, capsys) -> None:
+    from shardwise.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["benchmark", "--tables", "unused.json", flag, value])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: must be >= " in capsys.readouterr().err
+
+
+def test_run_benchmark_refuses_a_negative_throughput_task_count() -> None:
+    from shardwise.evaluation.suite import run_benchmark
+
+    with pytest.raises(ValueError, match="throughput_tasks must be >= 0"):
+        run_benchmark({}, ["torchrec"], device="cpu", throughput_tasks=-1)

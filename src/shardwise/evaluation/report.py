@@ -174,6 +174,8 @@ COMPARISON_COLUMNS = (
     "task_set", "method", "tasks", "failed", "mean_cost_ms", "mean_compute_ms", "ratio_to_torchrec", "ratio_to_best_baseline",
     "best_baseline", "imbalance", "memory_headroom", "planning_time_s", "prediction_error",
 )
+#: shown after COMPARISON_COLUMNS when the benchmark trained the DLRM under the plans (--throughput-tasks)
+THROUGHPUT_COLUMNS = ("mean_samples_per_s", "throughput_ratio_to_torchrec")
 
 
 def write_benchmark_report(
@@ -187,12 +189,21 @@ def write_benchmark_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     png = plot_method_comparison(rows, out / "benchmark_methods.png")
-    table_rows = [[r.get(c) if r.get(c) is not None else "-" for c in COMPARISON_COLUMNS] for r in rows]
+    throughput = any(THROUGHPUT_COLUMNS[0] in r for r in rows)
+    columns = COMPARISON_COLUMNS + (THROUGHPUT_COLUMNS if throughput else ())
+    table_rows = [[r.get(c) if r.get(c) is not None else "-" for c in columns] for r in rows]
     body = (
         "<p>Measured on real kernels and all-to-all; plan cost is the slowest device's forward + backward + "
         "all-to-all ms; ratios below 1 beat the reference; prediction error is |predicted - measured| / measured "
         "of the plan cost.</p>"
-        + _table(COMPARISON_COLUMNS, table_rows)
+        + (
+            "<p>mean_samples_per_s: end-to-end training throughput of TorchRec's DLRM sharded by each plan "
+            "(DistributedModelParallel, one process per device, warm-up excluded), every method's plan of a task "
+            "trained in the same run; throughput_ratio_to_torchrec is over the tasks both were trained on, "
+            "above 1 beats TorchRec's plan.</p>"
+            if throughput else ""
+        )
+        + _table(columns, table_rows)
         + f"<img src='{png.name}' alt='method comparison' style='max-width:98%'>"
     )
     if plan_reports:

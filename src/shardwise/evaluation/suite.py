@@ -6,9 +6,9 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from .measured import (
     resolve_protocol,
     save_measured,
 )
+
+if TYPE_CHECKING:
+    from .dlrm import DLRMThroughput
 
 MEASURED_GREEDY = "measured_greedy"
 #: methods that learn from or search with the cost model; everything else is a baseline
@@ -164,6 +167,8 @@ class PlanResult(BaseModel):
     planning_time_s: float
     predicted_ms: float | None = None
     plan_path: str | None = None
+    # end-to-end TorchRec DLRM training throughput under the plan (only on the first `throughput_tasks` tasks)
+    samples_per_s: float | None = None
 
     @property
     def prediction_error(self) -> float | None:
@@ -173,20 +178,35 @@ class PlanResult(BaseModel):
         return abs(self.predicted_ms - self.measured_ms) / self.measured_ms
 
 
-def cost_ratio(results: Sequence[PlanResult], method: str, reference: str) -> float | None:
-    """Mean cost of `method` over mean cost of `reference`, on the tasks both planned."""
-    mine = {r.task_index: r.measured_ms for r in results if r.method == method}
-    ref = {r.task_index: r.measured_ms for r in results if r.method == reference}
+def _mean_ratio(
+    results: Sequence[PlanResult], method: str, reference: str, value: Callable[[PlanResult], float | None]
+) -> float | None:
+    """Mean `value` of `method` over that of `reference`, on the tasks where both have one."""
+    mine = {r.task_index: v for r in results if r.method == method and (v := value(r)) is not None}
+    ref = {r.task_index: v for r in results if r.method == reference and (v := value(r)) is not None}
     common = sorted(mine.keys() & ref.keys())
     if not common:
         return None
     return statistics.fmean(mine[k] for k in common) / statistics.fmean(ref[k] for k in common)
 
 
-def summarize(results: Sequence[PlanResult], failures: Sequence[tuple[str, int, str, str]] = ()) -> list[dict[str, Any]]:
+def cost_ratio(results: Sequence[PlanResult], method: str, reference: str) -> float | None:
+    """Mean cost of `method` over mean cost of `reference`, on the tasks both planned."""
+    return _mean_ratio(results, method, reference, lambda r: r.measured_ms)
+
+
+def throughput_ratio(results: Sequence[PlanResult], method: str, reference: str) -> float | None:
+    """Mean DLRM samples/s of `method` over that of `reference`, on the tasks both were trained on (higher is better)."""
+    return _mean_ratio(results, method, reference, lambda r: r.samples_per_s)
+
+
+def summarize(
+    results: Sequence[PlanResult], failures: Sequence[tuple[str, int, str, str]] = (), *, throughput: bool = False
+) -> list[dict[str, Any]]:
     """Per task set and method: mean measured cost, ratios to TorchRec and to the best baseline, and the rest.
 
-    Ratios compare the tasks both methods planned; `failures` are (task set, task, method, reason)."""
+    Ratios compare the tasks both methods planned; `failures` are (task set, task, method, reason). With
+    `throughput`, each row also has the mean DLRM samples/s and its ratio to TorchRec's plan (tasks both trained)."""
     rows: list[dict[str, Any]] = []
     for task_set in dict.fromkeys([r.task_set for r in results] + [f[0] for f in failures]):
         in_set = [r for r in results if r.task_set == task_set]
@@ -199,23 +219,26 @@ def summarize(results: Sequence[PlanResult], failures: Sequence[tuple[str, int, 
             mine = planned[m]
             errors = [e for e in (r.prediction_error for r in mine) if e is not None]
             failed = sum(1 for f in failures if f[0] == task_set and f[2] == m)
-            rows.append(
-                {
-                    "task_set": task_set,
-                    "method": m,
-                    "tasks": len(mine),
-                    "failed": failed,
-                    "mean_cost_ms": mean_cost.get(m),
-                    "mean_compute_ms": statistics.fmean(r.compute_ms for r in mine) if mine else None,
-                    "ratio_to_torchrec": cost_ratio(in_set, m, "torchrec"),
-                    "ratio_to_best_baseline": cost_ratio(in_set, m, best_baseline) if best_baseline else None,
-                    "best_baseline": best_baseline,
-                    "imbalance": statistics.fmean(r.imbalance for r in mine) if mine else None,
-                    "memory_headroom": min(r.memory_headroom for r in mine) if mine else None,
-                    "planning_time_s": statistics.fmean(r.planning_time_s for r in mine) if mine else None,
-                    "prediction_error": statistics.fmean(errors) if errors else None,
-                }
-            )
+            row: dict[str, Any] = {
+                "task_set": task_set,
+                "method": m,
+                "tasks": len(mine),
+                "failed": failed,
+                "mean_cost_ms": mean_cost.get(m),
+                "mean_compute_ms": statistics.fmean(r.compute_ms for r in mine) if mine else None,
+                "ratio_to_torchrec": cost_ratio(in_set, m, "torchrec"),
+                "ratio_to_best_baseline": cost_ratio(in_set, m, best_baseline) if best_baseline else None,
+                "best_baseline": best_baseline,
+                "imbalance": statistics.fmean(r.imbalance for r in mine) if mine else None,
+                "memory_headroom": min(r.memory_headroom for r in mine) if mine else None,
+                "planning_time_s": statistics.fmean(r.planning_time_s for r in mine) if mine else None,
+                "prediction_error": statistics.fmean(errors) if errors else None,
+            }
+            if throughput:
+                trained = [r.samples_per_s for r in mine if r.samples_per_s is not None]
+                row["mean_samples_per_s"] = statistics.fmean(trained) if trained else None
+                row["throughput_ratio_to_torchrec"] = throughput_ratio(in_set, m, "torchrec")
+            rows.append(row)
     return rows
 
 
@@ -225,9 +248,12 @@ def format_summary(rows: Sequence[dict[str, Any]]) -> str:
     def f(value: Any, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
+    # the throughput columns exist only when the benchmark trained the DLRM (summarize(..., throughput=True))
+    throughput = any("mean_samples_per_s" in r for r in rows)
     lines = [
         f"{'task set':<14} {'method':<20} {'tasks':>5} {'failed':>6} {'cost ms':>9} {'comp ms':>8} {'/torchrec':>9} "
         f"{'/best base':>10} {'imbal':>6} {'headroom':>8} {'plan s':>7} {'pred err':>8}"
+        + (f" {'samples/s':>10} {'thru/torchrec':>13}" if throughput else "")
     ]
     for r in rows:
         lines.append(
@@ -236,6 +262,10 @@ def format_summary(rows: Sequence[dict[str, Any]]) -> str:
             f"{f(r['ratio_to_torchrec'], '.3f'):>9} {f(r['ratio_to_best_baseline'], '.3f'):>10} "
             f"{f(r['imbalance'], '.3f'):>6} {f(r['memory_headroom'], '.1%'):>8} {f(r['planning_time_s'], '.3f'):>7} "
             f"{f(r['prediction_error'], '.1%'):>8}"
+            + (
+                f" {f(r.get('mean_samples_per_s'), ',.0f'):>10} {f(r.get('throughput_ratio_to_torchrec'), '.3f'):>13}"
+                if throughput else ""
+            )
         )
     best = {r["task_set"]: r["best_baseline"] for r in rows}
     lines.append("best baseline: " + ", ".join(f"{k}: {v}" for k, v in best.items()))
@@ -253,6 +283,32 @@ def _searcher(method: str, device: torch.device, protocol: TimingProtocol, batch
     return make_searcher(method)
 
 
+def _train_dlrm(
+    plans: Sequence[tuple[str, int, str, ShardingTask, Plan]],
+    *,
+    iters: int,
+    warmup: int,
+    batch_size: int | None,
+    device: torch.device,
+    seed: int,
+) -> dict[tuple[str, int, str], DLRMThroughput]:
+    """DLRM samples/s under each (task set, task, method, task, plan), keyed by (task set, task, method).
+
+    Plans come task by task, so a task's methods are trained back to back with the same settings. A plan
+    the node refuses to train (fewer GPUs than devices) is reported and left out, not fatal."""
+    from .dlrm import measure_dlrm_throughput
+
+    measured: dict[tuple[str, int, str], DLRMThroughput] = {}
+    for set_name, k, method, task, plan in tqdm(plans, desc="train DLRM", unit="plan", disable=not plans):
+        try:
+            measured[set_name, k, method] = measure_dlrm_throughput(
+                task, plan, iters=iters, warmup=warmup, batch_size=batch_size, device=device, seed=seed
+            )
+        except ValueError as err:
+            print(f"benchmark: no DLRM throughput for {method} on {set_name} task {k}: {err}")
+    return measured
+
+
 def run_benchmark(
     task_sets: dict[str, list[ShardingTask]],
     methods: Sequence[str],
@@ -268,15 +324,26 @@ def run_benchmark(
     seed: int = 0,
     out_dir: str | Path | None = None,
     plan_reports: bool = True,
+    throughput_tasks: int = 0,
+    throughput_iters: int = 20,
+    throughput_warmup: int = 5,
 ) -> tuple[list[PlanResult], list[dict[str, Any]]]:
     """Plan every task with every method, measure every plan; per-plan results and the summary rows.
 
-    Methods that need a cost model are skipped (with a note) when none is given. Plans, measurements and
-    reports go under `out_dir` when given."""
+    Methods that need a cost model are skipped (with a note) when none is given. With `throughput_tasks` N > 0,
+    the TorchRec DLRM is also trained under every method's plan of the first N tasks of each set
+    (`throughput_iters` timed iterations after `throughput_warmup`, as `shardwise validate` does) and the rows
+    get samples/s and its ratio to TorchRec's plan. Plans, measurements and reports go under `out_dir` when given."""
     from shardwise.search import MODEL_METHODS, simulate
 
     from .report import write_benchmark_report, write_plan_report
 
+    if throughput_tasks < 0:
+        raise ValueError(f"throughput_tasks must be >= 0 (0 = no DLRM training), got {throughput_tasks}")
+    if throughput_tasks and (throughput_iters < 1 or throughput_warmup < 0):
+        raise ValueError(
+            f"throughput_iters must be >= 1 and throughput_warmup >= 0 (got {throughput_iters}, {throughput_warmup})"
+        )
     dev = resolve_device(device)
     if cost_model is not None and reference_ms is None:
         reference_ms = getattr(cost_model, "reference_ms", None)  # time as the model's training data was
@@ -314,6 +381,10 @@ def run_benchmark(
         device=dev, protocol=protocol, batch_size=batch_size, compute_rounds=compute_rounds, comm_iters=comm_iters,
         comm_rounds=comm_rounds,
     )
+    throughput = _train_dlrm(
+        [(set_name, k, method, task, plan) for set_name, k, method, task, plan, _ in planned if k < throughput_tasks],
+        iters=throughput_iters, warmup=throughput_warmup, batch_size=batch_size, device=dev, seed=seed,
+    )
 
     results: list[PlanResult] = []
     links: list[tuple[str, str]] = []
@@ -324,10 +395,16 @@ def run_benchmark(
             stem = f"{set_name}/task{k:02d}/{method}"
             plan_path = str(save_plan(plan, out / f"{stem}.plan.json"))
             save_measured(cost, out / f"{stem}.measured.json")
+            if (set_name, k, method) in throughput:
+                (out / f"{stem}.throughput.json").write_text(
+                    json.dumps(throughput[set_name, k, method].to_json(), indent=1)
+                )
             if plan_reports:
                 write_plan_report(
                     cost, out / f"{set_name}/task{k:02d}", name=method,
                     predicted_total_ms=list(predicted.total_ms) if predicted is not None else None,
+                    # every method's plan of this task, trained in the same run
+                    throughput=[t for (s, i, _), t in throughput.items() if (s, i) == (set_name, k)],
                 )
                 links.append((f"{set_name} task {k} {method}", f"{stem}.html"))
         results.append(
@@ -343,11 +420,13 @@ def run_benchmark(
                 planning_time_s=planning_s,
                 predicted_ms=predicted.max_cost_ms if predicted is not None else None,
                 plan_path=plan_path,
+                samples_per_s=throughput[set_name, k, method].samples_per_s
+                if (set_name, k, method) in throughput else None,
             )
         )
     for set_name, k, method, reason in failures:
         print(f"benchmark: {method} found no plan for {set_name} task {k}: {reason}")
-    rows = summarize(results, failures)
+    rows = summarize(results, failures, throughput=throughput_tasks > 0)
     if out is not None:
         (out / "results.json").write_text(
             json.dumps(
@@ -360,6 +439,7 @@ def run_benchmark(
                     "hardware_kind": measured[0].hardware_kind if measured else None,
                     "reference_ms": protocol.reference_ms,
                     "timing": protocol.model_dump(mode="json"),
+                    "throughput": {"tasks": throughput_tasks, "iters": throughput_iters, "warmup": throughput_warmup},
                     "seed": seed,
                 },
                 indent=1,
@@ -382,7 +462,8 @@ def log_benchmark_to_mlflow(
         metrics = {}
         for r in rows:
             for key in ("mean_cost_ms", "mean_compute_ms", "ratio_to_torchrec", "ratio_to_best_baseline", "imbalance",
-                        "memory_headroom", "planning_time_s", "prediction_error"):
+                        "memory_headroom", "planning_time_s", "prediction_error", "mean_samples_per_s",
+                        "throughput_ratio_to_torchrec"):
                 value = r.get(key)
                 if value is not None and math.isfinite(value):
                     metrics[f"{r['task_set']}.{r['method']}.{key}"] = float(value)
