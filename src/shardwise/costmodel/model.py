@@ -25,7 +25,8 @@ from .features import (
 )
 from .networks import CommNet, ComputeNet
 
-MODEL_FORMAT = "shardwise.costmodel/v1"
+#: v2: five work channels (unique rows and their bytes added), also fed to the per-table MLP
+MODEL_FORMAT = "shardwise.costmodel/v2"
 CONFIG_FILE = "cost_model.json"
 WEIGHTS_FILE = "weights.pt"
 #: smallest cost the log targets represent (an all-to-all of nothing still takes a few microseconds)
@@ -206,7 +207,10 @@ class NeuralCostModel:
             raise FileNotFoundError(f"{directory}: no {CONFIG_FILE} (not a saved shardwise cost model)")
         doc = json.loads(config_path.read_text())
         if doc.get("format") != MODEL_FORMAT:
-            raise ValueError(f"{config_path}: field 'format' must be {MODEL_FORMAT!r}, got {doc.get('format')!r}")
+            raise ValueError(
+                f"{config_path}: field 'format' must be {MODEL_FORMAT!r}, got {doc.get('format')!r} "
+                "(a model from another shardwise version: retrain it with `shardwise pretrain`)"
+            )
         config = NetworkConfig(**doc["network"])
         meta_doc: Mapping[str, Any] = doc["meta"]
         meta = ModelMeta(
@@ -218,7 +222,7 @@ class NeuralCostModel:
             info=dict(meta_doc.get("info") or {}),
         )
         tensors: dict[str, torch.Tensor] = torch.load(directory / WEIGHTS_FILE, map_location="cpu", weights_only=True)
-        compute_net = ComputeNet(NUM_FEATURES, config.hidden, config.layers, config.head_layers)
+        compute_net = ComputeNet(NUM_FEATURES, config.hidden, config.layers, config.head_layers, NUM_WORK_CHANNELS)
         compute_net.load_state_dict({k[8:]: v for k, v in tensors.items() if k.startswith("compute.")})
         comm_net = comm_norm = None
         if doc.get("comm_normaliser"):

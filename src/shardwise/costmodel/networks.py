@@ -22,23 +22,25 @@ class ComputeNet(nn.Module):
 
     A table's embedding is [learned (hidden) | work channels (linear scale) | 1]: the sum then carries the
     shard's total work and how many tables the fused kernel runs (an empty shard has count 0). The head sees
-    the learned sum as is and log1p of the work and count sums (1 vs 15 tables spans an order of magnitude)."""
+    the learned sum as is and log1p of the work and count sums (1 vs 15 tables spans an order of magnitude).
+    The per-table MLP sees the normalised features and log1p of the work channels."""
 
     def __init__(
-        self, num_features: int, hidden: int = 64, layers: int = 2, head_layers: int = 2, work_channels: int = 3
+        self, num_features: int, hidden: int = 64, layers: int = 2, head_layers: int = 2, work_channels: int = 5
     ) -> None:
         super().__init__()
         self.num_features = num_features
         self.hidden = hidden
         self.embedding_dim = hidden + work_channels + 1
-        self.table_mlp = mlp(num_features, hidden, hidden, layers)
+        self.table_mlp = mlp(num_features + work_channels, hidden, hidden, layers)
         self.head = mlp(self.embedding_dim, hidden, 2, head_layers)
 
     def embed(self, inputs: torch.Tensor) -> torch.Tensor:
         """[T, F + W] normalised features and work channels -> [T, hidden + W + 1] embeddings."""
         ones = torch.ones(inputs.shape[:-1] + (1,), dtype=inputs.dtype, device=inputs.device)
-        learned = self.table_mlp(inputs[..., : self.num_features])
-        return torch.cat([learned, inputs[..., self.num_features :], ones], dim=-1)
+        work = inputs[..., self.num_features :]
+        learned = self.table_mlp(torch.cat([inputs[..., : self.num_features], torch.log1p(work.clamp_min(0.0))], dim=-1))
+        return torch.cat([learned, work, ones], dim=-1)
 
     def head_log_ms(self, summed: torch.Tensor) -> torch.Tensor:
         """[N, embedding_dim] summed embeddings -> [N, 2] log fwd/bwd ms (centred by the model's offset)."""

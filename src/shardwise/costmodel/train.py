@@ -329,7 +329,7 @@ def train_cost_model(
     log_train = np.log(np.maximum(train.costs_ms, MIN_MS))
     offset = log_train.mean(axis=0)
     net_cfg = NetworkConfig(cfg.hidden, cfg.layers, cfg.head_layers, cfg.comm_hidden)
-    net = ComputeNet(NUM_FEATURES, net_cfg.hidden, net_cfg.layers, net_cfg.head_layers)
+    net = ComputeNet(NUM_FEATURES, net_cfg.hidden, net_cfg.layers, net_cfg.head_layers, NUM_WORK_CHANNELS)
 
     def xy(s: ComputeSamples) -> tuple[torch.Tensor, ...]:
         x, mask = _padded(s, features, normaliser)
