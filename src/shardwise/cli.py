@@ -35,6 +35,7 @@ _PIPELINE_FLAGS = (  # (flag, pipeline parameter, type): the usual knobs; --arg 
     ("--task-num-tables", "task_num_tables", int),
     ("--num-devices", "num_devices", int),
     ("--profile-num-shards", "profile_num_shards", int),
+    ("--profile-holdout-shards", "profile_holdout_shards", int),
     ("--search-method", "search_method", str),
     ("--model-alias", "model_alias", str),
     ("--seed", "seed", int),

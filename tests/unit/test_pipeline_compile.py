@@ -126,3 +126,21 @@ def test_argument_checks_name_the_parameter():
         kubeflow.check_arguments({"num_devices": 2.5})
     with pytest.raises(kubeflow.PipelineArgumentError, match="'devices' is unknown"):
         kubeflow.check_arguments({"devices": 2})
+
+
+def test_held_out_tables_are_profiled_apart_and_named_to_pretrain(tmp_path):
+    spec, _ = _compile(tmp_path)
+    tasks = spec["root"]["dag"]["tasks"]
+    holdout = {"outputArtifactKey": "holdout_tables", "producerTask": "synth-workload"}
+    # the tables the task is drawn from are the ones profiled apart and held out by pretrain
+    for name in ("make-task", "profile-costs", "pretrain-cost-model"):
+        artifacts = tasks[name]["inputs"]["artifacts"]
+        key = "tables" if name == "make-task" else "holdout_tables"
+        assert artifacts[key]["taskOutputArtifact"] == holdout, name
+    assert tasks["profile-costs"]["inputs"]["artifacts"]["tables"]["taskOutputArtifact"]["producerTask"] == (
+        "augment-tables"
+    )
+    assert tasks["profile-costs"]["inputs"]["parameters"]["holdout_shards"] == {
+        "componentInputParameter": "profile_holdout_shards"
+    }
+    assert 0 < kubeflow.LOCAL_ARGUMENTS["profile_holdout_shards"] < kubeflow.LOCAL_ARGUMENTS["profile_num_shards"]

@@ -86,3 +86,31 @@ def test_load_evaluation_reads_each_named_plan_and_lists_pages(tmp_path):
     assert docs["torchrec"]["max_cost_ms"] == 4.0 and list(pages) == ["comparison.html"]
     with pytest.raises(FileNotFoundError, match="absent.measured.json"):
         steps.load_evaluation(tmp_path, ("absent",))
+
+
+def _profile_argvs(**overrides):
+    settings = {"num_shards": 560, "holdout_shards": 100, "comm_layouts": 40, "max_tables": 15, "repeats": 1,
+                "seed": 7, "device": "cpu", **overrides}
+    return steps.profile_argvs("train.json", "holdout.json", "costs.parquet", **settings)
+
+
+def test_profile_step_profiles_held_out_tables_apart_into_the_same_dataset():
+    from shardwise.cli import build_parser
+
+    train, holdout = (build_parser().parse_args(argv) for argv in _profile_argvs())
+    assert (train.tables, train.num_shards, train.seed, train.comm_layouts) == ("train.json", 560, 7, 40)
+    # another seed (other shard draws), no second set of all-to-alls, same dataset and measurement settings
+    assert (holdout.tables, holdout.num_shards, holdout.seed, holdout.comm_layouts) == ("holdout.json", 100, 8, 0)
+    for name in ("out", "max_tables", "repeats", "device"):
+        assert getattr(holdout, name) == getattr(train, name), name
+
+
+def test_profile_step_refuses_no_held_out_shards_naming_the_parameter():
+    with pytest.raises(ValueError, match="holdout_shards 0: the pretrain step evaluates"):
+        _profile_argvs(holdout_shards=0)
+
+
+def test_training_size_metrics_come_from_the_saved_model(tmp_path):
+    doc = {"format": "x", "meta": {"info": {"seed": 0, "train_shards": 468, "heldout_sources": 36, "torch": "2"}}}
+    (tmp_path / "cost_model.json").write_text(json.dumps(doc))
+    assert steps.training_size_metrics(tmp_path) == {"train_shards": 468.0, "heldout_sources": 36.0}

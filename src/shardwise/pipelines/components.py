@@ -62,7 +62,9 @@ def augment_tables(tables: Input[Dataset], seed: int, augmented: Output[Dataset]
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def profile_costs(
     tables: Input[Dataset],
+    holdout_tables: Input[Dataset],
     num_shards: int,
+    holdout_shards: int,
     comm_layouts: int,
     max_tables: int,
     repeats: int,
@@ -70,29 +72,42 @@ def profile_costs(
     device: str,
     costs: Output[Dataset],
 ) -> str:
-    """Measure shards and all-to-alls on this node's hardware; returns its hardware kind."""
-    from shardwise.pipelines.steps import run_step
+    """Measure shards of the training tables, shards of the held-out tables alone, and all-to-alls on this
+    node's hardware, into one dataset; returns its hardware kind."""
+    from shardwise.pipelines.steps import profile_argvs, run_step
     from shardwise.profiling.hardware import hardware_kind
 
-    run_step(["profile", "--tables", tables.path, "--out", costs.path, "--num-shards", str(num_shards),
-              "--comm-layouts", str(comm_layouts), "--max-tables", str(max_tables), "--repeats", str(repeats),
-              "--seed", str(seed), "--device", device])
+    for argv in profile_argvs(tables.path, holdout_tables.path, costs.path, num_shards=num_shards,
+                              holdout_shards=holdout_shards, comm_layouts=comm_layouts, max_tables=max_tables,
+                              repeats=repeats, seed=seed, device=device):
+        run_step(argv)
     kind = hardware_kind(device)
     costs.metadata["hardware_kind"] = kind
     return kind
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def pretrain_cost_model(costs: Input[Dataset], seed: int, epochs: int, model: Output[Model], metrics: Output[Metrics]):
-    """Train the cost model, register it in MLflow (the promotion gate decides on `champion`)."""
+def pretrain_cost_model(
+    costs: Input[Dataset],
+    holdout_tables: Input[Dataset],
+    seed: int,
+    epochs: int,
+    model: Output[Model],
+    metrics: Output[Metrics],
+):
+    """Train the cost model on the training tables' shards, evaluate it on the held-out tables' shards, register
+    it in MLflow (the promotion gate decides on `champion`)."""
     import os
 
-    from shardwise.pipelines.steps import evaluation_metrics, run_step
+    from shardwise.pipelines.steps import evaluation_metrics, run_step, training_size_metrics
 
-    argv = ["pretrain", "--data", costs.path, "--out", model.path, "--seed", str(seed)]
+    argv = ["pretrain", "--data", costs.path, "--holdout-tables", holdout_tables.path, "--out", model.path,
+            "--seed", str(seed)]
     if epochs > 0:
         argv += ["--epochs", str(epochs)]
     run_step(argv)
+    for name, value in training_size_metrics(model.path).items():
+        metrics.log_metric(name, value)
     table = os.path.join(model.path, "evaluation.csv")
     if os.path.exists(table):
         for name, value in evaluation_metrics(table).items():

@@ -1,5 +1,8 @@
 """The shardwise pipeline: workload -> augment -> profile (GPU) -> pretrain -> task -> plan x2 -> evaluate (GPU).
 
+The held-out tables of the workload split go three ways: the profile step measures shards built only from them
+(besides the training tables' shards), pretrain evaluates on those shards, and the task is drawn from them.
+
 The same definition runs on a Kubeflow cluster (compiled YAML) and locally through `kfp.local`. The
 Kubernetes settings (accelerators, tolerations, node selector, secrets, config maps) live in the compiled
 platform spec, which `kfp.local` does not read: locally they are harmless, and the environment (for
@@ -80,6 +83,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
         num_devices: int = 4,
         memory_slack: float = 1.5,
         profile_num_shards: int = 400,
+        profile_holdout_shards: int = 70,
         profile_comm_layouts: int = 40,
         profile_max_tables: int = 15,
         profile_repeats: int = 1,
@@ -107,7 +111,9 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
             _with_cluster_settings(
                 profile_costs(
                     tables=augment.outputs["augmented"],
+                    holdout_tables=workload.outputs["holdout_tables"],
                     num_shards=profile_num_shards,
+                    holdout_shards=profile_holdout_shards,
                     comm_layouts=profile_comm_layouts,
                     max_tables=profile_max_tables,
                     repeats=profile_repeats,
@@ -119,7 +125,12 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
             gpu_product,
         ).set_display_name("profile")
         pretrain = _with_cluster_settings(
-            pretrain_cost_model(costs=profile.outputs["costs"], seed=seed, epochs=pretrain_epochs)
+            pretrain_cost_model(
+                costs=profile.outputs["costs"],
+                holdout_tables=workload.outputs["holdout_tables"],
+                seed=seed,
+                epochs=pretrain_epochs,
+            )
         ).set_display_name("pretrain")
         task = _with_cluster_settings(
             make_task(

@@ -36,6 +36,40 @@ def copy_file(src: str | Path, dst: str | Path) -> None:
     shutil.copyfile(src, dst)
 
 
+def profile_argvs(
+    tables: str,
+    holdout_tables: str,
+    out: str,
+    *,
+    num_shards: int,
+    holdout_shards: int,
+    comm_layouts: int,
+    max_tables: int,
+    repeats: int,
+    seed: int,
+    device: str,
+) -> list[list[str]]:
+    """The profile step's `shardwise profile` calls: shards of the training tables (and the all-to-alls), then
+    `holdout_shards` shards built only from the held-out tables (seed + 1), appended to the same dataset.
+
+    Profiled apart, the held-out tables never share a shard with training tables: `shardwise pretrain
+    --holdout-tables` then trains on every training shard and evaluates on every held-out one.
+    """
+    if holdout_shards < 1:
+        raise ValueError(
+            f"holdout_shards {holdout_shards}: the pretrain step evaluates (and its promotion gate compares) on "
+            "shards of held-out tables; profile at least 1 (20 or more for meaningful metrics)"
+        )
+    common = ["--max-tables", str(max_tables), "--repeats", str(repeats), "--device", device]
+    return [
+        ["profile", "--tables", tables, "--out", out, "--num-shards", str(num_shards),
+         "--comm-layouts", str(comm_layouts), "--seed", str(seed), *common],
+        # all-to-alls depend on widths, not on which tables: measured once, in the first call
+        ["profile", "--tables", holdout_tables, "--out", out, "--num-shards", str(holdout_shards),
+         "--comm-layouts", "0", "--seed", str(seed + 1), *common],
+    ]
+
+
 def model_ref(model_alias: str, hardware_kind: str, model_path: str | None) -> str | None:
     """The cost model a step uses: the registered `shardwise-cost-<hardware>@alias`, else this run's model."""
     if model_alias:
@@ -57,6 +91,12 @@ def evaluation_metrics(csv_path: str | Path) -> dict[str, float]:
             if isinstance(value, int | float) and not isinstance(value, bool) and value == value:
                 out[f"{label}_{column}"] = float(value)
     return out
+
+
+def training_size_metrics(model_dir: str | Path) -> dict[str, float]:
+    """`train_shards` and `heldout_sources` from the provenance a saved cost model keeps in cost_model.json."""
+    info = json.loads((Path(model_dir) / "cost_model.json").read_text())["meta"].get("info") or {}
+    return {key: float(info[key]) for key in ("train_shards", "heldout_sources") if key in info}
 
 
 def load_measured(directory: str | Path) -> dict[str, Any]:
