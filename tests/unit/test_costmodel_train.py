@@ -96,3 +96,19 @@ def test_mixed_hardware_kinds_are_refused_by_name(frame):
 def test_bad_datasets_are_refused_naming_the_field(frame, change, message):
     with pytest.raises(CostDataError, match=message):
         train_cost_model(change(frame.copy()), 0, TrainConfig(epochs=1, progress=False))
+
+
+def test_inputs_constant_in_training_are_ignored_at_prediction():
+    """Profiled all-to-alls carry no compute skew: a skew seen only at search time must not move predictions."""
+    from costmodel_synthetic import comm_rows
+
+    df = pd.concat(
+        [cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), comm_rows(20, 0)], ignore_index=True
+    )
+    model, _ = train_cost_model(df, 0, TrainConfig(epochs=20, comm_epochs=30, progress=False))
+    skew = list(model.comm_normaliser.names).index("log_fwd_compute_skew_ms")
+    assert torch.all(model.comm_net.net[0].weight[:, skew] == 0)
+    widths = np.array([[128, 256, 64, 32]])
+    balanced = model.predict_comm(widths, np.full((1, 4), 5.0))
+    skewed = model.predict_comm(widths, np.array([[5.0, 1.0, 9.0, 2.0]]))
+    np.testing.assert_allclose(skewed, balanced)
