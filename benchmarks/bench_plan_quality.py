@@ -105,6 +105,16 @@ def main() -> None:
             ]
             if parts:
                 print(f"{spec.name}: {name} " + ", ".join(parts))
+        # what balance alone can buy: the max/mean split of the ratio to TorchRec's plan
+        mean_ms = {(r.method, r.task_index): r.measured_ms / r.imbalance for r in in_set}
+        max_ms = {(r.method, r.task_index): r.measured_ms for r in in_set}
+        both = [k for m, k in mean_ms if m == "neuroshard" and ("torchrec", k) in mean_ms]
+        if both:
+            torchrec_mean = sum(mean_ms["torchrec", k] for k in both)
+            torchrec_max = sum(max_ms["torchrec", k] for k in both)
+            print(f"{spec.name}: mean device cost neuroshard / torchrec = "
+                  f"{sum(mean_ms['neuroshard', k] for k in both) / torchrec_mean:.3f}; a perfectly balanced plan at "
+                  f"TorchRec's mean device cost would be {torchrec_mean / torchrec_max:.3f} of TorchRec's plan cost")
         if args.throughput_tasks and (thru := throughput_ratio(in_set, "neuroshard", "torchrec")) is not None:
             print(f"{spec.name}: neuroshard DLRM samples/s / torchrec's = {thru:.3f} (higher is better)")
     print(f"report: {args.out}/benchmark.html ({time.perf_counter() - started:.0f} s)")
