@@ -88,6 +88,12 @@ def _cmd_pipeline_run(args: argparse.Namespace) -> int:
         f"{c.get('torchrec_max_cost_ms', float('nan')):.3f} ms per iteration "
         f"(ratio {c.get('ratio_to_torchrec', float('nan')):.3f}; below 1 is better)"
     )
+    if "throughput_ratio_to_torchrec" in c:
+        print(
+            f"DLRM training throughput vs TorchRec's planner: {c['method_samples_per_s']:,.0f} vs "
+            f"{c['torchrec_samples_per_s']:,.0f} samples/s (ratio {c['throughput_ratio_to_torchrec']:.3f}; "
+            "above 1 is better)"
+        )
     return 0
 
 

@@ -59,5 +59,11 @@ def test_local_pipeline_end_to_end(tmp_path):
     assert comparison["format"] == "shardwise.comparison/v1"
     assert [p["name"] for p in comparison["plans"]] == [plan["method"], "torchrec"]
     assert comparison["plans"][0]["max_cost_ms"] == pytest.approx(method_ms, rel=1e-3)
+    # end-to-end DLRM training under both plans, in the same run
+    match = re.search(r"DLRM training throughput vs TorchRec's planner: ([\d,]+) vs ([\d,]+) samples/s .*ratio ([\d.]+)", out)
+    assert match, out[-2000:]
+    method_sps, torchrec_sps, thru_ratio = (float(g.replace(",", "")) for g in match.groups())
+    assert method_sps > 0 and torchrec_sps > 0
+    assert thru_ratio == pytest.approx(method_sps / torchrec_sps, rel=1e-2)
     # the embedded MLflow store holds the registered cost model
     assert (tmp_path / "mlflow.db").is_file()

@@ -42,6 +42,15 @@ def test_comparison_ratio_is_method_over_torchrec():
     assert result["method_max_cost_ms"] == 3.0 and result["torchrec_max_cost_ms"] == 4.0
 
 
+def test_throughput_comparison_reads_validate_output(tmp_path):
+    path = tmp_path / "validate.json"
+    path.write_text(json.dumps([{"method": "neuroshard", "samples_per_s": 1200.0},
+                                {"method": "torchrec", "samples_per_s": 1000.0}]))
+    result = steps.throughput_comparison(path)
+    assert result == {"method_samples_per_s": 1200.0, "torchrec_samples_per_s": 1000.0,
+                      "throughput_ratio_to_torchrec": pytest.approx(1.2)}
+
+
 def test_comparison_html_shows_both_plans_and_escapes_names():
     docs = {"<neuro>": _measured(3.0, "n"), "torchrec": _measured(4.0, "t")}
     page = steps.comparison_html("<neuro>", {"ratio_to_torchrec": 0.75}, docs, {"a": "/x/report.html"})

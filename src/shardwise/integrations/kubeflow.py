@@ -19,8 +19,10 @@ from typing import Any
 # tables are profiled apart (profile_holdout_shards, about 1/6 of the training shards) so that no shard mixes
 # the two: 560 + 100 shards train on 468 and test on 100 (700 shards drawn from all tables trained on 157 and
 # tested on 15), in about the same time, the shards saved paying for the longer training.
+# Distinct source tables matter more for unseen tables than shard count: 360 tables instead of 180 cut the
+# pretrain step's held-out MAPE from 6.3% to 4.9% at the same profiling time (4 min 14 s for the whole run here).
 LOCAL_ARGUMENTS: dict[str, Any] = {
-    "num_tables": 180,
+    "num_tables": 360,
     "row_scale": 0.002,
     "batch_size": 2048,
     "task_num_tables": 32,
@@ -33,6 +35,8 @@ LOCAL_ARGUMENTS: dict[str, Any] = {
     "profile_comm_layouts": 40,
     "profile_max_tables": 15,
     "profile_repeats": 1,
+    # end-to-end DLRM training under both plans (validate): about a minute more on 2 cores
+    "validate_iters": 10,
     "device": "cpu",
 }
 

@@ -180,12 +180,13 @@ def evaluate_plans(
             "--plan", baseline_plan.path, "--name", names[1], "--out", evaluation.path, "--device", device]
     steps.run_step(argv + (["--model", ref] if ref else []))
     docs, reports = steps.load_evaluation(evaluation.path, names)
+    result = steps.comparison(docs[names[0]], docs[names[1]])
     if validate_iters > 0:
         # end-to-end DLRM throughput of both plans in the same run
+        validated = os.path.join(evaluation.path, "validate.json")
         steps.run_step(["validate", "--task", task.path, "--plan", plan.path, "--compare", baseline_plan.path,
-                        "--iters", str(validate_iters), "--device", device,
-                        "--out", os.path.join(evaluation.path, "validate.json")])
-    result = steps.comparison(docs[names[0]], docs[names[1]])
+                        "--iters", str(validate_iters), "--device", device, "--out", validated])
+        result |= steps.throughput_comparison(validated)
     for key, value in result.items():
         comparison.log_metric(key, value)
     with open(os.path.join(evaluation.path, "summary.json"), "w") as out:

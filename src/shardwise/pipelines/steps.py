@@ -142,6 +142,17 @@ def comparison(method_doc: Mapping[str, Any], baseline_doc: Mapping[str, Any]) -
     }
 
 
+def throughput_comparison(validate_json: str | Path) -> dict[str, float]:
+    """DLRM samples/s of the chosen plan and TorchRec's from `shardwise validate --out` (ratio > 1: the method wins)."""
+    method, baseline = json.loads(Path(validate_json).read_text())[:2]
+    method_sps, baseline_sps = float(method["samples_per_s"]), float(baseline["samples_per_s"])
+    return {
+        "method_samples_per_s": method_sps,
+        "torchrec_samples_per_s": baseline_sps,
+        "throughput_ratio_to_torchrec": method_sps / baseline_sps if baseline_sps > 0 else float("nan"),
+    }
+
+
 def _device_rows(doc: Mapping[str, Any]) -> str:
     columns = ("device", "fwd_ms", "bwd_ms", "comm_fwd_ms", "comm_bwd_ms", "total_ms", "memory_bytes")
     head = "".join(f"<th>{c}</th>" for c in columns)
