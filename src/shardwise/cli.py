@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from shardwise import __version__
 
@@ -313,7 +313,7 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_at_least(minimum: int):  # type: ignore[no-untyped-def]
+def _int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an int >= `minimum` (argparse names the flag in the error)."""
 
     def parse(text: str) -> int:
