@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench_costmodel_accuracy")
     parser.add_argument("--small", action="store_true", help="a few-minute run that proves the path")
     # distinct source tables matter more than shard count for unseen tables: on the same 2,800 shards,
-    # 200 sources gave 5.3-5.5% MAPE and 400 gave 3.8% (--num-tables 200 reruns the smaller population)
+    # 200 sources gave 5.5% MAPE and 400 gave 3.8% (--num-tables 200 reruns the smaller population)
     parser.add_argument("--num-tables", type=int, default=400, help="synthetic source tables before the split")
     parser.add_argument("--row-scale", type=float, default=0.01)
     parser.add_argument("--batch-size", type=int, default=2048)

@@ -40,6 +40,9 @@ def test_normaliser_standardises_and_round_trips_through_json():
     assert np.all(np.isfinite(z)) and np.allclose(z[:, 3], 0)
     again = FeatureNormaliser.from_json(norm.to_json())
     np.testing.assert_array_equal(again(x), z)
+    unseen = x.copy()
+    unseen[:, 3] = 100.0  # a value the constant feature never had in training is ignored too
+    np.testing.assert_array_equal(norm(unseen), z)
 
 
 def test_normaliser_refuses_mismatched_json():

@@ -58,8 +58,8 @@ class TableFeatureCache:
 #: distinct rows a batch touches (per sample) and their width: with the cache flushed before each call every
 #: distinct row is a memory miss, and the backward's optimizer update reads and writes each one. All but the
 #: last two are per-table features the network could weigh itself; the distinct rows it would have to infer
-#: from the reuse bins, and giving them explicitly cut held-out-table MAPE from 6.1% to 5.3-5.5% (two seeds,
-#: `benchmarks/bench_costmodel_accuracy.py --num-tables 200`). Also fed, log1p-scaled, to the per-table MLP.
+#: from the reuse bins, and giving them explicitly cut held-out-table MAPE from 6.1% to 5.5% on a 200-table
+#: profile (`benchmarks/bench_costmodel_accuracy.py --num-tables 200`). Also fed, log1p-scaled, to the per-table MLP.
 WORK_CHANNELS: tuple[str, ...] = (
     "kilo_pooling_x_dim16", "pooling_over_10", "dim_over_100", "unique_rows_per_sample", "unique_rows_x_dim_over_100"
 )
@@ -110,7 +110,11 @@ def comm_features(widths: np.ndarray, compute_ms: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class FeatureNormaliser:
-    """Per-feature standardisation fitted on training inputs; constant features pass through centred."""
+    """Per-feature standardisation fitted on training inputs.
+
+    A feature constant in training (std 0: e.g. the compute skew of profiled all-to-alls, which carry none)
+    maps to 0 whatever its value at prediction time: the networks never saw it vary, so a new value would
+    only move their outputs arbitrarily."""
 
     names: tuple[str, ...]
     mean: tuple[float, ...]
@@ -123,15 +127,15 @@ class FeatureNormaliser:
         if features.shape[0] == 0:
             raise ValueError("cannot fit a feature normaliser on zero rows")
         std = features.std(axis=0)
-        # a feature constant in training (e.g. one device count) must not blow up at prediction time
-        std = np.where(std < 1e-6, 1.0, std)
+        std = np.where(std < 1e-6, 0.0, std)  # constant in training: ignored at prediction time
         return cls(tuple(names), tuple(features.mean(axis=0).tolist()), tuple(std.tolist()))
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
-        """Standardised features, same shape, float32."""
+        """Standardised features, same shape, float32 (0 for features constant in training)."""
         mean = np.asarray(self.mean, dtype=np.float32)
         std = np.asarray(self.std, dtype=np.float32)
-        return ((np.asarray(features, dtype=np.float32) - mean) / std).astype(np.float32)
+        scaled = (np.asarray(features, dtype=np.float32) - mean) / np.where(std > 0, std, 1.0)
+        return np.where(std > 0, scaled, 0.0).astype(np.float32)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""

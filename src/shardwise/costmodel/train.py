@@ -60,8 +60,9 @@ class TrainConfig(BaseModel):
     holdout_num_tables: tuple[int, ...] | None = None
     #: source tables held out; None picks them from the data (whole co-occurrence components if possible)
     holdout_sources: tuple[str, ...] | None = None
-    #: 128 beat 64 on held-out tables: 6.5% vs 7.3% MAPE on ~2,000 CPU shards
-    #: (benchmarks/bench_costmodel_accuracy.py --hidden 64|128)
+    #: 128 beat 64 on held-out tables: 3.8% vs 4.2% MAPE on ~2,000 CPU shards of 400 source tables
+    #: (benchmarks/bench_costmodel_accuracy.py --data runs/bench_t400/costs.parquet --holdout-tables
+    #: runs/bench_t400/holdout.json --hidden 64|128)
     hidden: int = Field(default=128, ge=1)
     layers: int = Field(default=2, ge=1)
     head_layers: int = Field(default=2, ge=1)
@@ -245,19 +246,6 @@ def _padded(samples: ComputeSamples, features: TableFeatureCache, normaliser: Fe
     return torch.from_numpy(x), torch.from_numpy(mask)
 
 
-def ignore_constant_inputs(first_layer: torch.nn.Module, features: np.ndarray) -> list[int]:
-    """Zero `first_layer`'s weights on the leading input columns that are constant in `features` [M, F].
-
-    A feature that never varies in training normalises to 0, so its weights get no gradient and keep their
-    random initial values; a new value at prediction time would then shift the output arbitrarily. Zeroed,
-    they stay zero (no gradient, and weight decay keeps zero at zero): the feature is ignored."""
-    assert isinstance(first_layer, torch.nn.Linear)
-    constant = np.flatnonzero(np.asarray(features, dtype=np.float64).std(axis=0) < 1e-6)
-    with torch.no_grad():
-        first_layer.weight[:, torch.from_numpy(constant)] = 0.0
-    return constant.tolist()
-
-
 def _shard_log_ms(net: ComputeNet, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return net.head_log_ms((net.embed(x) * mask).sum(dim=1))
 
@@ -343,7 +331,6 @@ def train_cost_model(
     offset = log_train.mean(axis=0)
     net_cfg = NetworkConfig(cfg.hidden, cfg.layers, cfg.head_layers, cfg.comm_hidden)
     net = ComputeNet(NUM_FEATURES, net_cfg.hidden, net_cfg.layers, net_cfg.head_layers, NUM_WORK_CHANNELS)
-    ignore_constant_inputs(net.table_mlp[0], features(unique_train))
 
     def xy(s: ComputeSamples) -> tuple[torch.Tensor, ...]:
         x, mask = _padded(s, features, normaliser)
@@ -369,8 +356,6 @@ def train_cost_model(
         comm_log = np.log(np.maximum(comm.costs_ms, MIN_MS))
         comm_offset = comm_log[is_train].mean(axis=0)
         comm_net = CommNet(NUM_COMM_FEATURES, net_cfg.comm_hidden, net_cfg.comm_layers)
-        # profiled all-to-alls carry no compute skew (no `compute_ms_json`): the skew input is then ignored
-        ignore_constant_inputs(comm_net.net[0], comm.features[is_train])
 
         def cxy(mask: np.ndarray) -> tuple[torch.Tensor, ...]:
             return (torch.from_numpy(comm_norm(comm.features[mask])),
