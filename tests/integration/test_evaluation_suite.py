@@ -17,7 +17,7 @@ from shardwise.evaluation.suite import (
 )
 from shardwise.profiling.kernel import TimingProtocol
 from shardwise.search import make_searcher, save_plan
-from shardwise.workload import TableSpec, save_task
+from shardwise.workload import TableSpec, load_task, save_task
 from shardwise.workload.tableset import TableSet
 
 pytestmark = pytest.mark.integration
@@ -54,6 +54,8 @@ def test_benchmark_measures_every_method_and_writes_the_report(tmp_path) -> None
     assert all("mean_samples_per_s" not in r and "throughput_ratio_to_torchrec" not in r for r in rows)
     assert "mean_samples_per_s" not in html and not list(tmp_path.glob("2dev/task00/*.throughput.json"))
     assert (tmp_path / "2dev/task00/torchrec.html").exists()
+    # each task is saved next to its plans, so `shardwise evaluate --task ... --plan ...` re-measures any of them
+    assert load_task(tmp_path / "2dev/task00/task.json") == task_sets["2dev"][0]
 
     # logged to MLflow: one run with a metric per task set x method x measure, the report as artifacts
     from mlflow.tracking import MlflowClient

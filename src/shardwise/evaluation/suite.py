@@ -18,7 +18,7 @@ from tqdm import tqdm
 from shardwise.costmodel.types import CostModel
 from shardwise.profiling.kernel import TimingProtocol
 from shardwise.search.plan import Plan, PlanError, Shard, check_memory_bounds, save_plan, shard_state_bytes
-from shardwise.workload import ShardingTask, TableSpec
+from shardwise.workload import ShardingTask, TableSpec, save_task
 from shardwise.workload.tableset import TableSet, sample_task
 
 from .measured import (
@@ -394,6 +394,7 @@ def run_benchmark(
         if out is not None:
             stem = f"{set_name}/task{k:02d}/{method}"
             plan_path = str(save_plan(plan, out / f"{stem}.plan.json"))
+            save_task(task, out / f"{set_name}/task{k:02d}/task.json")  # for `shardwise evaluate --task`
             save_measured(cost, out / f"{stem}.measured.json")
             if (set_name, k, method) in throughput:
                 (out / f"{stem}.throughput.json").write_text(

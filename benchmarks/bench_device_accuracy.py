@@ -1,0 +1,107 @@
+"""Per-device accuracy of cost models on the device shards that plans actually produce.
+
+A plan's measured cost is its slowest device. When search balances the predicted per-device costs, what is
+left of the imbalance is the cost model's error on each device's shard (and measurement noise): with 8
+devices whose predictions are off by independent errors of spread s, the slowest one lands about 1.4 s above
+the mean. This benchmark re-measures every device shard of the plans a `bench_plan_quality.py` run wrote
+(kernel fwd+bwd, `--rounds` interleaved rounds, median as the reference value) and prints, per cost model:
+the bias, the mean absolute error once the bias is removed, and the within-plan spread of prediction/measured
+(what balance depends on). It also prints the noise of the median of 3 rounds (what the benchmark measures
+with) against the `--rounds` median.
+
+    python benchmarks/bench_plan_quality.py --model runs/model400 --tables runs/bench_t400/holdout.json \\
+        --num-tasks 8 --out runs/bench_pq                                  # writes the plans and task.json files
+    python benchmarks/bench_device_accuracy.py --plans runs/bench_pq/8dev-80to120 \\
+        --models runs/model400,runs/model400x                               # ~1 min per round on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from shardwise.evaluation.measured import resolve_device, resolve_protocol
+from shardwise.integrations.mlflow import load_cost_model
+from shardwise.profiling.kernel import TimingProtocol, measure_shard
+from shardwise.search.plan import device_specs, load_plan
+from shardwise.workload import TableSpec, load_task
+
+#: the compute rounds `measure_plans` takes the median of by default
+BENCHMARK_ROUNDS = 3
+
+
+def _shards(plans_dir: Path, methods: list[str]) -> tuple[list[str], list[list[TableSpec]], list[str]]:
+    """(plan label per device, device shards, optimizer per device) of every task's plans under `plans_dir`."""
+    labels, shards, optimizers = [], [], []
+    for task_dir in sorted(p for p in plans_dir.iterdir() if (p / "task.json").exists()):
+        task = load_task(task_dir / "task.json")
+        for method in methods:
+            path = task_dir / f"{method}.plan.json"
+            if not path.exists():
+                continue
+            for tables in device_specs(load_plan(path), task):
+                if tables:
+                    labels.append(f"{task_dir.name}/{method}")
+                    shards.append(tables)
+                    optimizers.append(task.optimizer)
+    if not shards:
+        raise SystemExit(f"no task.json with {methods} plans under {plans_dir} (run bench_plan_quality.py first)")
+    return labels, shards, optimizers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--plans", required=True, help="one task set's directory of a bench_plan_quality.py run")
+    parser.add_argument("--models", required=True, help="comma-separated cost model dirs or MLflow URIs")
+    parser.add_argument("--methods", default="neuroshard,torchrec", help="whose plans' device shards to measure")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement rounds (median = reference)")
+    args = parser.parse_args()
+    if args.rounds < BENCHMARK_ROUNDS:
+        parser.error(f"--rounds must be >= {BENCHMARK_ROUNDS}")
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    labels, shards, optimizers = _shards(Path(args.plans), args.methods.split(","))
+    models = {path: load_cost_model(path) for path in args.models.split(",")}
+    first = next(iter(models.values()))
+    if len({m.batch_size for m in models.values()}) > 1 or len({m.reference_ms for m in models.values()}) > 1:
+        raise SystemExit("the models were profiled at different batch sizes or references; compare like with like")
+    device = resolve_device("cpu")
+    protocol = resolve_protocol(device, TimingProtocol(), first.reference_ms)
+
+    samples: list[list[float]] = [[] for _ in shards]
+    with tqdm(total=args.rounds * len(shards), desc="measure device shards", unit="shard") as bar:
+        for _ in range(args.rounds):  # rounds interleaved, so machine drift hits every shard alike
+            for tables, optimizer, row in zip(shards, optimizers, samples):
+                timing = measure_shard(tables, first.batch_size, device=device, protocol=protocol, optimizer=optimizer)
+                row.append(timing.total_ms)
+                bar.update()
+    measured = np.array([statistics.median(row) for row in samples])
+    noise = [
+        abs(statistics.median(row[i] for i in subset) / ref - 1)
+        for row, ref in zip(samples, measured)
+        for subset in itertools.combinations(range(args.rounds), BENCHMARK_ROUNDS)
+    ]
+    print(f"{len(shards)} device shards of {len(set(labels))} plans, median of {args.rounds} rounds each")
+    print(f"measurement noise: median of {BENCHMARK_ROUNDS} rounds vs of {args.rounds}: {np.mean(noise):.2%} mean abs")
+
+    plan_of = np.array([sorted(set(labels)).index(label) for label in labels])
+    print(f"{'model':40s} {'bias':>6s} {'MAE':>7s} {'within-plan MAE':>16s} {'within-plan std':>16s}")
+    for path, model in models.items():
+        ratio = np.asarray(model.predict_compute(shards), dtype=np.float64).sum(axis=1) / measured
+        bias = ratio.mean()
+        plan_mean = np.array([ratio[plan_of == p].mean() for p in plan_of])
+        within = ratio / plan_mean - 1  # what balancing the predictions leaves between a plan's devices
+        print(f"{path:40s} {bias:6.3f} {np.abs(ratio / bias - 1).mean():7.2%} {np.abs(within).mean():16.2%} "
+              f"{within.std():16.2%}")
+    print(f"({time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
