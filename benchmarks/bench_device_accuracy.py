@@ -91,7 +91,8 @@ def main() -> None:
     print(f"{len(shards)} device shards of {len(set(labels))} plans, median of {args.rounds} rounds each")
     print(f"measurement noise: median of {BENCHMARK_ROUNDS} rounds vs of {args.rounds}: {np.mean(noise):.2%} mean abs")
 
-    plan_of = np.array([sorted(set(labels)).index(label) for label in labels])
+    plan_index = {label: i for i, label in enumerate(dict.fromkeys(labels))}
+    plan_of = np.array([plan_index[label] for label in labels])
     print(f"{'model':40s} {'bias':>6s} {'MAE':>7s} {'within-plan MAE':>16s} {'within-plan std':>16s}")
     for path, model in models.items():
         ratio = np.asarray(model.predict_compute(shards), dtype=np.float64).sum(axis=1) / measured
