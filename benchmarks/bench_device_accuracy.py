@@ -25,21 +25,24 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
-from shardwise.evaluation.measured import resolve_device, resolve_protocol
+from shardwise.evaluation.measured import (
+    COMPUTE_ROUNDS,
+    resolve_device,
+    resolve_protocol,
+    time_shards_in_rounds,
+)
 from shardwise.integrations.mlflow import load_cost_model
-from shardwise.profiling.kernel import TimingProtocol, measure_shard
+from shardwise.profiling.kernel import TimingProtocol
 from shardwise.search.plan import device_specs, load_plan
-from shardwise.workload import TableSpec, load_task
-
-#: the compute rounds `measure_plans` takes the median of by default
-BENCHMARK_ROUNDS = 3
+from shardwise.workload import Optimizer, TableSpec, load_task
 
 
-def _shards(plans_dir: Path, methods: list[str]) -> tuple[list[str], list[list[TableSpec]], list[str]]:
+def _shards(plans_dir: Path, methods: list[str]) -> tuple[list[str], list[list[TableSpec]], list[Optimizer]]:
     """(plan label per device, device shards, optimizer per device) of every task's plans under `plans_dir`."""
-    labels, shards, optimizers = [], [], []
+    labels: list[str] = []
+    shards: list[list[TableSpec]] = []
+    optimizers: list[Optimizer] = []
     for task_dir in sorted(p for p in plans_dir.iterdir() if (p / "task.json").exists()):
         task = load_task(task_dir / "task.json")
         for method in methods:
@@ -63,8 +66,8 @@ def main() -> None:
     parser.add_argument("--methods", default="neuroshard,torchrec", help="whose plans' device shards to measure")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement rounds (median = reference)")
     args = parser.parse_args()
-    if args.rounds < BENCHMARK_ROUNDS:
-        parser.error(f"--rounds must be >= {BENCHMARK_ROUNDS}")
+    if args.rounds < COMPUTE_ROUNDS:
+        parser.error(f"--rounds must be >= {COMPUTE_ROUNDS}")
     torch.set_num_threads(1)
     started = time.perf_counter()
     labels, shards, optimizers = _shards(Path(args.plans), args.methods.split(","))
@@ -75,21 +78,17 @@ def main() -> None:
     device = resolve_device("cpu")
     protocol = resolve_protocol(device, TimingProtocol(), first.reference_ms)
 
-    samples: list[list[float]] = [[] for _ in shards]
-    with tqdm(total=args.rounds * len(shards), desc="measure device shards", unit="shard") as bar:
-        for _ in range(args.rounds):  # rounds interleaved, so machine drift hits every shard alike
-            for tables, optimizer, row in zip(shards, optimizers, samples):
-                timing = measure_shard(tables, first.batch_size, device=device, protocol=protocol, optimizer=optimizer)
-                row.append(timing.total_ms)
-                bar.update()
+    timings = time_shards_in_rounds(list(zip(shards, [first.batch_size] * len(shards), optimizers)), args.rounds,
+                                    device=device, protocol=protocol)
+    samples = [[t.total_ms for t in row] for row in timings]
     measured = np.array([statistics.median(row) for row in samples])
     noise = [
         abs(statistics.median(row[i] for i in subset) / ref - 1)
         for row, ref in zip(samples, measured)
-        for subset in itertools.combinations(range(args.rounds), BENCHMARK_ROUNDS)
+        for subset in itertools.combinations(range(args.rounds), COMPUTE_ROUNDS)
     ]
     print(f"{len(shards)} device shards of {len(set(labels))} plans, median of {args.rounds} rounds each")
-    print(f"measurement noise: median of {BENCHMARK_ROUNDS} rounds vs of {args.rounds}: {np.mean(noise):.2%} mean abs")
+    print(f"measurement noise: median of {COMPUTE_ROUNDS} rounds vs of {args.rounds}: {np.mean(noise):.2%} mean abs")
 
     plan_index = {label: i for i, label in enumerate(dict.fromkeys(labels))}
     plan_of = np.array([plan_index[label] for label in labels])
@@ -97,7 +96,7 @@ def main() -> None:
     for path, model in models.items():
         ratio = np.asarray(model.predict_compute(shards), dtype=np.float64).sum(axis=1) / measured
         bias = ratio.mean()
-        plan_mean = np.array([ratio[plan_of == p].mean() for p in plan_of])
+        plan_mean = (np.bincount(plan_of, weights=ratio) / np.bincount(plan_of))[plan_of]
         within = ratio / plan_mean - 1  # what balancing the predictions leaves between a plan's devices
         print(f"{path:40s} {bias:6.3f} {np.abs(ratio / bias - 1).mean():7.2%} {np.abs(within).mean():16.2%} "
               f"{within.std():16.2%}")

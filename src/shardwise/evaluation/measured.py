@@ -12,9 +12,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from shardwise.profiling.kernel import TimingProtocol
+from shardwise.profiling.kernel import ShardTiming, TimingProtocol
 from shardwise.search.plan import Plan, device_specs, plan_memory_bytes, validate_plan
-from shardwise.workload import ShardingTask
+from shardwise.workload import Optimizer, ShardingTask, TableSpec
 
 MEASURED_FORMAT = "shardwise.measured/v1"
 # All-to-all timing: per device, the median of COMM_ROUNDS x COMM_ITERS exchanges. On a shared CPU one
@@ -164,6 +164,31 @@ def resolve_protocol(
     return protocol
 
 
+def time_shards_in_rounds(
+    shards: Sequence[tuple[Sequence[TableSpec], int, Optimizer]],
+    rounds: int,
+    *,
+    device: torch.device,
+    protocol: TimingProtocol,
+    progress: bool = True,
+) -> list[list[ShardTiming]]:
+    """Each (tables, batch size, optimizer) shard timed once per round, `rounds` rounds interleaved over all of
+    them, so machine drift during the run hits every shard alike; per shard, its timings in round order."""
+    from shardwise.profiling.kernel import measure_shard
+
+    timings: list[list[ShardTiming]] = [[] for _ in shards]
+    with tqdm(total=rounds * len(shards), desc="measure shards", unit="shard", disable=not progress) as bar:
+        for _ in range(rounds):
+            for (tables, batch, optimizer), row in zip(shards, timings):
+                row.append(measure_shard(tables, batch, device=device, protocol=protocol, optimizer=optimizer))
+                bar.update()
+    return timings
+
+
+def _median_fwd_bwd(timings: Sequence[ShardTiming]) -> tuple[float, float]:
+    return statistics.median(t.fwd_ms for t in timings), statistics.median(t.bwd_ms for t in timings)
+
+
 def measure_plans(
     items: Sequence[tuple[ShardingTask, Plan]],
     *,
@@ -186,7 +211,6 @@ def measure_plans(
         )
     from shardwise.profiling.comm import default_backend, measure_all_to_all_many
     from shardwise.profiling.hardware import hardware_kind
-    from shardwise.profiling.kernel import measure_shard
 
     for task, plan in items:
         validate_plan(plan, task)  # refuses columns covered twice, devices out of range, over memory
@@ -197,23 +221,14 @@ def measure_plans(
 
     # every device's shard timed once per round, rounds interleaved over all plans, median per device: one
     # timing of a shard swings by 20% on a shared CPU (the reference normalises drift, not preemption)
-    samples: list[list[list[tuple[float, float]]]] = [[[] for _ in devices] for devices in layouts]
-    todo = compute_rounds * sum(1 for devices in layouts for tables in devices if tables)
-    with tqdm(total=todo, desc="measure shards", unit="shard", disable=not progress) as bar:
-        for _ in range(compute_rounds):
-            for (task, _), devices, batch, timed in zip(items, layouts, batches, samples):
-                for tables, row in zip(devices, timed):
-                    if tables:
-                        t = measure_shard(tables, batch, device=dev, protocol=protocol, optimizer=task.optimizer)
-                        row.append((float(t.fwd_ms), float(t.bwd_ms)))
-                        bar.update()
-    compute = [
-        [
-            (statistics.median(f for f, _ in row), statistics.median(b for _, b in row)) if row else (0.0, 0.0)
-            for row in timed
-        ]
-        for timed in samples
+    jobs = [
+        (tables, batch, task.optimizer)
+        for (task, _), devices, batch in zip(items, layouts, batches)
+        for tables in devices
+        if tables
     ]
+    timed = iter(time_shards_in_rounds(jobs, compute_rounds, device=dev, protocol=protocol, progress=progress))
+    compute = [[_median_fwd_bwd(next(timed)) if tables else (0.0, 0.0) for tables in devices] for devices in layouts]
 
     widths = [[sum(t.dim for t in tables) for tables in devices] for devices in layouts]
     comm: list[list[tuple[float, float]]] = [[(0.0, 0.0)] * len(w) for w in widths]  # one device: no exchange

@@ -94,8 +94,11 @@ def evaluation_metrics(csv_path: str | Path) -> dict[str, float]:
 
 
 def training_size_metrics(model_dir: str | Path) -> dict[str, float]:
-    """`train_shards` and `heldout_sources` from the provenance a saved cost model keeps in cost_model.json."""
-    info = json.loads((Path(model_dir) / "cost_model.json").read_text())["meta"].get("info") or {}
+    """`train_shards` and `heldout_sources` from the provenance a saved cost model keeps in its config file
+    (read without loading the weights)."""
+    from shardwise.costmodel.model import CONFIG_FILE
+
+    info = json.loads((Path(model_dir) / CONFIG_FILE).read_text())["meta"].get("info") or {}
     return {key: float(info[key]) for key in ("train_shards", "heldout_sources") if key in info}
 
 
