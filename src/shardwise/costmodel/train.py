@@ -15,6 +15,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm.auto import tqdm
 
+from shardwise.errors import ShardwiseError
 from shardwise.workload import NUM_FEATURES, TableSpec
 
 from .evaluate import (
@@ -39,7 +40,7 @@ from .networks import CommNet, ComputeNet
 REQUIRED_COLUMNS = ("kind", "config_id", "repeat", "fwd_ms", "bwd_ms", "batch_size", "hardware_kind")
 
 
-class CostDataError(ValueError):
+class CostDataError(ShardwiseError, ValueError):
     """A cost dataset that cannot be trained on (missing columns, mixed hardware, no compute rows)."""
 
 

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from shardwise.errors import ShardwiseError
+
 # Parts of 8 MiB: above S3's 5 MiB minimum part size, small enough that memory stays flat.
 MULTIPART_CHUNK_BYTES = 8 * 2**20
 
 
-class StorageError(Exception):
+class StorageError(ShardwiseError):
     """A URI that cannot be read or written (malformed, missing bucket or key)."""
 
 

@@ -12,6 +12,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shardwise.errors import ShardwiseError
+
 from .schema import COMM_COLUMNS, COMMON_COLUMNS, COMPUTE_COLUMNS, DATASET_FORMAT
 
 _INT = pa.int64()
@@ -40,7 +42,7 @@ SCHEMA = pa.schema(
 )
 
 
-class DatasetError(ValueError):
+class DatasetError(ShardwiseError, ValueError):
     """A cost dataset that cannot be read or lacks the columns of `shardwise.costs/v1`."""
 
 

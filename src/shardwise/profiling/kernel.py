@@ -10,7 +10,6 @@ ratio is kept (reference normalisation, see TimingProtocol).
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import statistics
 import time
@@ -18,57 +17,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision, sample_batch, stable_seed
 
 from .hardware import resolve_device
+from .protocol import TimingProtocol
 
 #: per source table: (lengths [B], indices [sum(lengths)]) int64 arrays
 IndexData = Mapping[str, tuple[np.ndarray, np.ndarray]]
-
-
-class TimingProtocol(BaseModel):
-    """How a shard is timed; the profiler, the evaluator and the benchmarks must use the same one."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    warmup_iters: int = Field(default=3, ge=0)
-    iters: int = Field(default=10, ge=1)
-    #: pair each timed iteration with the reference kernel and keep the ratio; None: on for CPU, off for CUDA
-    reference_normalised: bool | None = None
-    #: CPU threads while timing (one device = `num_threads` cores); None keeps torch's current setting
-    num_threads: int | None = Field(default=1, ge=1)
-    #: CPU clock: "wall" (time.perf_counter) or "thread" (time.thread_time: the CPU time of the timing thread,
-    #: which excludes time the scheduler gave to other processes on a shared machine; exact for a kernel that
-    #: runs in this thread, i.e. num_threads == 1). None: "thread" when num_threads == 1, else "wall".
-    #: CUDA always uses CUDA events.
-    clock: Literal["wall", "thread"] | None = None
-    #: overwrite a buffer twice the last-level cache (GPU L2, CPU L3) before every timed kernel call, so each
-    #: call starts cold as in training (where dense layers and communication run in between) and the reference
-    #: kernel sees the same cache state when calibrated as when paired with a shard
-    flush_cache: bool = True
-    #: the reference kernel's calibrated fwd+bwd ms; None: calibrate once on first use (then reuse it)
-    reference_ms: float | None = Field(default=None, gt=0)
-    calibration_runs: int = Field(default=60, ge=1)
-
-    def for_device(self, device: str | torch.device | None) -> TimingProtocol:
-        """This protocol with its automatic choices made for `device` (normalisation: CPU on, CUDA off)."""
-        on_cpu = resolve_device(device).type == "cpu"
-        update: dict[str, object] = {}
-        if self.reference_normalised is None:
-            update["reference_normalised"] = on_cpu
-        if self.clock is None:
-            update["clock"] = "thread" if on_cpu and self.num_threads == 1 else "wall"
-        return self.model_copy(update=update) if update else self
-
-    def settings_json(self) -> str:
-        """The settings stored with every row (without the calibrated `reference_ms`, stored on its own)."""
-        return json.dumps(self.model_dump(exclude={"reference_ms"}), sort_keys=True)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shardwise.errors import ShardwiseError
 from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
 from shardwise.workload.documents import describe_validation_error, read_json_document, write_json_document
 from shardwise.workload.tables import DIM_ALIGNMENT
@@ -14,7 +15,7 @@ from shardwise.workload.tables import DIM_ALIGNMENT
 PLAN_FORMAT = "shardwise.plan/v1"
 
 
-class PlanError(ValueError):
+class PlanError(ShardwiseError, ValueError):
     """A plan that is malformed, invalid for its task, or over a device's memory."""
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shardwise.errors import ShardwiseError
+
 from .tables import TableSpec, reuse_histogram
 from .tableset import TableSet
 
@@ -25,7 +27,7 @@ DEFAULT_DIM = 64
 IndexData = tuple[np.ndarray, np.ndarray]
 
 
-class DlrmDatasetError(ValueError):
+class DlrmDatasetError(ShardwiseError, ValueError):
     """A file that is not a well-formed DLRM dataset batch; the message names what is wrong."""
 
 

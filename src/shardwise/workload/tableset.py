@@ -9,6 +9,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import ConfigDict, Field, ValidationError
 
+from shardwise.errors import ShardwiseError
+
 from .documents import describe_validation_error, read_json_document, write_json_document
 from .memory import Optimizer, WeightsPrecision, shard_memory_bytes
 from .tables import TableCollection, TableSpec
@@ -17,7 +19,7 @@ from .task import ShardingTask
 TABLES_FORMAT: Literal["shardwise.tables/v1"] = "shardwise.tables/v1"
 
 
-class TableSetError(ValueError):
+class TableSetError(ShardwiseError, ValueError):
     """A table population file or request that cannot be used; the message names the offending field."""
 
 

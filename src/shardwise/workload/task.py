@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 
+from shardwise.errors import ShardwiseError
+
 from .documents import describe_validation_error, read_json_document, write_json_document
 from .memory import Optimizer, WeightsPrecision
 from .tables import TableCollection, TableSpec
@@ -14,7 +16,7 @@ from .tables import TableCollection, TableSpec
 TASK_FORMAT: Literal["shardwise.task/v1"] = "shardwise.task/v1"
 
 
-class TaskError(ValueError):
+class TaskError(ShardwiseError, ValueError):
     """A task file or object that cannot be used; the message names the offending field."""
 
 

@@ -1,0 +1,8 @@
+"""The one error base: every failure a user can fix (a bad file, a missing model, a plan that cannot fit) is a
+ShardwiseError. `shardwise` prints it as one line and exits 2; the traceback only with `--debug`."""
+
+from __future__ import annotations
+
+
+class ShardwiseError(Exception):
+    """A user-facing failure whose message names the input that was wrong and what would be right."""

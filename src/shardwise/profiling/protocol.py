@@ -1,0 +1,95 @@
+"""How shards are timed: the TimingProtocol the profiler, the evaluator and the benchmarks share, and
+MeasurementSettings, the one value that says how a plan is measured (device, protocol, rounds, batch)."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from .hardware import resolve_device
+
+# Defaults of a plan measurement, each tied to what it was measured against:
+#: interleaved kernel timings per device shard, median per device: one timing of a shard swings by 20% on a
+#: shared CPU; the median of 3 rounds is within 0.85% of the median of 5 (bench_device_accuracy.py --rounds 5)
+COMPUTE_ROUNDS = 3
+#: timed all-to-all iterations per round, and interleaved rounds (per device: median of rounds x iterations)
+COMM_ITERS = 20
+COMM_ROUNDS = 5
+
+
+class TimingProtocol(BaseModel):
+    """How a shard is timed; the profiler, the evaluator and the benchmarks must use the same one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    warmup_iters: int = Field(default=3, ge=0)
+    iters: int = Field(default=10, ge=1)
+    #: pair each timed iteration with the reference kernel and keep the ratio; None: on for CPU, off for CUDA
+    reference_normalised: bool | None = None
+    #: CPU threads while timing (one device = `num_threads` cores); None keeps torch's current setting
+    num_threads: int | None = Field(default=1, ge=1)
+    #: CPU clock: "wall" (time.perf_counter) or "thread" (time.thread_time: the CPU time of the timing thread,
+    #: which excludes time the scheduler gave to other processes on a shared machine; exact for a kernel that
+    #: runs in this thread, i.e. num_threads == 1). None: "thread" when num_threads == 1, else "wall".
+    #: CUDA always uses CUDA events.
+    clock: Literal["wall", "thread"] | None = None
+    #: overwrite a buffer twice the last-level cache (GPU L2, CPU L3) before every timed kernel call, so each
+    #: call starts cold as in training (where dense layers and communication run in between) and the reference
+    #: kernel sees the same cache state when calibrated as when paired with a shard
+    flush_cache: bool = True
+    #: the reference kernel's calibrated fwd+bwd ms; None: calibrate once on first use (then reuse it)
+    reference_ms: float | None = Field(default=None, gt=0)
+    calibration_runs: int = Field(default=60, ge=1)
+
+    def for_device(self, device: str | torch.device | None) -> TimingProtocol:
+        """This protocol with its automatic choices made for `device` (normalisation: CPU on, CUDA off)."""
+        on_cpu = resolve_device(device).type == "cpu"
+        update: dict[str, object] = {}
+        if self.reference_normalised is None:
+            update["reference_normalised"] = on_cpu
+        if self.clock is None:
+            update["clock"] = "thread" if on_cpu and self.num_threads == 1 else "wall"
+        return self.model_copy(update=update) if update else self
+
+    def settings_json(self) -> str:
+        """The settings stored with every row (without the calibrated `reference_ms`, stored on its own)."""
+        return json.dumps(self.model_dump(exclude={"reference_ms"}), sort_keys=True)
+
+
+class MeasurementSettings(BaseModel):
+    """How plans are measured on hardware: one frozen value for `evaluate`, `benchmark`, the measured-cost
+    greedy and the pipeline's evaluate step (the only home of these defaults)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    device: str | None = Field(default=None, description="cpu, cuda, cuda:N (default: cuda when present)")
+    batch_size: int | None = Field(
+        default=None, ge=1, description="measure at this batch (default: the cost model's, else the task's)"
+    )
+    warmup_iters: int = Field(default=3, ge=0, description="kernel warm-up iterations per shard")
+    timing_iters: int = Field(default=10, ge=1, description="timed kernel iterations per shard")
+    timing_rounds: int = Field(
+        default=COMPUTE_ROUNDS, ge=1, description="interleaved kernel timings per shard (per device: their median)"
+    )
+    comm_iters: int = Field(default=COMM_ITERS, ge=1, description="timed all-to-all iterations per round")
+    comm_rounds: int = Field(
+        default=COMM_ROUNDS, ge=1,
+        description="interleaved all-to-all rounds (per device: median of rounds x iterations)",
+    )
+    reference_ms: float | None = Field(
+        default=None, gt=0, description="reference kernel ms to normalise by (default: the model's, else calibrate)"
+    )
+
+    def protocol(self) -> TimingProtocol:
+        """The kernel timing protocol these settings ask for (reference pinned when `reference_ms` is set)."""
+        return TimingProtocol(warmup_iters=self.warmup_iters, iters=self.timing_iters, reference_ms=self.reference_ms)
+
+    def for_cost_model(self, reference_ms: float | None, batch_size: int | None) -> MeasurementSettings:
+        """Time as a cost model's training data was: its reference and batch, unless set here."""
+        return self.model_copy(update={
+            "reference_ms": self.reference_ms if self.reference_ms is not None else reference_ms,
+            "batch_size": self.batch_size if self.batch_size is not None else batch_size,
+        })
