@@ -6,3 +6,6 @@ from __future__ import annotations
 
 class ShardwiseError(Exception):
     """A user-facing failure whose message names the input that was wrong and what would be right."""
+
+    #: the process exit status `shardwise` returns for it (2: bad input or missing prerequisite)
+    exit_code = 2

@@ -1,9 +1,10 @@
-"""One Kubeflow component per step of the method; each is a thin call into the `shardwise` command.
+"""One Kubeflow component per step of the method; each is a thin call into a job (`shardwise.jobs`).
 
-Lightweight Python components: KFP embeds each function's source in the compiled YAML and runs it in
-IMAGE (which has shardwise installed, so `install_kfp_package=False`); `kfp.local` runs the same source in
-the current environment. Component bodies only turn typed artifacts into CLI flags (helpers in steps.py,
-which imports no kfp): the work is in the CLI.
+Lightweight Python components: KFP embeds each function's source in the compiled YAML and runs it in IMAGE
+(which has shardwise installed, so `install_kfp_package=False`); `kfp.local` runs the same source in the current
+environment. Component bodies build a job's settings from typed parameters and artifact paths and call the job;
+the work is in the job. Jobs import no kfp: in a step's container KFP sets _KFP_RUNTIME=true, and kfp.dsl then
+lacks the pipeline-building API.
 """
 
 # No `from __future__ import annotations`: KFP reads the component signatures' types at import time.
@@ -39,24 +40,25 @@ def synth_workload(
 ):
     """Synthetic DLRM tables, split into tables the cost model trains on and held-out tables."""
     import os
+    import shutil
 
-    from shardwise.pipelines.steps import copy_file, run_step
+    from shardwise.jobs import workload as job
 
-    run_step(["workload", "synth", "--num-tables", str(num_tables), "--row-scale", str(row_scale),
-              "--batch-size", str(batch_size), "--seed", str(seed), "--out", workload.path])
-    split_dir = os.path.join(workload.path, "split")
-    run_step(["workload", "split", "--tables", os.path.join(workload.path, "tables.json"),
-              "--holdout-fraction", str(holdout_fraction), "--seed", str(seed), "--out", split_dir])
-    copy_file(os.path.join(split_dir, "train.json"), train_tables.path)
-    copy_file(os.path.join(split_dir, "holdout.json"), holdout_tables.path)
+    synth = job.synth(job.SynthSettings(num_tables=num_tables, row_scale=row_scale, batch_size=batch_size,
+                                        seed=seed, out=workload.path))
+    split = job.split(job.SplitSettings(tables=synth.tables_path, holdout_fraction=holdout_fraction, seed=seed,
+                                        out=os.path.join(workload.path, "split")))
+    print(synth.summary(), split.summary(), sep="\n")
+    shutil.copyfile(split.train_path, train_tables.path)
+    shutil.copyfile(split.holdout_path, holdout_tables.path)
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def augment_tables(tables: Input[Dataset], seed: int, augmented: Output[Dataset]):
     """More training tables: other dims, column halves, resampled pooling."""
-    from shardwise.pipelines.steps import run_step
+    from shardwise.jobs import workload as job
 
-    run_step(["augment", "--tables", tables.path, "--seed", str(seed), "--out", augmented.path])
+    print(job.augment(job.AugmentSettings(tables=tables.path, seed=seed, out=augmented.path)).summary())
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -74,16 +76,15 @@ def profile_costs(
 ) -> str:
     """Measure shards of the training tables, shards of the held-out tables alone, and all-to-alls on this
     node's hardware, into one dataset; returns its hardware kind."""
-    from shardwise.pipelines.steps import profile_argvs, run_step
-    from shardwise.profiling.hardware import hardware_kind
+    from shardwise.jobs import profile as job
 
-    for argv in profile_argvs(tables.path, holdout_tables.path, costs.path, num_shards=num_shards,
-                              holdout_shards=holdout_shards, comm_layouts=comm_layouts, max_tables=max_tables,
-                              repeats=repeats, seed=seed, device=device):
-        run_step(argv)
-    kind = hardware_kind(device)
-    costs.metadata["hardware_kind"] = kind
-    return kind
+    settings = job.ProfileJobSettings(tables=tables.path, out=costs.path, num_shards=num_shards,
+                                      comm_layouts=comm_layouts, max_tables=max_tables, repeats=repeats, seed=seed,
+                                      device=device)
+    result = job.run_apart(settings, holdout_tables.path, holdout_shards)
+    print(result.summary())
+    costs.metadata["hardware_kind"] = result.hardware_kind
+    return result.hardware_kind
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -97,21 +98,17 @@ def pretrain_cost_model(
 ):
     """Train the cost model on the training tables' shards, evaluate it on the held-out tables' shards, register
     it in MLflow (the promotion gate decides on `champion`)."""
-    import os
+    from shardwise.jobs import pretrain as job
 
-    from shardwise.pipelines.steps import evaluation_metrics, run_step, training_size_metrics
-
-    argv = ["pretrain", "--data", costs.path, "--holdout-tables", holdout_tables.path, "--out", model.path,
-            "--seed", str(seed)]
-    if epochs > 0:
-        argv += ["--epochs", str(epochs)]
-    run_step(argv)
-    for name, value in training_size_metrics(model.path).items():
-        metrics.log_metric(name, value)
-    table = os.path.join(model.path, "evaluation.csv")
-    if os.path.exists(table):
-        for name, value in evaluation_metrics(table).items():
-            metrics.log_metric(name, value)
+    settings = job.PretrainSettings(data=(costs.path,), holdout_tables=holdout_tables.path, out=model.path,
+                                    seed=seed, **({"epochs": epochs} if epochs > 0 else {}))
+    result = job.run(settings)
+    print(result.summary())
+    for name, value in {"train_shards": result.train_shards, "heldout_sources": result.heldout_sources,
+                        **result.metrics}.items():
+        metrics.log_metric(name, float(value))
+    if result.run_id:
+        model.metadata["mlflow_run_id"] = result.run_id
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -124,11 +121,10 @@ def make_task(
     task: Output[Dataset],
 ):
     """A sharding task over held-out tables (the cost model never saw them)."""
-    from shardwise.pipelines.steps import run_step
+    from shardwise.jobs import workload as job
 
-    run_step(["workload", "task", "--tables", tables.path, "--num-tables", str(num_tables),
-              "--num-devices", str(num_devices), "--memory-slack", str(memory_slack), "--seed", str(seed),
-              "--out", task.path])
+    print(job.task(job.TaskSettings(tables=tables.path, num_tables=num_tables, num_devices=num_devices,
+                                    memory_slack=memory_slack, seed=seed, out=task.path)).summary())
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -141,13 +137,13 @@ def search_plan(
     model: Input[Model] = None,
 ):
     """Search a plan; with a model alias the registered model `shardwise-cost-<hardware>@alias` is used."""
-    from shardwise.pipelines.steps import model_ref, run_step
+    from shardwise.integrations.mlflow import cost_model_name
+    from shardwise.jobs import plan as job
 
-    argv = ["plan", "--task", task.path, "--method", method, "--out", plan.path]
-    ref = model_ref(model_alias, hardware_kind, model.path if model is not None else None)
-    if ref:
-        argv += ["--model", ref]
-    run_step(argv)
+    uri = f"models:/{cost_model_name(hardware_kind)}@{model_alias}" if model_alias else (
+        model.path if model is not None else None)
+    result = job.run(job.PlanSettings(task=task.path, method=method, model=uri, out=plan.path))
+    print(result.summary())
     plan.metadata["method"] = method
 
 
@@ -166,30 +162,34 @@ def evaluate_plans(
     report: Output[HTML],
 ):
     """Measure the plan and TorchRec's plan on this node in one session (same reference, interleaved
-    all-to-alls); compare; report."""
+    all-to-alls); train the DLRM under both; compare; report."""
     import json
     import os
 
-    from shardwise.pipelines import steps
+    from shardwise.integrations.mlflow import cost_model_name
+    from shardwise.jobs import evaluate, validate
+    from shardwise.profiling import MeasurementSettings
 
     method = plan.metadata.get("method", "plan")
-    names = steps.plan_names(method)
+    names = (method, "torchrec") if method != "torchrec" else (method, "torchrec-baseline")
     # the model's reference timing and batch: measure the way the profiler did
-    ref = steps.model_ref(model_alias, hardware_kind, model.path)
-    argv = ["evaluate", "--task", task.path, "--plan", plan.path, "--name", names[0],
-            "--plan", baseline_plan.path, "--name", names[1], "--out", evaluation.path, "--device", device]
-    steps.run_step(argv + (["--model", ref] if ref else []))
-    docs, reports = steps.load_evaluation(evaluation.path, names)
-    result = steps.comparison(docs[names[0]], docs[names[1]])
-    if validate_iters > 0:
-        # end-to-end DLRM throughput of both plans in the same run
-        validated = os.path.join(evaluation.path, "validate.json")
-        steps.run_step(["validate", "--task", task.path, "--plan", plan.path, "--compare", baseline_plan.path,
-                        "--iters", str(validate_iters), "--device", device, "--out", validated])
-        result |= steps.throughput_comparison(validated)
-    for key, value in result.items():
+    uri = f"models:/{cost_model_name(hardware_kind)}@{model_alias}" if model_alias else model.path
+    evaluated = evaluate.run(evaluate.EvaluateSettings(
+        task=task.path, plan=(plan.path, baseline_plan.path), name=names, out=evaluation.path, model=uri,
+        measurement=MeasurementSettings(device=device),
+    ))
+    print(evaluated.summary())
+    figures = evaluate.versus_baseline(evaluated, names[1])
+    if validate_iters > 0:  # end-to-end DLRM throughput of both plans in the same run
+        validated = validate.run(validate.ValidateSettings(
+            task=task.path, plan=plan.path, compare=(baseline_plan.path,), iters=validate_iters, device=device,
+            out=os.path.join(evaluation.path, "validate.json"),
+        ))
+        print(validated.summary())
+        figures |= validate.versus_baseline(validated)
+    for key, value in figures.items():
         comparison.log_metric(key, value)
     with open(os.path.join(evaluation.path, "summary.json"), "w") as out:
-        json.dump({"method": method, **result}, out, indent=1)
+        json.dump({"method": method, **figures}, out, indent=1)
     with open(report.path, "w") as out:
-        out.write(steps.comparison_html(method, result, docs, reports))
+        out.write(evaluate.comparison_page(method, figures, evaluated))

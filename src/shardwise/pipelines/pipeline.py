@@ -25,6 +25,7 @@ from shardwise.pipelines.components import (
     search_plan,
     synth_workload,
 )
+from shardwise.pipelines.params import DEFAULTS
 
 PIPELINE_NAME = "shardwise"
 # What the cluster provides (manifests/ creates them): S3 credentials and MLflow/S3 endpoints.
@@ -74,25 +75,26 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
         name=PIPELINE_NAME,
         description="Profile fbgemm kernels, pre-train the cost model, plan with it, measure against TorchRec.",
     )
+    # defaults: the `cluster` preset of presets.yaml (the one home of the pipeline's sizes)
     def shardwise_pipeline(
-        num_tables: int = 60,
-        row_scale: float = 0.01,
-        batch_size: int = 2048,
-        holdout_fraction: float = 0.2,
-        task_num_tables: int = 10,
-        num_devices: int = 4,
-        memory_slack: float = 1.5,
-        profile_num_shards: int = 400,
-        profile_holdout_shards: int = 70,
-        profile_comm_layouts: int = 40,
-        profile_max_tables: int = 15,
-        profile_repeats: int = 1,
-        pretrain_epochs: int = 0,
-        search_method: str = "neuroshard",
-        model_alias: str = "champion",
-        device: str = "cuda",
-        validate_iters: int = 0,
-        seed: int = 0,
+        num_tables: int = DEFAULTS.num_tables,
+        row_scale: float = DEFAULTS.row_scale,
+        batch_size: int = DEFAULTS.batch_size,
+        holdout_fraction: float = DEFAULTS.holdout_fraction,
+        task_num_tables: int = DEFAULTS.task_num_tables,
+        num_devices: int = DEFAULTS.num_devices,
+        memory_slack: float = DEFAULTS.memory_slack,
+        profile_num_shards: int = DEFAULTS.profile_num_shards,
+        profile_holdout_shards: int = DEFAULTS.profile_holdout_shards,
+        profile_comm_layouts: int = DEFAULTS.profile_comm_layouts,
+        profile_max_tables: int = DEFAULTS.profile_max_tables,
+        profile_repeats: int = DEFAULTS.profile_repeats,
+        pretrain_epochs: int = DEFAULTS.pretrain_epochs,
+        search_method: str = DEFAULTS.search_method,
+        model_alias: str = DEFAULTS.model_alias,
+        device: str = DEFAULTS.device,
+        validate_iters: int = DEFAULTS.validate_iters,
+        seed: int = DEFAULTS.seed,
     ) -> dsl.Metrics:
         """The whole method; returns the measured comparison against TorchRec's planner."""
         workload = _with_cluster_settings(

@@ -1,4 +1,4 @@
-"""The library side of `shardwise pipeline compile|run|submit|schedule`: kfp compiler, kfp.local, kfp.Client."""
+"""`shardwise pipeline compile|run|submit|schedule`: the kfp compiler, kfp.local and kfp.Client around the pipeline."""
 
 from __future__ import annotations
 
@@ -6,87 +6,26 @@ import contextlib
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# The local run's sizes: meant to fit 2 CPU cores in well under 10 minutes (tests/e2e checks the budget) while
-# the comparison still means something: a task of 32 held-out tables on 4 devices at the profiler's CPU batch,
-# so plans differ by more than the kernel's fixed per-call cost, and enough profiled shards (about 3 per
-# second here) and 4-device all-to-alls for the cost model to rank them.
-# The held-out share (holdout_fraction 0.2 of num_tables) must hold at least task_num_tables tables. The held-out
-# tables are profiled apart (profile_holdout_shards, about 1/6 of the training shards) so that no shard mixes
-# the two: 560 + 100 shards train on 468 and test on 100 (700 shards drawn from all tables trained on 157 and
-# tested on 15), in about the same time, the shards saved paying for the longer training.
-# Distinct source tables matter more for unseen tables than shard count: 360 tables instead of 180 cut the
-# pretrain step's held-out MAPE from 6.3% to 4.6-4.9% at the same profiling time (the whole run: 4-5 min here).
-LOCAL_ARGUMENTS: dict[str, Any] = {
-    "num_tables": 360,
-    "row_scale": 0.002,
-    "batch_size": 2048,
-    "task_num_tables": 32,
-    "num_devices": 4,
-    # TorchRec's planner (table-wise, no column split under 128 wide) must find a plan for the comparison
-    # to exist; the benchmark's task sets use the same 2x slack
-    "memory_slack": 2.0,
-    "profile_num_shards": 560,
-    "profile_holdout_shards": 100,
-    "profile_comm_layouts": 40,
-    "profile_max_tables": 15,
-    "profile_repeats": 1,
-    # end-to-end DLRM training under both plans (validate): about a minute more on 2 cores
-    "validate_iters": 10,
-    "device": "cpu",
-}
+from kfp import Client, compiler, local
+
+from shardwise.errors import ShardwiseError
+
+from . import components
+from .params import PipelineParams
+from .pipeline import build_pipeline
 
 
-class PipelineArgumentError(ValueError):
-    """A pipeline argument that the pipeline does not declare, or of the wrong type."""
-
-
-class PipelineRunError(RuntimeError):
+class PipelineRunError(ShardwiseError):
     """A local pipeline run that failed in one of its steps."""
-
-
-def pipeline_parameters() -> dict[str, Any]:
-    """The pipeline's parameters and their defaults."""
-    from shardwise.pipelines.pipeline import build_pipeline
-
-    spec = build_pipeline().component_spec
-    return {name: spec.inputs[name].default for name in spec.inputs}
-
-
-def check_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """Arguments checked against the pipeline's parameters (names and types); returned as a dict."""
-    params = pipeline_parameters()
-    checked: dict[str, Any] = {}
-    for name, value in arguments.items():
-        if name not in params:
-            raise PipelineArgumentError(
-                f"pipeline argument '{name}' is unknown; parameters are: {', '.join(sorted(params))}"
-            )
-        default = params[name]
-        if isinstance(default, bool) or default is None:
-            checked[name] = value
-            continue
-        try:
-            checked[name] = type(default)(value)
-        except (TypeError, ValueError) as err:
-            raise PipelineArgumentError(
-                f"pipeline argument '{name}': {value!r} is not a {type(default).__name__}"
-            ) from err
-        if isinstance(default, int) and float(value) != checked[name]:
-            raise PipelineArgumentError(f"pipeline argument '{name}': {value!r} is not an int")
-    return checked
 
 
 def compile_pipeline(out: str | Path, *, gpu_product: str | None = None) -> Path:
     """Compile the pipeline to Kubeflow's YAML (IR) at `out`."""
-    from kfp import compiler
-
-    from shardwise.pipelines.pipeline import build_pipeline
-
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(build_pipeline(gpu_product), str(out))
@@ -95,10 +34,6 @@ def compile_pipeline(out: str | Path, *, gpu_product: str | None = None) -> Path
 
 def compile_components(out_dir: str | Path) -> list[Path]:
     """Compile each step's component to `out_dir/<name>.yaml` (reusable with kfp's load_component_from_file)."""
-    from kfp import compiler
-
-    from shardwise.pipelines import components
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -132,21 +67,15 @@ class LocalRunResult:
 
 def _single(paths: list[Path], what: str, run_dir: Path) -> Path:
     if len(paths) != 1:
-        raise FileNotFoundError(f"expected one {what} under '{run_dir}', found {len(paths)}")
+        raise PipelineRunError(f"expected one {what} under '{run_dir}', found {len(paths)}")
     return paths[0]
 
 
-def run_local(
-    workdir: str | Path, arguments: Mapping[str, Any] | None = None, *, tracking_uri: str | None = None
-) -> LocalRunResult:
+def run_local(workdir: str | Path, params: PipelineParams, *, tracking_uri: str | None = None) -> LocalRunResult:
     """Run the pipeline through kfp.local in this environment (CPU, embedded MLflow under `workdir`)."""
-    from kfp import local
-
-    from shardwise.pipelines.pipeline import build_pipeline
-
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    args = check_arguments({**LOCAL_ARGUMENTS, **(arguments or {})})
+    args = params.model_dump()
     pipeline_root = workdir / "pipeline_root"
     before = set(pipeline_root.glob("*")) if pipeline_root.exists() else set()
     # The steps run as subprocesses of this one and inherit its environment (kfp.local ignores the
@@ -181,12 +110,10 @@ def run_local(
 
 
 def _client(host: str, namespace: str | None = None, existing_token: str | None = None) -> Any:
-    import kfp
-
     kwargs: dict[str, Any] = {"host": host, "existing_token": existing_token}
     if namespace:
         kwargs["namespace"] = namespace
-    return kfp.Client(**kwargs)
+    return Client(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -199,7 +126,7 @@ class Submitted:
 
 def submit(
     host: str,
-    arguments: Mapping[str, Any] | None = None,
+    params: PipelineParams,
     *,
     run_name: str = "shardwise",
     experiment: str = "shardwise",
@@ -209,7 +136,7 @@ def submit(
     existing_token: str | None = None,
 ) -> Submitted:
     """Compile the pipeline and start one run of it on the Kubeflow Pipelines API at `host`."""
-    args = check_arguments(arguments or {})
+    args = params.model_dump()
     client = _client(host, namespace, existing_token)
     # create_experiment returns the existing experiment of that name, if any
     exp = client.create_experiment(name=experiment, namespace=namespace)
@@ -228,7 +155,7 @@ def submit(
 def schedule(
     host: str,
     cron: str,
-    arguments: Mapping[str, Any] | None = None,
+    params: PipelineParams,
     *,
     job_name: str = "shardwise-recurring",
     experiment: str = "shardwise",
@@ -241,11 +168,11 @@ def schedule(
     """Create a recurring run of the pipeline on a cron schedule (KFP's 6-field cron: seconds first)."""
     fields = cron.split()
     if len(fields) not in (5, 6):
-        raise PipelineArgumentError(f"cron '{cron}': expected 5 or 6 fields (KFP's cron has seconds first)")
+        raise ShardwiseError(f"cron '{cron}': expected 5 or 6 fields (KFP's cron has seconds first)")
     if len(fields) == 5:
         # KFP's scheduler reads seconds first; a standard 5-field cron runs at second 0
         cron = "0 " + cron
-    args = check_arguments(arguments or {})
+    args = params.model_dump()
     client = _client(host, namespace, existing_token)
     exp = client.create_experiment(name=experiment, namespace=namespace)
     with tempfile.TemporaryDirectory() as tmp:

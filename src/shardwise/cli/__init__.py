@@ -1,0 +1,73 @@
+"""The `shardwise` command: thin adapters from the command line to jobs (`shardwise.jobs`), one module per
+verb group. A verb's module (and what its job imports: torch, fbgemm, mlflow) loads only when that verb runs,
+so `shardwise --help` and `shardwise task check` answer fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import traceback
+from collections.abc import Sequence
+
+from shardwise import __version__
+from shardwise.errors import ShardwiseError
+
+#: verb -> (module that configures its parser, one-line help), in the order of the method
+VERBS: dict[str, tuple[str, str]] = {
+    "task": ("shardwise.cli.task", "inspect sharding task files (shardwise.task/v1)"),
+    "workload": ("shardwise.cli.workload", "synthetic DLRM tables, train/holdout splits, sharding tasks"),
+    "augment": ("shardwise.cli.workload", "NeuroShard augmentation: every dim, column halves, pooling resampling"),
+    "profile": ("shardwise.cli.profile", "measure sampled shards on this machine's kernels -> cost dataset"),
+    "pretrain": ("shardwise.cli.pretrain",
+                 "train the cost model on cost datasets, evaluate on held-out tables, register in MLflow"),
+    "train-policy": ("shardwise.cli.policy", "train a DreamShard/AutoShard placement policy on sampled tasks"),
+    "plan": ("shardwise.cli.plan", "plan a task with any registered method -> shardwise.plan/v1"),
+    "evaluate": ("shardwise.cli.evaluate", "measure plans' per-device cost on this machine's kernels"),
+    "validate": ("shardwise.cli.evaluate", "train a TorchRec DLRM sharded by the plan(s); samples/s"),
+    "benchmark": ("shardwise.cli.evaluate", "plan the papers' task sets with every method; measure all plans"),
+    "pipeline": ("shardwise.cli.pipeline", "the Kubeflow pipeline: compile, run locally, submit, schedule"),
+}
+DESCRIPTION = (
+    "Shard DLRM embedding tables across devices with a cost model pre-trained on real fbgemm kernels: "
+    "profile -> augment -> pretrain -> plan -> evaluate."
+)
+
+
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every verb listed; `verb`'s options (or every verb's, with "all") filled in."""
+    parser = argparse.ArgumentParser(prog="shardwise", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"shardwise {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of a failure (default: one line); may follow the verb too")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for name, (module, help_) in VERBS.items():
+        sub = verbs.add_parser(name, help=help_, description=help_)
+        if verb in (name, "all"):
+            importlib.import_module(module).configure(name, sub)
+    return parser
+
+
+def _selected_verb(argv: Sequence[str]) -> str | None:
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `shardwise` console script: a ShardwiseError is one line on stderr and exit 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [arg for arg in argv if arg != "--debug"]
+    args = build_parser(_selected_verb(argv)).parse_args(argv)
+    try:
+        result = args.handler(args)
+    except ShardwiseError as err:
+        if debug:
+            traceback.print_exc()
+        print(f"shardwise {args.verb}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    if result is None:
+        return 0
+    for note in getattr(result, "notes", None) or ():
+        print(f"shardwise {args.verb}: note: {note}", file=sys.stderr)
+    print(result.summary())
+    return 0

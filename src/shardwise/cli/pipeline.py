@@ -1,0 +1,133 @@
+"""`shardwise pipeline compile|run|submit|schedule`: every pipeline parameter is a flag (from PipelineParams);
+values come from a preset of presets.yaml, then `--config FILE.yaml`, then `--arg NAME=VALUE`, then flags."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from shardwise.jobs.base import JobResult
+from shardwise.pipelines.params import PipelineParams, pipeline_params, preset_names
+from shardwise.search import format_plan, load_plan
+
+from .options import UsageError, add_config_option, add_settings_options, read_config
+
+
+def _params(args: argparse.Namespace) -> PipelineParams:
+    values: dict[str, Any] = read_config(args.config) if getattr(args, "config", None) else {}
+    for item in args.arg or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--arg {item!r}: expected NAME=VALUE")
+        values[name.strip().replace("-", "_")] = value
+    values |= {name: value for name, value in vars(args).items() if name in PipelineParams.model_fields}
+    return pipeline_params(values, preset_name=args.preset)
+
+
+class LocalRun(JobResult):
+    """What a local run printed at its end: the plan, the report, the measured comparison."""
+
+    plan_path: str
+    plan_text: str
+    report_path: str
+    comparison: dict[str, float]
+
+    def summary(self) -> str:
+        """The plan, the report's path, measured cost and DLRM throughput against TorchRec's planner."""
+        c = self.comparison
+        lines = [
+            f"\nplan ({self.plan_path}):\n{self.plan_text}",
+            f"report: {self.report_path}",
+            f"measured vs TorchRec's planner: {c.get('method_max_cost_ms', float('nan')):.3f} ms vs "
+            f"{c.get('torchrec_max_cost_ms', float('nan')):.3f} ms per iteration "
+            f"(ratio {c.get('ratio_to_torchrec', float('nan')):.3f}; below 1 is better)",
+        ]
+        if "throughput_ratio_to_torchrec" in c:
+            lines.append(
+                f"DLRM training throughput vs TorchRec's planner: {c['method_samples_per_s']:,.0f} vs "
+                f"{c['torchrec_samples_per_s']:,.0f} samples/s (ratio {c['throughput_ratio_to_torchrec']:.3f}; "
+                "above 1 is better)"
+            )
+        return "\n".join(lines)
+
+
+class Submitted(JobResult):
+    """A run or recurring run the Kubeflow API accepted."""
+
+    what: str
+    run_id: str
+    experiment_id: str
+
+    def summary(self) -> str:
+        """One line."""
+        return f"{self.what} {self.run_id} in experiment {self.experiment_id}"
+
+
+def _compile(args: argparse.Namespace) -> None:
+    from shardwise.pipelines import run  # kfp: heavy, only for the pipeline verbs that need it
+
+    print(run.compile_pipeline(args.out, gpu_product=args.gpu_product))
+
+
+def _run(args: argparse.Namespace) -> LocalRun:
+    from shardwise.pipelines import run  # kfp: heavy, only for the pipeline verbs that need it
+
+    if not args.local:
+        raise UsageError("only --local runs here; use `shardwise pipeline submit --host URL` for a cluster")
+    done = run.run_local(args.workdir, _params(args), tracking_uri=args.tracking_uri)
+    return LocalRun(plan_path=str(done.plan_path), plan_text=format_plan(load_plan(done.plan_path)),
+                    report_path=str(done.report_path), comparison=done.comparison)
+
+
+def _submit(args: argparse.Namespace) -> Submitted:
+    from shardwise.pipelines import run  # kfp: heavy, only for the pipeline verbs that need it
+
+    common = dict(experiment=args.experiment, namespace=args.namespace, service_account=args.service_account,
+                  gpu_product=args.gpu_product)
+    if args.pipeline_verb == "schedule":
+        done = run.schedule(args.host, args.cron, _params(args), job_name=args.name, **common)
+        return Submitted(what=f"recurring run ({args.cron})", run_id=done.run_id, experiment_id=done.experiment_id)
+    done = run.submit(args.host, _params(args), run_name=args.name, **common)
+    return Submitted(what="run", run_id=done.run_id, experiment_id=done.experiment_id)
+
+
+def _parameters(parser: argparse.ArgumentParser, default_preset: str) -> None:
+    group = parser.add_argument_group("pipeline parameters (default: the preset's)")
+    add_settings_options(group, PipelineParams)
+    parser.add_argument("--preset", default=default_preset, choices=preset_names(),
+                        help=f"named sizes from presets.yaml (default: {default_preset})")
+    add_config_option(parser)
+    parser.add_argument("--arg", action="append", metavar="NAME=VALUE", help="any pipeline parameter")
+
+
+def configure(verb: str, parser: argparse.ArgumentParser) -> None:
+    """The four pipeline actions."""
+    actions = parser.add_subparsers(dest="pipeline_verb", metavar="ACTION", required=True)
+
+    compile_ = actions.add_parser("compile", help="write the compiled pipeline YAML")
+    compile_.add_argument("--out", required=True, help="output YAML path")
+    compile_.add_argument("--gpu-product", help="pin GPU steps to nodes labelled nvidia.com/gpu.product=VALUE")
+    compile_.set_defaults(handler=_compile)
+
+    run = actions.add_parser("run", help="run the pipeline through kfp.local in this environment (CPU)")
+    run.add_argument("--local", action="store_true", help="execute with kfp.local (required)")
+    run.add_argument("--workdir", default="runs/local", help="pipeline root, MLflow store and artifacts")
+    run.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite under --workdir)")
+    _parameters(run, "local")
+    run.set_defaults(handler=_run)
+
+    for name, help_ in (("submit", "start one run on a Kubeflow cluster"),
+                        ("schedule", "create a recurring run on a Kubeflow cluster")):
+        sub = actions.add_parser(name, help=help_)
+        sub.add_argument("--host", required=True, help="Kubeflow Pipelines API URL")
+        if name == "schedule":
+            sub.add_argument("--cron", required=True, help="cron schedule, e.g. '0 0 3 * * *' (seconds first)")
+        sub.add_argument("--name", default=f"shardwise-{name}", help="run or recurring-run name")
+        sub.add_argument("--experiment", default="shardwise", help="KFP experiment name")
+        sub.add_argument("--namespace", help="Kubeflow namespace (multi-user installs)")
+        sub.add_argument("--service-account", help="Kubernetes service account the run uses")
+        sub.add_argument("--gpu-product", help="pin GPU steps to nodes labelled nvidia.com/gpu.product=VALUE")
+        _parameters(sub, "cluster")
+        sub.set_defaults(handler=_submit)
+
+

@@ -1,0 +1,168 @@
+"""`shardwise evaluate`: measure plans' per-device cost on this machine's kernels, in one session."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from shardwise.evaluation import MeasuredPlanCost, PlanComparison, evaluate_plans
+from shardwise.integrations.mlflow import MlflowService
+from shardwise.profiling import MeasurementSettings
+from shardwise.search import Plan, PlanError, load_plan, validate_plan
+from shardwise.workload import ShardingTask, load_task
+
+from .base import JobResult, JobSettings, SettingsError
+from .models import load_cost_model
+
+EXPERIMENT = "shardwise-evaluate"
+#: a report name becomes a file name in the output folder: letters, digits, '.', '_', '-' only
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")
+
+
+class EvaluateSettings(JobSettings):
+    """Which plans of which task to measure, and how."""
+
+    task: str = Field(description="shardwise.task/v1 file")
+    plan: tuple[str, ...] = Field(
+        min_length=1, description="shardwise.plan/v1 file (from any tool); repeat to measure and compare several "
+        "plans in one session",
+    )
+    out: str | None = Field(default=None, description="report directory (default: <first plan>_eval next to it)")
+    name: tuple[str, ...] = Field(
+        default=(), description="report name of each --plan, in order (default: file stems, else methods)"
+    )
+    model: str | None = Field(default=None,
+                              description="cost model URI: its reference timing, batch, predictions")
+    tracking_uri: str | None = Field(default=None, description="MLflow tracking URI (else $MLFLOW_TRACKING_URI)")
+    measurement: MeasurementSettings = MeasurementSettings()
+
+    @model_validator(mode="after")
+    def _names(self) -> EvaluateSettings:
+        if self.name and len(self.name) != len(self.plan):
+            raise ValueError(
+                f"--name given {len(self.name)} times for {len(self.plan)} --plan; give one per plan or none"
+            )
+        for name in self.name:
+            if not _SAFE_NAME.match(name):
+                raise ValueError(f"--name {name!r}: use letters, digits, '.', '_' and '-' (it names report files)")
+        return self
+
+
+class EvaluateResult(JobResult):
+    """Each plan's measured cost, their comparison, and the files written."""
+
+    names: list[str]
+    costs: list[MeasuredPlanCost]
+    comparison: PlanComparison
+    paths: list[str]
+    run_id: str | None = None
+
+    def summary(self) -> str:
+        """Per-device tables, the comparison when several plans, the files."""
+        parts = [f"{n}:\n{c.table()}" if len(self.costs) > 1 else c.table() for n, c in zip(self.names, self.costs)]
+        if len(self.costs) > 1:
+            parts.append(self.comparison.table())
+        parts.append(f"wrote {', '.join(self.paths)}")
+        if self.run_id:
+            parts.append(f"mlflow run {self.run_id}")
+        return "\n".join(parts)
+
+
+def load_task_and_plans(task_path: str, plan_paths: tuple[str, ...]) -> tuple[ShardingTask, list[Plan]]:
+    """The task and its plans, each checked against it (a PlanError names the plan file and what is wrong)."""
+    task = load_task(task_path)
+    plans = []
+    for path in plan_paths:
+        try:
+            plan = load_plan(path)
+            validate_plan(plan, task)
+        except PlanError as err:
+            raise PlanError(f"{path}: invalid plan for {task_path}: {err}") from None
+        plans.append(plan)
+    return task, plans
+
+
+def report_names(paths: tuple[str, ...], plans: list[Plan]) -> list[str]:
+    """Report names: file stems, else methods, else stem-<i>; all unique and safe as file names."""
+    for names in ([Path(p).stem for p in paths], [plan.method for plan in plans]):
+        if len(set(names)) == len(names) and all(_SAFE_NAME.match(n) for n in names):
+            return names
+    return [f"plan-{i}" for i in range(len(paths))]
+
+
+def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, progress: bool = True) -> EvaluateResult:
+    """Measure every plan in one session; write reports; log to MLflow when a tracking URI is set."""
+    task, plans = load_task_and_plans(settings.task, settings.plan)
+    names = list(settings.name) or report_names(settings.plan, plans)
+    # log to MLflow only when asked: --tracking-uri or $MLFLOW_TRACKING_URI
+    tracking = settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    service = mlflow or MlflowService(tracking)
+    cost_model = None
+    if settings.model:
+        cost_model, _ = load_cost_model(service, settings.model, device="cpu", required=True)
+    first = Path(settings.plan[0])
+    out = Path(settings.out) if settings.out else first.with_name(first.stem + "_eval")
+    try:
+        costs, comparison, paths = evaluate_plans(
+            task, list(zip(names, plans)), out, cost_model=cost_model, measurement=settings.measurement,
+            progress=progress,
+        )
+    except ValueError as err:  # measurement settings the machine cannot honour (e.g. no such device)
+        raise SettingsError(str(err)) from None
+    run_id = None
+    if tracking or mlflow is not None:
+        metrics = {}
+        for name, cost in zip(names, costs):
+            prefix = f"{name}_" if len(costs) > 1 else ""
+            metrics |= {f"{prefix}max_cost_ms": cost.max_cost_ms, f"{prefix}imbalance": cost.imbalance,
+                        f"{prefix}memory_headroom": cost.memory_headroom}
+        run_id = service.log_run(
+            experiment=EXPERIMENT,
+            run_name="evaluate-" + "-vs-".join(names if len(names) > 1 else [plans[0].method]),
+            params={"methods": ",".join(p.method for p in plans), "num_devices": plans[0].num_devices,
+                    "batch_size": costs[0].batch_size},
+            metrics=metrics, artifacts_dir=out, artifact_path="evaluation",
+        )
+    return EvaluateResult(names=names, costs=costs, comparison=comparison, paths=[str(p) for p in paths],
+                          run_id=run_id)
+
+
+def versus_baseline(evaluated: EvaluateResult, baseline: str) -> dict[str, float]:
+    """The first plan's measured cost against the plan named `baseline` (ratio < 1: the first plan wins)."""
+    first = evaluated.costs[0]
+    base = evaluated.costs[evaluated.names.index(baseline)]
+    return {
+        "method_max_cost_ms": first.max_cost_ms,
+        "torchrec_max_cost_ms": base.max_cost_ms,
+        "ratio_to_torchrec": first.max_cost_ms / base.max_cost_ms if base.max_cost_ms > 0 else float("nan"),
+        "method_imbalance": first.imbalance,
+        "torchrec_imbalance": base.imbalance,
+    }
+
+
+def comparison_page(method: str, figures: dict[str, float], evaluated: EvaluateResult) -> str:
+    """A self-contained HTML page (what the pipeline hands the Kubeflow UI): the figures against TorchRec's
+    planner and each plan's measured per-device costs."""
+    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.4g}</td></tr>" for k, v in figures.items())
+    columns = ("device", "fwd_ms", "bwd_ms", "comm_fwd_ms", "comm_bwd_ms", "total_ms", "memory_bytes")
+    per_plan = ""
+    for name, cost in zip(evaluated.names, evaluated.costs):
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(_cell(device.get(c)))}</td>" for c in columns) + "</tr>"
+            for device in cost.to_json()["devices"]
+        )
+        head = "".join(f"<th>{c}</th>" for c in columns)
+        per_plan += f"<h2>{html.escape(name)}: per device (measured)</h2><table border='1'><tr>{head}</tr>{body}</table>"
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>shardwise: measured comparison</title></head><body>"
+        f"<h1>{html.escape(method)} vs TorchRec's planner (measured)</h1>"
+        f"<table border='1'><tr><th>metric</th><th>value</th></tr>{rows}</table>{per_plan}</body></html>"
+    )
+
+
+def _cell(value: object) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value if value is not None else "")

@@ -1,0 +1,65 @@
+"""Which cost model and which placement policy a job uses: an explicit URI, else this hardware's champion in
+the registry. Shared by plan, evaluate, benchmark and train-policy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from shardwise.costmodel import NeuralCostModel
+from shardwise.errors import ShardwiseError
+from shardwise.integrations.mlflow import (
+    MlflowService,
+    RegistryError,
+    champion_uri,
+    cost_model_name,
+    policy_name,
+)
+from shardwise.profiling import hardware_kind
+
+T = TypeVar("T")
+
+HOW_TO_GET_A_MODEL = (
+    "Get one with `make run` (the local pipeline) or `shardwise profile ... && shardwise pretrain --data "
+    "costs.parquet --out MODEL_DIR`, then pass --model MODEL_DIR or models:/<name>@champion"
+)
+
+
+def load_cost_model(
+    mlflow: MlflowService, uri: str | None, *, device: str | None, required: bool
+) -> tuple[NeuralCostModel | None, str | None]:
+    """The cost model at `uri`, else the champion for `device`'s hardware; (None, None) when optional and absent.
+
+    An embedded store that does not exist is not created by looking for a champion in it."""
+    if uri:
+        try:
+            return mlflow.load_cost_model(uri, device=device or "cpu"), uri
+        except (RegistryError, OSError, ValueError) as err:
+            raise ShardwiseError(f"--model {uri}: cannot load the cost model: {err}") from None
+    default = champion_uri(cost_model_name(hardware_kind(device)))
+    how = f"no cost model: {default} is not in the registry at {mlflow.registry_uri}. {HOW_TO_GET_A_MODEL}"
+    if not mlflow.store_exists():
+        if required:
+            raise ShardwiseError(how)
+        return None, None
+    try:
+        return mlflow.load_cost_model(default, device=device or "cpu"), default
+    except RegistryError as err:
+        if required:
+            raise ShardwiseError(f"{how} ({err})") from None
+        return None, None
+
+
+def with_policy(
+    mlflow: MlflowService, method: str, policy: str | None, hardware: str, use: Callable[[str], T]
+) -> T:
+    """`use(local policy directory)` for `policy` (a directory or registry URI), else the champion policy of
+    `method` for `hardware`; the directory lives while `use` runs."""
+    uri = policy or champion_uri(policy_name(method, hardware))
+    try:
+        return mlflow.load(uri, lambda directory: use(str(directory)))
+    except RegistryError as err:
+        raise ShardwiseError(
+            f"{method}: no trained policy at {uri} ({err}); train one with "
+            f"`shardwise train-policy --method {method} ...` or pass --policy DIR"
+        ) from None

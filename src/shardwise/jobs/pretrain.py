@@ -1,0 +1,104 @@
+"""`shardwise pretrain`: train the cost model on cost datasets, evaluate it on held-out tables, register it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from shardwise.costmodel import TrainConfig, format_table, train_cost_model
+from shardwise.integrations.mlflow import MlflowService
+from shardwise.profiling import load_costs
+from shardwise.workload import load_tables
+
+from .base import JobResult, JobSettings
+
+_TRAIN = TrainConfig.model_fields  # training's own defaults, shared rather than repeated
+
+
+class PretrainSettings(JobSettings):
+    """Which measurements to train on, what to hold out, where the model goes."""
+
+    data: tuple[str, ...] = Field(min_length=1, description="cost dataset (Parquet file or dir); repeatable")
+    out: str = Field(description="directory for the model (weights.pt + cost_model.json)")
+    seed: int = 0
+    epochs: int = Field(default=_TRAIN["epochs"].default, ge=1,
+                        description="maximum epochs (early stopping on validation)")
+    holdout_fraction: float = Field(default=_TRAIN["holdout_fraction"].default, gt=0, lt=1,
+                                    description="share of shards on held-out tables")
+    holdout_tables: str | None = Field(
+        default=None, description="tables file whose source tables are the held-out ones (default: found in the data)"
+    )
+    holdout_num_tables: tuple[int, ...] | None = Field(
+        default=None, description="shard sizes kept out of training and reported separately (default: one picked)",
+        json_schema_extra={"nargs": "*"},
+    )
+    device: str = Field(default=_TRAIN["device"].default, description="torch device to train on (cpu, cuda)")
+    tracking_uri: str | None = Field(
+        default=None, description="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
+    )
+    no_register: bool = Field(default=False, description="skip MLflow logging and registration")
+
+
+class PretrainResult(JobResult):
+    """The saved model, its held-out evaluation and where the registry put it."""
+
+    out: str
+    hardware_kind: str
+    batch_size: int
+    train_shards: int
+    heldout_sources: int
+    metrics: dict[str, float]
+    evaluation_table: str
+    notes: list[str] = []
+    run_id: str | None = None
+    registered_name: str | None = None
+    registered_version: str | None = None
+    alias: str | None = None
+    heldout_mape_pct: float | None = None
+    champion_version: str | None = None
+    champion_mape_pct: float | None = None
+
+    def summary(self) -> str:
+        """The evaluation table, notes, the model and the registry outcome."""
+        lines = [self.evaluation_table]
+        lines.append(f"model: {self.out} ({self.hardware_kind}, batch {self.batch_size}, "
+                     f"{self.train_shards} training shards)")
+        if self.registered_name:
+            versus = ("" if self.champion_mape_pct is None
+                      else f" vs champion v{self.champion_version} {self.champion_mape_pct:.2f}%")
+            lines.append(f"registered {self.registered_name} v{self.registered_version} as {self.alias!r} "
+                         f"(held-out MAPE {self.heldout_mape_pct:.2f}%{versus}); run {self.run_id}")
+        return "\n".join(lines)
+
+
+def run(settings: PretrainSettings, *, mlflow: MlflowService | None = None) -> PretrainResult:
+    """Train, save, evaluate on held-out tables; log and register unless `no_register`."""
+    costs = load_costs(list(settings.data))
+    sources = None
+    if settings.holdout_tables:
+        sources = tuple(sorted({t.source or t.name for t in load_tables(settings.holdout_tables).tables}))
+    config = TrainConfig(
+        epochs=settings.epochs, holdout_fraction=settings.holdout_fraction, device=settings.device,
+        holdout_sources=sources, holdout_num_tables=settings.holdout_num_tables,
+    )
+    model, report = train_cost_model(costs, settings.seed, config)
+    model.save(settings.out)
+    report.evaluation.to_csv(Path(settings.out) / "evaluation.csv", index=False)
+    result = dict(
+        out=settings.out, hardware_kind=report.hardware_kind, batch_size=report.batch_size,
+        train_shards=report.sizes["train"], heldout_sources=len(report.heldout_sources),
+        metrics=report.metrics, evaluation_table=format_table(report.evaluation), notes=list(report.notes),
+    )
+    if settings.no_register:
+        return PretrainResult(**result)
+    service = mlflow or MlflowService(settings.tracking_uri)
+    logged = service.log_cost_model(model, report, config=config, params={"data": ",".join(settings.data)})
+    promo = logged.promotion
+    if promo is not None:
+        result.update(
+            registered_name=promo.name, registered_version=promo.version, alias=promo.alias,
+            heldout_mape_pct=promo.new_value, champion_version=promo.champion_version,
+            champion_mape_pct=promo.champion_value,
+        )
+    return PretrainResult(**result, run_id=logged.run_id)

@@ -1,0 +1,138 @@
+"""`shardwise profile`: measure sampled shards and all-to-all layouts into a cost dataset (resumable)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from shardwise.errors import ShardwiseError
+from shardwise.profiling import ProfileSettings, TimingProtocol, load_costs, noise_floor, profile
+from shardwise.workload import Optimizer, WeightsPrecision, load_tables, read_dlrm_dataset
+
+from .base import JobResult, JobSettings
+
+_PROFILER = ProfileSettings.model_fields  # the profiler's own defaults, shared rather than repeated
+_TIMING = TimingProtocol.model_fields
+
+
+class ProfileJobSettings(JobSettings):
+    """What to measure (shards of which tables, how many) and how (device, timing protocol)."""
+
+    tables: str = Field(description="shardwise.tables/v1 file to sample shards from")
+    out: str = Field(description="Parquet cost dataset to append to (reruns resume)")
+    indices: str | None = Field(default=None, description="index data in the DLRM dataset format (default: sampled)")
+    num_shards: int = Field(default=100, ge=0, description="shard configurations to measure")
+    comm_layouts: int = Field(default=_PROFILER["comm_layouts"].default, ge=0, description="all-to-all layouts to measure")
+    max_tables: int = Field(default=_PROFILER["max_tables"].default, ge=1, description="most tables in one shard")
+    repeats: int = Field(default=_PROFILER["repeats"].default, ge=0,
+                         description="re-measure some shards this many more times")
+    repeat_shards: int = Field(default=_PROFILER["repeat_shards"].default, ge=0,
+                               description="how many shards get repeats")
+    seed: int = 0
+    device: str | None = Field(default=None, description="cpu, cuda, cuda:N (default: cuda when present)")
+    batch_size: int | None = Field(default=None, ge=1, description="default: the table file's batch size")
+    optimizer: Optimizer = _PROFILER["optimizer"].default
+    weights_precision: WeightsPrecision = _PROFILER["weights_precision"].default
+    memory_cap_bytes: int | None = Field(default=None, ge=1, description="per shard (default: 1 GiB on CPU)")
+    max_devices: int | None = Field(default=None, ge=2, description="largest all-to-all (default: GPUs or 4)")
+    warmup_iters: int = Field(default=_TIMING["warmup_iters"].default, ge=0,
+                              description="kernel warm-up iterations per shard")
+    timing_iters: int = Field(default=_TIMING["iters"].default, ge=1, description="timed kernel iterations per shard")
+    threads: int = Field(default=_TIMING["num_threads"].default, ge=1,
+                         description="CPU threads per measurement (one device)")
+    no_reference_normalisation: bool = Field(
+        default=False, description="report raw medians (normalisation is on by default on CPU, off on CUDA)"
+    )
+
+
+class ProfileResult(JobResult):
+    """What the run measured and what the dataset holds now."""
+
+    out: str
+    measured: int
+    skipped: int
+    total_rows: int
+    hardware_kind: str
+    reference_ms: float | None
+    noise_floor: dict[str, float] | None = None
+
+    def summary(self) -> str:
+        """Rows measured and stored; the noise floor when repeats were asked for."""
+        line = (
+            f"{self.out}: {self.measured} measured, {self.skipped} already stored, {self.total_rows} rows "
+            f"({self.hardware_kind}, reference {self.reference_ms or float('nan'):.3f} ms)"
+        )
+        if self.noise_floor:
+            f = self.noise_floor
+            line += (
+                f"\nnoise floor over {int(f['configs'])} repeated shards: median relative deviation "
+                f"{f['median_rel_dev']:.1%}, spread median {f['median_spread']:.1%} max {f['max_spread']:.1%}"
+            )
+        return line
+
+
+class ProfileInterrupted(ShardwiseError):
+    """Ctrl-C or SIGTERM during profiling: what was measured is stored, a rerun measures the rest."""
+
+    exit_code = 130  # the shell's status for a process ended by SIGINT
+
+
+def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult:
+    """Sample shard configurations from the tables and measure them on this machine's kernels."""
+    tableset = load_tables(settings.tables)
+    index_data = None
+    if settings.indices:
+        index_data = read_dlrm_dataset(settings.indices).index_data
+        missing = sorted({t.source or t.name for t in tableset.tables} - set(index_data))
+        if missing:
+            raise ShardwiseError(f"--indices {settings.indices}: no index data for table(s) {missing[:5]}")
+    profiler = ProfileSettings(
+        num_shards=settings.num_shards,
+        comm_layouts=settings.comm_layouts,
+        max_tables=settings.max_tables,
+        repeats=settings.repeats,
+        repeat_shards=settings.repeat_shards,
+        seed=settings.seed,
+        device=settings.device,
+        batch_size=settings.batch_size or tableset.batch_size,
+        optimizer=settings.optimizer,
+        weights_precision=settings.weights_precision,
+        memory_cap_bytes=settings.memory_cap_bytes,
+        max_devices=settings.max_devices,
+        protocol=TimingProtocol(
+            warmup_iters=settings.warmup_iters,
+            iters=settings.timing_iters,
+            num_threads=settings.threads,
+            reference_normalised=False if settings.no_reference_normalisation else None,
+        ),
+    )
+    try:
+        summary = profile(tableset.tables, settings.out, profiler, index_data=index_data, progress=progress)
+    except ValueError as err:  # settings the sampler or the device refuses (e.g. max_devices > cores)
+        raise ShardwiseError(str(err)) from None
+    except KeyboardInterrupt:
+        raise ProfileInterrupted(
+            f"interrupted; what was measured is stored in {settings.out}; rerun the same command to measure the rest"
+        ) from None
+    floor = None
+    if settings.repeats:
+        floor = {k: float(v) for k, v in noise_floor(load_costs(settings.out).query("kind == 'compute'")).items()}
+    return ProfileResult(
+        out=settings.out, measured=summary.measured, skipped=summary.skipped, total_rows=summary.total_rows,
+        hardware_kind=summary.hardware_kind, reference_ms=summary.reference_ms, noise_floor=floor,
+    )
+
+
+def run_apart(settings: ProfileJobSettings, holdout_tables: str, holdout_shards: int) -> ProfileResult:
+    """Profile `settings.tables` (and the all-to-alls), then `holdout_shards` shards built only from the held-out
+    tables (seed + 1) into the same dataset: profiled apart, held-out tables never share a shard with training
+    tables, so `pretrain --holdout-tables` trains on every training shard and evaluates on every held-out one."""
+    if holdout_shards < 1:
+        raise ShardwiseError(
+            f"holdout_shards {holdout_shards}: pretrain evaluates (and its promotion gate compares) on shards of "
+            "held-out tables; profile at least 1 (20 or more for meaningful metrics)"
+        )
+    run(settings)
+    # all-to-alls depend on widths, not on which tables: measured once, in the first call
+    return run(settings.model_copy(update={
+        "tables": holdout_tables, "num_shards": holdout_shards, "comm_layouts": 0, "seed": settings.seed + 1,
+    }))

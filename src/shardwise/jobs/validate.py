@@ -1,0 +1,73 @@
+"""`shardwise validate`: train a TorchRec DLRM sharded by each plan and report samples/s."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import Field
+
+from shardwise.evaluation import DLRMThroughput, measure_dlrm_throughput
+
+from .base import JobResult, JobSettings
+from .evaluate import load_task_and_plans
+
+
+class ValidateSettings(JobSettings):
+    """The plan (and others to time in the same run) and the training run's size."""
+
+    task: str = Field(description="shardwise.task/v1 file")
+    plan: str = Field(description="shardwise.plan/v1 file")
+    compare: tuple[str, ...] = Field(default=(), description="another plan to time in the same run")
+    iters: int = Field(default=20, ge=1, description="timed training iterations")
+    warmup: int = Field(default=5, ge=0, description="warm-up iterations (not timed)")
+    seed: int = 0
+    out: str | None = Field(default=None, description="write the throughput results as JSON here")
+    device: str | None = Field(default=None, description="cpu, cuda, cuda:N (default: cuda when present)")
+    batch_size: int | None = Field(default=None, ge=1,
+                                   description="global batch (default: the task's; on CPU at most 4096)")
+
+
+class ValidateResult(JobResult):
+    """Samples/s under each plan, the first against the others."""
+
+    throughputs: list[DLRMThroughput]
+    out: str | None = None
+
+    def ratio(self, other: int = 1) -> float:
+        """Samples/s of the first plan over those of plan `other` (above 1: the first trains faster)."""
+        return self.throughputs[0].samples_per_s / self.throughputs[other].samples_per_s
+
+    def summary(self) -> str:
+        """One line per plan, then the ratios."""
+        lines = [t.summary() for t in self.throughputs]
+        first = self.throughputs[0]
+        lines += [f"{first.method} / {t.method} throughput: {self.ratio(i):.3f}x"
+                  for i, t in enumerate(self.throughputs) if i]
+        if self.out:
+            lines.append(f"wrote {self.out}")
+        return "\n".join(lines)
+
+
+def run(settings: ValidateSettings) -> ValidateResult:
+    """Train under each plan with the same seeded batches, one process per device."""
+    task, plans = load_task_and_plans(settings.task, (settings.plan, *settings.compare))
+    throughputs = [
+        measure_dlrm_throughput(task, plan, iters=settings.iters, warmup=settings.warmup,
+                                batch_size=settings.batch_size, device=settings.device, seed=settings.seed)
+        for plan in plans
+    ]
+    if settings.out:
+        Path(settings.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(settings.out).write_text(json.dumps([t.to_json() for t in throughputs], indent=1))
+    return ValidateResult(throughputs=throughputs, out=settings.out)
+
+
+def versus_baseline(validated: ValidateResult) -> dict[str, float]:
+    """DLRM samples/s of the first plan and the second (TorchRec's in the pipeline); ratio > 1: the first wins."""
+    first, base = validated.throughputs[:2]
+    return {
+        "method_samples_per_s": first.samples_per_s,
+        "torchrec_samples_per_s": base.samples_per_s,
+        "throughput_ratio_to_torchrec": validated.ratio(1),
+    }

@@ -1,0 +1,86 @@
+"""The pipeline's parameters: names, types and limits (PipelineParams), and their values as data
+(presets.yaml: `cluster` holds every default, other presets override some). No kfp import: cheap to load."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from shardwise.errors import ShardwiseError
+from shardwise.workload.documents import describe_validation_error
+
+PRESETS_FILE = Path(__file__).with_name("presets.yaml")
+DEFAULT_PRESET = "cluster"
+
+
+class PipelineArgumentError(ShardwiseError):
+    """A pipeline argument the pipeline does not declare, of the wrong type, or out of range."""
+
+
+class PipelineParams(BaseModel):
+    """Every parameter of the pipeline, validated before anything is compiled, run or submitted."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_tables: int = Field(ge=1, description="synthetic source tables")
+    row_scale: float = Field(gt=0, description="multiply rows (e.g. 0.01 to fit CPU memory)")
+    batch_size: int = Field(ge=1, description="batch the tables and the profiler use")
+    holdout_fraction: float = Field(gt=0, lt=1, description="share of source tables held out")
+    task_num_tables: int = Field(ge=1, description="held-out tables in the evaluation task")
+    num_devices: int = Field(ge=2, description="devices of the evaluation task")
+    memory_slack: float = Field(gt=0, description="memory per device = slack x total memory / devices")
+    profile_num_shards: int = Field(ge=1, description="shards of training tables to profile")
+    profile_holdout_shards: int = Field(ge=1, description="shards of held-out tables to profile (pretrain's test set)")
+    profile_comm_layouts: int = Field(ge=0, description="all-to-all layouts to profile")
+    profile_max_tables: int = Field(ge=1, description="most tables in one profiled shard")
+    profile_repeats: int = Field(ge=0, description="re-measure some shards this many more times (noise floor)")
+    pretrain_epochs: int = Field(ge=0, description="maximum training epochs (0: training's default)")
+    search_method: str = Field(description="search method of the plan compared with TorchRec's")
+    model_alias: str = Field(description="plan with shardwise-cost-<hardware>@ALIAS; '' = this run's model")
+    device: Literal["cpu", "cuda"] = Field(description="hardware the profile and evaluate steps run on")
+    validate_iters: int = Field(ge=0, description="DLRM training iterations per plan (0: no throughput)")
+    seed: int = Field(description="seed of every random draw")
+
+    @field_validator("search_method")
+    @classmethod
+    def _method(cls, method: str) -> str:
+        # the registry lives in search (torch); names are checked where it is loaded: the plan step
+        if not method or not method.replace("_", "").isalnum():
+            raise ValueError(f"{method!r} is not a method name")
+        return method
+
+
+@lru_cache(maxsize=1)
+def _presets() -> dict[str, dict[str, Any]]:
+    return yaml.safe_load(PRESETS_FILE.read_text())
+
+
+def preset_names() -> tuple[str, ...]:
+    """The presets in presets.yaml."""
+    return tuple(_presets())
+
+
+def preset(name: str = DEFAULT_PRESET) -> dict[str, Any]:
+    """The cluster defaults with preset `name`'s values over them."""
+    presets = _presets()
+    if name not in presets:
+        raise PipelineArgumentError(f"preset {name!r} is not one of {', '.join(presets)}")
+    return {**presets[DEFAULT_PRESET], **presets[name]}
+
+
+def pipeline_params(values: Mapping[str, Any] | None = None, *, preset_name: str = DEFAULT_PRESET) -> PipelineParams:
+    """The preset's values with `values` over them, validated (a PipelineArgumentError names the argument)."""
+    merged = {**preset(preset_name), **(values or {})}
+    try:
+        return PipelineParams.model_validate(merged)
+    except ValidationError as err:
+        message = describe_validation_error(err).replace("field '", "pipeline argument '")
+        raise PipelineArgumentError(message) from None
+
+
+DEFAULTS = pipeline_params()
