@@ -69,8 +69,13 @@ class MeasurementSettings(BaseModel):
     batch_size: int | None = Field(
         default=None, ge=1, description="measure at this batch (default: the cost model's, else the task's)"
     )
-    warmup_iters: int = Field(default=3, ge=0, description="kernel warm-up iterations per shard")
-    timing_iters: int = Field(default=10, ge=1, description="timed kernel iterations per shard")
+    warmup_iters: int = Field(
+        default=TimingProtocol.model_fields["warmup_iters"].default, ge=0,
+        description="kernel warm-up iterations per shard",
+    )
+    timing_iters: int = Field(
+        default=TimingProtocol.model_fields["iters"].default, ge=1, description="timed kernel iterations per shard"
+    )
     timing_rounds: int = Field(
         default=COMPUTE_ROUNDS, ge=1, description="interleaved kernel timings per shard (per device: their median)"
     )
