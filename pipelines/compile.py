@@ -8,7 +8,7 @@ command and the image use the same code; tests/unit/test_pipeline_compile.py fai
 
 from pathlib import Path
 
-from shardwise.integrations.kubeflow import compile_components, compile_pipeline
+from shardwise.pipelines.run import compile_components, compile_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardwise.cli import build_parser
-from shardwise.integrations.kubeflow import LOCAL_ARGUMENTS
+from shardwise.pipelines.params import preset
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -24,7 +24,7 @@ BUDGET_S = 600.0
 
 
 def _missing_verbs() -> list[str]:
-    parser = build_parser()
+    parser = build_parser("all")
     (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     return [verb for verb in STEP_VERBS if verb not in subparsers.choices]
 
@@ -46,7 +46,7 @@ def test_local_pipeline_end_to_end(tmp_path):
     out = result.stdout
     plan_path = Path(re.search(r"^plan \((.+)\):$", out, re.M).group(1))
     plan = json.loads(plan_path.read_text())
-    assert plan["format"] == "shardwise.plan/v1" and plan["num_devices"] == LOCAL_ARGUMENTS["num_devices"]
+    assert plan["format"] == "shardwise.plan/v1" and plan["num_devices"] == preset("local")["num_devices"]
     report = Path(re.search(r"^report: (.+)$", out, re.M).group(1))
     assert report.is_file() and "TorchRec" in report.read_text()
     match = re.search(r"measured vs TorchRec's planner: ([\d.]+) ms vs ([\d.]+) ms .*ratio ([\d.]+)", out)

@@ -118,5 +118,5 @@ def test_recurring_run_submits_the_pipeline_on_a_schedule():
     # its flags are ones the CLI accepts
     from shardwise.cli import build_parser
 
-    args = build_parser().parse_args([*container["command"][1:], *container["args"]])
+    args = build_parser("pipeline").parse_args([*container["command"][1:], *container["args"]])
     assert args.host.startswith("http://ml-pipeline.")

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from shardwise.cli import main
-from shardwise.integrations import kubeflow
 from shardwise.pipelines.components import STEPS
+from shardwise.pipelines.params import DEFAULTS, PipelineArgumentError, pipeline_params, preset
 from shardwise.pipelines.pipeline import (
     CONFIG_MAP_KEYS,
     CONFIG_MAP_NAME,
@@ -18,6 +18,7 @@ from shardwise.pipelines.pipeline import (
     SECRET_KEYS,
     SECRET_NAME,
 )
+from shardwise.pipelines.run import compile_components
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "pipelines" / "shardwise_pipeline.yaml"
@@ -40,7 +41,7 @@ def test_compiled_pipeline_matches_golden_file(tmp_path):
 
 @pytest.mark.parametrize("step", STEPS)
 def test_compiled_components_match_golden_files(tmp_path, step):
-    (path,) = [p for p in kubeflow.compile_components(tmp_path) if p.stem == step]
+    (path,) = [p for p in compile_components(tmp_path) if p.stem == step]
     golden = ROOT / "components" / f"{step}.yaml"
     assert path.read_text() == golden.read_text(), f"{golden} is stale: {REGENERATE}"
 
@@ -91,14 +92,17 @@ def test_every_step_reads_s3_and_mlflow_settings_from_secret_and_config_map(tmp_
         assert {kv["configMapKey"] for kv in config_map["keyToEnv"]} == set(CONFIG_MAP_KEYS)
 
 
-def test_parameters_cover_size_devices_method_and_alias():
-    params = kubeflow.pipeline_parameters()
-    for name in ("num_tables", "row_scale", "batch_size", "num_devices", "search_method", "model_alias", "seed"):
-        assert name in params
-    assert params["model_alias"] == "champion"
-    assert params["device"] == "cuda"
-    # the local defaults are all real parameters
-    assert set(kubeflow.LOCAL_ARGUMENTS) <= set(params)
+def test_parameters_cover_size_devices_method_and_alias(tmp_path):
+    spec, _ = _compile(tmp_path)
+    declared = spec["root"]["inputDefinitions"]["parameters"]
+    # the compiled pipeline declares every parameter, with the cluster preset's values as defaults
+    assert set(declared) == set(DEFAULTS.model_fields)
+    for name, value in DEFAULTS.model_dump().items():
+        assert declared[name]["defaultValue"] == value, name
+    assert DEFAULTS.model_alias == "champion" and DEFAULTS.device == "cuda"
+    # every preset is a valid set of arguments
+    local = pipeline_params(preset_name="local")
+    assert local.device == "cpu" and local.num_devices == 4
 
 
 def test_measurement_steps_are_never_cached(tmp_path):
@@ -121,11 +125,17 @@ def test_baseline_plan_is_torchrec_and_uses_no_model(tmp_path):
 
 
 def test_argument_checks_name_the_parameter():
-    assert kubeflow.check_arguments({"num_devices": "8", "row_scale": "0.5"}) == {"num_devices": 8, "row_scale": 0.5}
-    with pytest.raises(kubeflow.PipelineArgumentError, match="'num_devices': 2.5 is not an int"):
-        kubeflow.check_arguments({"num_devices": 2.5})
-    with pytest.raises(kubeflow.PipelineArgumentError, match="'devices' is unknown"):
-        kubeflow.check_arguments({"devices": 2})
+    params = pipeline_params({"num_devices": "8", "row_scale": "0.5"})
+    assert (params.num_devices, params.row_scale) == (8, 0.5)
+    with pytest.raises(PipelineArgumentError, match="'num_devices': Input should be a valid integer"):
+        pipeline_params({"num_devices": 2.5})
+    with pytest.raises(PipelineArgumentError, match="'devices' is unknown"):
+        pipeline_params({"devices": 2})
+    # out-of-range and unknown values are refused before anything is submitted
+    for bad, field in (({"device": "tpu"}, "device"), ({"num_devices": -3}, "num_devices"),
+                       ({"search_method": "bo gus"}, "search_method")):
+        with pytest.raises(PipelineArgumentError, match=f"'{field}'"):
+            pipeline_params(bad)
 
 
 def test_held_out_tables_are_profiled_apart_and_named_to_pretrain(tmp_path):
@@ -143,4 +153,5 @@ def test_held_out_tables_are_profiled_apart_and_named_to_pretrain(tmp_path):
     assert tasks["profile-costs"]["inputs"]["parameters"]["holdout_shards"] == {
         "componentInputParameter": "profile_holdout_shards"
     }
-    assert 0 < kubeflow.LOCAL_ARGUMENTS["profile_holdout_shards"] < kubeflow.LOCAL_ARGUMENTS["profile_num_shards"]
+    local = preset("local")
+    assert 0 < local["profile_holdout_shards"] < local["profile_num_shards"]

@@ -14,7 +14,9 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from shardwise.cli import main
-from shardwise.integrations import kubeflow
+from shardwise.errors import ShardwiseError
+from shardwise.pipelines import run as kubeflow
+from shardwise.pipelines.params import DEFAULTS
 
 
 class FakeKubeflow(BaseHTTPRequestHandler):
@@ -132,13 +134,13 @@ def test_unknown_or_mistyped_arguments_are_refused_before_any_request(kfp_api, c
     assert main(["pipeline", "submit", "--host", host, "--arg", "num_tabels=10"]) == 2
     assert "pipeline argument 'num_tabels' is unknown" in capsys.readouterr().err
     assert main(["pipeline", "submit", "--host", host, "--arg", "num_devices=four"]) == 2
-    assert "'num_devices': 'four' is not a int" in capsys.readouterr().err
+    assert "'num_devices': Input should be a valid integer" in capsys.readouterr().err
     assert requests == []
 
 
 def test_bad_cron_is_refused():
-    with pytest.raises(kubeflow.PipelineArgumentError, match="expected 5 or 6 fields"):
-        kubeflow.schedule("http://127.0.0.1:9", "daily")
+    with pytest.raises(ShardwiseError, match="expected 5 or 6 fields"):
+        kubeflow.schedule("http://127.0.0.1:9", "daily", DEFAULTS)
 
 
 

@@ -42,4 +42,4 @@ def test_bad_inputs_exit_2_naming_the_problem(tmp_path, capsys):
                  "--num-devices", "1", "--out", str(tmp_path / "t.json")]) == 2
     assert "no such table file" in capsys.readouterr().err
     assert main(["workload", "synth", "--num-tables", "0", "--out", str(tmp_path / "s")]) == 2
-    assert "num_tables 0" in capsys.readouterr().err
+    assert "--num-tables 0: Input should be greater than or equal to 1" in capsys.readouterr().err

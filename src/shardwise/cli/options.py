@@ -173,6 +173,9 @@ def _describe(error: Any) -> str:
     """`--num-devices: Input should be greater than or equal to 1` from one pydantic error."""
     names = [str(p) for p in error["loc"] if not isinstance(p, int)]
     where = flag(names[-1]) if names else "settings"
+    given = error.get("input")
+    if isinstance(given, int | float | str) and names:
+        where += f" {given}"
     return f"{where}: {error['msg'].removeprefix('Value error, ')}"
 
 

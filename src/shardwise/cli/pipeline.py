@@ -57,10 +57,12 @@ class Submitted(JobResult):
     what: str
     run_id: str
     experiment_id: str
+    cron: str | None = None
 
     def summary(self) -> str:
         """One line."""
-        return f"{self.what} {self.run_id} in experiment {self.experiment_id}"
+        when = f" ({self.cron})" if self.cron else ""
+        return f"{self.what} {self.run_id}{when} in experiment {self.experiment_id}"
 
 
 def _compile(args: argparse.Namespace) -> None:
@@ -86,7 +88,7 @@ def _submit(args: argparse.Namespace) -> Submitted:
                   gpu_product=args.gpu_product)
     if args.pipeline_verb == "schedule":
         done = run.schedule(args.host, args.cron, _params(args), job_name=args.name, **common)
-        return Submitted(what=f"recurring run ({args.cron})", run_id=done.run_id, experiment_id=done.experiment_id)
+        return Submitted(what="recurring run", cron=args.cron, run_id=done.run_id, experiment_id=done.experiment_id)
     done = run.submit(args.host, _params(args), run_name=args.name, **common)
     return Submitted(what="run", run_id=done.run_id, experiment_id=done.experiment_id)
 

@@ -79,6 +79,11 @@ def pipeline_params(values: Mapping[str, Any] | None = None, *, preset_name: str
     try:
         return PipelineParams.model_validate(merged)
     except ValidationError as err:
+        unknown = [str(e["loc"][0]) for e in err.errors() if e["type"] == "extra_forbidden"]
+        if unknown:
+            raise PipelineArgumentError(
+                f"pipeline argument '{unknown[0]}' is unknown; parameters are: {', '.join(PipelineParams.model_fields)}"
+            ) from None
         message = describe_validation_error(err).replace("field '", "pipeline argument '")
         raise PipelineArgumentError(message) from None
 

@@ -1,0 +1,122 @@
+"""The command line: options generated from the jobs' settings (no drift), config files, errors, fast help."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from shardwise.cli import VERBS, build_parser, main
+from shardwise.cli.options import flag
+from shardwise.jobs import benchmark, evaluate, plan, pretrain, profile, task, train_policy, validate, workload
+from shardwise.profiling import MeasurementSettings
+
+#: (argv prefix, settings the verb builds, fields the verb fills in itself)
+SETTINGS = [
+    (["task", "check"], task.CheckSettings, set()),
+    (["workload", "synth"], workload.SynthSettings, set()),
+    (["workload", "split"], workload.SplitSettings, set()),
+    (["workload", "task"], workload.TaskSettings, set()),
+    (["augment"], workload.AugmentSettings, set()),
+    (["profile"], profile.ProfileJobSettings, set()),
+    (["pretrain"], pretrain.PretrainSettings, set()),
+    (["train-policy"], train_policy.TrainPolicySettings, set()),
+    (["plan"], plan.PlanSettings, {"options"}),
+    (["evaluate"], evaluate.EvaluateSettings, set()),
+    (["validate"], validate.ValidateSettings, set()),
+    (["benchmark"], benchmark.BenchmarkSettings, set()),
+]
+
+
+def _parser_for(argv: list[str]) -> argparse.ArgumentParser:
+    parser = build_parser(argv[0])
+    for word in argv:
+        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        parser = sub.choices[word]
+    return parser
+
+
+def _dests(parser: argparse.ArgumentParser) -> set[str]:
+    return {a.dest for a in parser._actions} - {"help", "config", "debug"}
+
+
+@pytest.mark.parametrize(("argv", "settings_type", "own"), SETTINGS, ids=[" ".join(s[0]) for s in SETTINGS])
+def test_every_settings_field_is_an_option_and_every_option_a_field(argv, settings_type, own):
+    dests = {d for d in _dests(_parser_for(argv)) if not d.startswith("option:")}
+    expected = set()
+    for name, field in settings_type.model_fields.items():
+        if name in own:
+            continue
+        if field.annotation is MeasurementSettings:
+            expected |= {f"{name}.{sub}" for sub in MeasurementSettings.model_fields}
+        else:
+            expected.add(name)
+    assert dests == expected
+
+
+def test_help_shows_the_settings_default_so_the_settings_stay_the_only_home_of_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--help"])
+    out = capsys.readouterr().out
+    assert f"(default: {MeasurementSettings().timing_rounds})" in out and "--timing-rounds" in out
+
+
+def test_every_verb_has_a_parser_and_help(capsys):
+    for verb in VERBS:
+        with pytest.raises(SystemExit) as stop:
+            main([verb, "--help"])
+        assert stop.value.code == 0
+        assert "usage: shardwise" in capsys.readouterr().out
+
+
+def test_config_file_values_are_overridden_by_flags(tmp_path, capsys):
+    (tmp_path / "w").mkdir()
+    config = tmp_path / "synth.yaml"
+    config.write_text("num-tables: 12\nrow_scale: 0.001\nbatch_size: 256\nno_index_data: true\n")
+    assert main(["workload", "synth", "--config", str(config), "--num-tables", "7", "--out", str(tmp_path / "w")]) == 0
+    assert "7 tables, batch 256" in capsys.readouterr().out
+    config.write_text("num_tabels: 3\n")
+    assert main(["workload", "synth", "--config", str(config), "--out", str(tmp_path / "w")]) == 2
+    assert "--num-tabels" in capsys.readouterr().err  # a typo in a config file is an error, not a no-op
+
+
+def test_a_missing_required_flag_is_named(capsys):
+    assert main(["workload", "task", "--num-tables", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--tables, --num-devices, --out are required" in err and "Traceback" not in err
+
+
+def test_debug_shows_the_traceback_of_a_failure(tmp_path, capsys):
+    assert main(["task", "check", str(tmp_path / "absent.json")]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert main(["task", "check", str(tmp_path / "absent.json"), "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "no such task file" in err
+
+
+def test_option_of_another_method_is_refused(tmp_path, capsys):
+    assert main(["plan", "--task", "t.json", "--out", "p.json", "--method", "size_greedy", "--beam-width", "3"]) == 2
+    assert "--beam-width does not apply to --method size_greedy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["task", "check", "TASK"]])
+def test_help_and_task_check_do_not_import_torch(argv, tmp_path):
+    from search_doubles import random_task
+
+    from shardwise.workload import save_task
+
+    path = save_task(random_task(0, 4, 2), tmp_path / "task.json")
+    argv = [str(path) if a == "TASK" else a for a in argv]
+    code = (
+        "import sys; from shardwise.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, 'mlflow' in sys.modules, 'kfp' in sys.modules, file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert done.stderr.strip().splitlines()[-1] == "False False False", done.stderr
+
+
+def test_flags_follow_field_names():
+    assert flag("num_devices") == "--num-devices"
