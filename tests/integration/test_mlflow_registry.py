@@ -1,5 +1,6 @@
-"""Cost models through MLflow: a real `mlflow server` with S3 artifacts on moto's S3 server, and the embedded
-sqlite default: train, log, register, promotion gate, load (also from a fresh process).
+"""Cost models through `MlflowService`: a real `mlflow server` with S3 artifacts on moto's S3 server, the embedded
+sqlite default and a sqlite store named by URI alone: train, log, register, promotion gate, load (also from a
+fresh process).
 
 The cost data follows a known sub-additive law (tests/unit/costmodel_synthetic.py) so that a trained model is
 reliably better than a barely trained one and the file runs in well under a minute; accuracy on real fbgemm
@@ -7,8 +8,10 @@ measurements is what benchmarks/bench_costmodel_accuracy.py reports."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
+import math
 import os
 import socket
 import subprocess
@@ -25,10 +28,13 @@ from moto.server import ThreadedMotoServer
 
 from shardwise.costmodel import TrainConfig, train_cost_model
 from shardwise.integrations.mlflow import (
-    default_model_uri,
-    load_cost_model,
-    log_training_run,
-    registered_model_name,
+    CHALLENGER,
+    CHAMPION,
+    COST_MODEL_METRIC,
+    MlflowService,
+    RegistryError,
+    champion_uri,
+    cost_model_name,
 )
 
 _spec = importlib.util.spec_from_file_location("costmodel_synthetic", Path(__file__).parents[1] / "unit" / "costmodel_synthetic.py")
@@ -114,10 +120,10 @@ def _predict_in_fresh_process(uri: str, shards, tracking_uri: str, tmp_path: Pat
     out = tmp_path / "pred.npy"
     code = (
         "import json, sys, numpy as np\n"
-        "from shardwise.integrations.mlflow import load_cost_model\n"
+        "from shardwise.integrations.mlflow import MlflowService\n"
         "from shardwise.workload import TableSpec\n"
         "shards = [[TableSpec.model_validate(t) for t in s] for s in json.load(open(sys.argv[2]))]\n"
-        "np.save(sys.argv[3], load_cost_model(sys.argv[1]).predict_compute(shards))\n"
+        "np.save(sys.argv[3], MlflowService().load_cost_model(sys.argv[1]).predict_compute(shards))\n"
     )
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri}
     done = subprocess.run([sys.executable, "-c", code, uri, str(shards_file), str(out)], env=env,
@@ -131,27 +137,31 @@ def test_remote_server_with_s3_gate_keeps_champion_and_fresh_process_loads_it(co
     good, report = good
     worse, worse_report = train_cost_model(costs, 0, WORSE)
     assert worse_report.test.config_ids == report.test.config_ids  # the gate compares on the same shards
-    name = registered_model_name(report.hardware_kind)
+    name = cost_model_name(report.hardware_kind)
+    service = MlflowService(url)
 
-    first = log_training_run(good, report, config=GOOD, tracking_uri=url)
-    assert first.promotion is not None and first.promotion.alias == "champion"
-    second = log_training_run(worse, worse_report, config=WORSE, tracking_uri=url)
-    assert second.promotion is not None and second.promotion.alias == "challenger"
+    first = service.log_cost_model(good, report, config=GOOD)
+    assert first.promotion is not None and first.promotion.alias == CHAMPION
+    second = service.log_cost_model(worse, worse_report, config=WORSE)
+    assert second.promotion is not None and second.promotion.alias == CHALLENGER
     assert second.promotion.champion_version == first.promotion.version
-    assert second.promotion.new_mape_pct > second.promotion.champion_mape_pct
+    assert second.promotion.champion_value is not None
+    assert second.promotion.new_value > second.promotion.champion_value
+    assert second.promotion.metric == COST_MODEL_METRIC
 
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=url, registry_uri=url)
-    assert client.get_model_version_by_alias(name, "champion").version == first.promotion.version
-    assert client.get_model_version_by_alias(name, "challenger").version == second.promotion.version
+    client = service._client()
+    assert str(client.get_model_version_by_alias(name, CHAMPION).version) == first.promotion.version
+    assert str(client.get_model_version_by_alias(name, CHALLENGER).version) == second.promotion.version
+    evidence = client.get_model_version(name, second.promotion.version).tags
+    assert evidence["gate.decision"] == CHALLENGER and evidence["gate.champion_version"] == first.promotion.version
+    assert float(evidence["gate.champion_value"]) == pytest.approx(second.promotion.champion_value)
 
     # the artifacts live in the bucket, not on the server's disk
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="mlartifacts/").get("Contents", [])]
     assert any(k.endswith("weights.pt") for k in keys) and any(k.endswith("evaluation.csv") for k in keys)
 
     shards = [list(s) for s in report.test.shards]
-    fresh = _predict_in_fresh_process(default_model_uri(report.hardware_kind), shards, url, tmp_path)
+    fresh = _predict_in_fresh_process(champion_uri(name), shards, url, tmp_path)
     np.testing.assert_array_equal(fresh, good.predict_compute(shards))
 
 
@@ -159,17 +169,19 @@ def test_embedded_sqlite_register_and_load_by_every_uri_form(costs, good, tmp_pa
     monkeypatch.chdir(tmp_path)  # the embedded default writes mlflow.db and mlruns/ here
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     model, report = good
-    run = log_training_run(model, report, config=GOOD)
-    assert (tmp_path / "mlflow.db").is_file()
-    assert run.promotion is not None and run.promotion.alias == "champion"
+    service = MlflowService()
+    assert not service.store_exists()
+    run = service.log_cost_model(model, report, config=GOOD)
+    assert (tmp_path / "mlflow.db").is_file() and service.store_exists()
+    assert run.promotion is not None and run.promotion.alias == CHAMPION
     shards = [list(s) for s in report.test.shards]
     expected = model.predict_compute(shards)
-    name = registered_model_name(report.hardware_kind)
+    name = cost_model_name(report.hardware_kind)
     for uri in (f"models:/{name}@champion", f"models:/{name}/{run.promotion.version}",
                 f"runs:/{run.run_id}/cost_model", run.model_uri):
-        np.testing.assert_array_equal(load_cost_model(uri).predict_compute(shards), expected, err_msg=uri)
+        np.testing.assert_array_equal(service.load_cost_model(uri).predict_compute(shards), expected, err_msg=uri)
     model.save(tmp_path / "local")
-    np.testing.assert_array_equal(load_cost_model(str(tmp_path / "local")).predict_compute(shards), expected)
+    np.testing.assert_array_equal(service.load_cost_model(tmp_path / "local").predict_compute(shards), expected)
 
     import mlflow
 
@@ -180,6 +192,76 @@ def test_embedded_sqlite_register_and_load_by_every_uri_form(costs, good, tmp_pa
     assert list(out.columns) == ["fwd_ms", "bwd_ms"] and len(out) == 5 and (out > 0).all().all()
 
 
-def test_load_cost_model_names_a_missing_source(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no such directory"):
-        load_cost_model(str(tmp_path / "nope"))
+    from shardwise.integrations.mlflow import CostModelPyfunc  # what models registered before still import
+
+    assert CostModelPyfunc.__name__ == "CostModelPyfunc"
+
+
+@pytest.fixture
+def named_store(tmp_path, monkeypatch):
+    """A sqlite store named only by its absolute URI: no $MLFLOW_TRACKING_URI, an empty cwd."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return f"sqlite:///{tmp_path / 'reg.db'}", cwd
+
+
+def test_champion_in_a_named_store_is_found_without_env_and_no_default_db_appears(good, named_store, tmp_path,
+                                                                                  monkeypatch):
+    """The issue's bug: `--tracking-uri sqlite:////path/reg.db` did not reach the registry (and created
+    ./mlflow.db). A registered cost model's version points at a logged model (models:/m-...), which MLflow
+    alone would resolve through the process-wide default store."""
+    import mlflow
+
+    uri, cwd = named_store
+    model, report = good
+    before = mlflow.get_tracking_uri()
+    MlflowService(uri).log_cost_model(model, report, config=GOOD)
+    assert mlflow.get_tracking_uri() == before and "MLFLOW_TRACKING_URI" not in os.environ
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loaded = MlflowService(tracking_uri=uri).load_cost_model(champion_uri(cost_model_name(report.hardware_kind)))
+    shards = [list(s) for s in report.test.shards]
+    np.testing.assert_array_equal(loaded.predict_compute(shards), model.predict_compute(shards))
+    assert not (cwd / "mlflow.db").exists() and not (elsewhere / "mlflow.db").exists()
+
+
+def test_gate_batch_size_mismatch_new_model_wins_and_empty_heldout_never_replaces(costs, good, named_store):
+    uri, _ = named_store
+    service = MlflowService(uri)
+    model, report = good
+    name = cost_model_name(report.hardware_kind)
+    first = service.log_cost_model(model, report, config=GOOD)
+    assert first.promotion is not None and first.promotion.alias == CHAMPION
+
+    # nothing to compare on: the new model has no held-out MAPE, so the champion stays
+    empty = dataclasses.replace(report, test=report.test.subset([]))
+    blind = service.log_cost_model(model, empty, config=GOOD)
+    assert blind.promotion is not None and blind.promotion.alias == CHALLENGER
+    assert math.isnan(blind.promotion.new_value) and blind.promotion.champion_version == first.promotion.version
+
+    # profiled at another batch size: the champion's MAPE is not comparable; the newer model wins, even barely trained
+    other = costs.assign(batch_size=4 * int(costs["batch_size"].iloc[0]))
+    barely, barely_report = train_cost_model(other, 0, WORSE)
+    assert barely.batch_size != model.batch_size
+    newer = service.log_cost_model(barely, barely_report, config=WORSE)
+    assert newer.promotion is not None and newer.promotion.alias == CHAMPION
+    assert newer.promotion.champion_version == first.promotion.version and newer.promotion.champion_value is None
+    tags = service._client().get_model_version(name, newer.promotion.version).tags
+    assert tags["gate.decision"] == CHAMPION and "not comparable" in tags["gate.reason"]
+
+
+def test_load_cost_model_names_a_missing_source_and_store(tmp_path, named_store):
+    uri, cwd = named_store
+    service = MlflowService(uri)
+    with pytest.raises(RegistryError, match="no such directory"):
+        service.load_cost_model(tmp_path / "nope")
+    with pytest.raises(RegistryError) as err:
+        service.load_cost_model(champion_uri(cost_model_name("cpu")))
+    message = str(err.value)
+    assert uri in message and "models:/shardwise-cost-cpu@champion" in message and "make run" in message
+    assert "shardwise pretrain" in message and "\n" not in message
+    assert not (tmp_path / "reg.db").exists() and not (cwd / "mlflow.db").exists()

@@ -1,6 +1,13 @@
 """Neural cost models: networks, pre-training, honest evaluation, fast batched prediction."""
 
-from .evaluate import ComputeSamples, evaluate_compute, format_table, regression_metrics, torchrec_estimates
+from .evaluate import (
+    ComputeSamples,
+    evaluate_compute,
+    format_table,
+    heldout_mape_pct,
+    regression_metrics,
+    torchrec_estimates,
+)
 from .model import ModelMeta, NetworkConfig, NeuralCostModel
 from .train import CostDataError, TrainConfig, TrainingReport, compute_samples, train_cost_model
 from .types import CostModel
@@ -17,6 +24,7 @@ __all__ = [
     "compute_samples",
     "evaluate_compute",
     "format_table",
+    "heldout_mape_pct",
     "regression_metrics",
     "torchrec_estimates",
     "train_cost_model",

@@ -60,6 +60,16 @@ def regression_metrics(predicted: np.ndarray, measured: np.ndarray) -> dict[str,
     return {"mape_pct": mape, "rmse_ms": rmse, "spearman": rho}
 
 
+def heldout_mape_pct(model: CostModel, samples: ComputeSamples) -> float:
+    """MAPE (%) of `model`'s predicted total (forward + backward) compute ms on `samples`; NaN when empty.
+
+    What the registry's promotion gate compares two cost models on (the same held-out shards)."""
+    if not len(samples):
+        return float("nan")
+    predicted = np.asarray(model.predict_compute(samples.shards)).sum(axis=1)
+    return regression_metrics(predicted, samples.costs_ms.sum(axis=1))["mape_pct"]
+
+
 def _with_total(costs_ms: np.ndarray) -> dict[str, np.ndarray]:
     return {"fwd": costs_ms[:, 0], "bwd": costs_ms[:, 1], "total": costs_ms.sum(axis=1)}
 

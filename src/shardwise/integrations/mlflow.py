@@ -1,95 +1,494 @@
-"""MLflow for cost models: track a training run, register the model per hardware kind, gate the `champion`
-alias on held-out accuracy, and load a ready `NeuralCostModel` from a registry URI, run URI or directory."""
+"""MLflow, wrapped once: log a run, register a version and gate its promotion, load by URI or alias.
+
+`MlflowService` holds one tracking URI and one registry URI and passes both to every MLflow call, so a store
+named on the command line reaches the model registry too. Cost models and placement policies go through the
+same promotion gate (`promote`): a new version takes the `champion` alias only on measured evidence, and the
+evidence (metric, both values, the champion it was compared with, the decision) is kept as tags on the model
+version and as metrics and tags on its run.
+
+`mlflow` is imported inside the methods that use it: it takes seconds to import, and the jobs that import this
+module (plan with a local model, evaluate without tracking) often do not need it."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import re
 import tempfile
+import time
 import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlparse
 
-import pandas as pd
+from shardwise.costmodel import NeuralCostModel, format_table, heldout_mape_pct
+from shardwise.costmodel.model import CONFIG_FILE
+from shardwise.errors import ShardwiseError
 
-from shardwise.costmodel.evaluate import ComputeSamples, format_table, regression_metrics
-from shardwise.costmodel.model import CONFIG_FILE, NeuralCostModel
-from shardwise.costmodel.train import TrainConfig, TrainingReport
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from shardwise.costmodel import TrainConfig, TrainingReport
+
+T = TypeVar("T")
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-DEFAULT_EXPERIMENT = "shardwise-pretrain"
 CHAMPION = "champion"
 CHALLENGER = "challenger"
-MODEL_NAME = "model"  # the pyfunc model's name within a run
-FILES_PATH = "cost_model"  # the same weights + JSON as plain run artifacts (`runs:/<id>/cost_model`)
+PRETRAIN_EXPERIMENT = "shardwise-pretrain"
+POLICY_EXPERIMENT = "shardwise-policies"
+COST_MODEL_METRIC = "heldout_mape_pct"  # lower is better: MAPE of total compute ms on held-out tables
+POLICY_METRIC = "validation_plan_cost"  # lower is better: mean predicted plan cost on validation tasks
+MODEL_NAME = "model"  # the pyfunc model's name within a pretraining run
+FILES_PATH = "cost_model"  # the cost model's weights + JSON as plain run artifacts (`runs:/<id>/cost_model`)
+POLICY_PATH = "policy"  # the policy directory as run artifacts (`runs:/<id>/policy`); a version's source
+POLICY_FILE = "policy.json"
+PARAM_CHARS = 500  # MLflow's limit on a param value's length (older servers)
 
-# models-from-code: MLflow stores this script instead of a pickled Python object
+# models-from-code: MLflow stores this script with the model instead of a pickled Python object
 _PYFUNC_SCRIPT = """\
 import mlflow
-from shardwise.integrations.mlflow import CostModelPyfunc
+from shardwise.integrations.mlflow_pyfunc import CostModelPyfunc
 
 mlflow.models.set_model(CostModelPyfunc())
 """
 
-
-def resolve_tracking_uri(tracking_uri: str | None = None) -> str:
-    """The `--tracking-uri` flag, else $MLFLOW_TRACKING_URI, else the embedded `sqlite:///mlflow.db`."""
-    return tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+# models:/<name>@<alias>[/path], models:/<name>/<version>[/path], or a logged model's models:/<model id>[/path]
+_MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))?(?P<path>/.*)?$")
 
 
-def registered_model_name(hardware_kind: str) -> str:
+def cost_model_name(hardware_kind: str) -> str:
     """Registry name of the cost model for one hardware kind."""
     return f"shardwise-cost-{hardware_kind}"
 
 
-def default_model_uri(hardware_kind: str) -> str:
-    """`models:/shardwise-cost-<kind>@champion`: what search uses unless told otherwise."""
-    return f"models:/{registered_model_name(hardware_kind)}@{CHAMPION}"
+def policy_name(method: str, hardware_kind: str) -> str:
+    """Registry name of a placement policy for one method and hardware kind."""
+    return f"shardwise-policy-{method}-{hardware_kind}"
 
 
-try:
-    import mlflow.pyfunc as _pyfunc
+def champion_uri(name: str) -> str:
+    """`models:/<name>@champion`: what planning uses unless told otherwise."""
+    return f"models:/{name}@{CHAMPION}"
 
-    class CostModelPyfunc(_pyfunc.PythonModel):
-        """Pyfunc wrapper: a DataFrame with `tables_json` per row -> `fwd_ms`, `bwd_ms` per row."""
 
-        def load_context(self, context: Any) -> None:
-            self.model = NeuralCostModel.load(context.artifacts["cost_model"])
-
-        def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
-            import json
-
-            from shardwise.workload import TableSpec
-
-            shards = [[TableSpec.model_validate(t) for t in json.loads(s)] for s in model_input["tables_json"]]
-            costs = self.model.predict_compute(shards)
-            return pd.DataFrame({"fwd_ms": costs[:, 0], "bwd_ms": costs[:, 1]})
-except ImportError:  # pragma: no cover - mlflow is a dependency; keep `load_cost_model` on a directory usable
-    pass
+class RegistryError(ShardwiseError):
+    """A model, version or alias that cannot be found or loaded: names the URI, the store and what to do."""
 
 
 @dataclass(frozen=True)
-class PromotionResult:
-    """Where the new version landed and the held-out MAPE that decided it."""
+class Promotion:
+    """Where a new version landed and the evidence that decided it (lower `metric` is better)."""
 
     name: str
     version: str
     alias: str
-    new_mape_pct: float
+    metric: str
+    new_value: float
     champion_version: str | None
-    champion_mape_pct: float | None
+    champion_value: float | None
+    reason: str = ""
 
 
 @dataclass(frozen=True)
-class TrainingRun:
-    """A logged training run and (if registered) its registry outcome."""
+class LoggedRun:
+    """A logged run, the URI of what it logged, and (if registered) the gate's outcome."""
 
     run_id: str
-    model_uri: str
-    promotion: PromotionResult | None
+    model_uri: str | None
+    promotion: Promotion | None
 
 
-def _find_model_dir(root: Path) -> Path:
+def _how_to_register(name: str | None) -> str:
+    if name and name.startswith("shardwise-policy-"):
+        method = name.removeprefix("shardwise-policy-").split("-", 1)[0]
+        return f"train one with `shardwise train-policy --method {method} ...` or pass a policy directory"
+    return ("register one with `make run` (the local pipeline) or `shardwise pretrain --data costs.parquet ...`, "
+            "or pass a model directory")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _finite(values: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in values.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def _params(values: Mapping[str, Any]) -> dict[str, str]:
+    return {k: str(v)[:PARAM_CHARS] for k, v in values.items()}
+
+
+def _local_store_missing(uri: str) -> bool:
+    """True for an embedded store (sqlite file, file-store directory) that does not exist: opening it would
+    create it."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "sqlite":
+        path = uri.removeprefix("sqlite://").split("?", 1)[0]
+        path = path[1:] if path.startswith("/") else path  # sqlite:///rel.db -> rel.db; sqlite:////abs -> /abs
+        return path not in ("", ":memory:") and not Path(path).is_file()
+    if parsed.scheme == "file":
+        return not Path(parsed.path).is_dir()
+    if not parsed.scheme or len(parsed.scheme) == 1:  # a plain path (or a Windows drive)
+        return not Path(uri).is_dir()
+    return False
+
+
+@contextmanager
+def _process_uris(tracking_uri: str, registry_uri: str) -> Iterator[None]:
+    """Point mlflow's process-wide tracking and registry URIs at these stores for the block, then put back
+    exactly what was there. The fluent API (start_run, pyfunc.log_model) reads only those, and
+    `mlflow.set_tracking_uri` also writes $MLFLOW_TRACKING_URI, so both the globals and the variables are
+    restored."""
+    import mlflow  # heavy: only when logging
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    saved_tracking, saved_registry = tracking_utils._tracking_uri, registry_utils._registry_uri
+    saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(registry_uri)
+    try:
+        yield
+    finally:
+        # None puts it back to unset; any change also resets mlflow's tracer provider
+        mlflow.set_tracking_uri(saved_tracking)  # type: ignore[arg-type]
+        registry_utils._registry_uri = saved_registry
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class MlflowService:
+    """One MLflow tracking store and model registry: runs, registered versions, aliases, loading."""
+
+    def __init__(self, tracking_uri: str | None = None, registry_uri: str | None = None) -> None:
+        self.tracking_uri: str = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+        self.registry_uri: str = registry_uri or os.environ.get("MLFLOW_REGISTRY_URI") or self.tracking_uri
+
+    def __repr__(self) -> str:
+        return f"MlflowService(tracking_uri={self.tracking_uri!r}, registry_uri={self.registry_uri!r})"
+
+    def _stores(self) -> str:
+        if self.registry_uri == self.tracking_uri:
+            return self.tracking_uri
+        return f"{self.tracking_uri} (registry {self.registry_uri})"
+
+    def store_exists(self) -> bool:
+        """False when the tracking or registry store is an embedded sqlite file (or file store) that does not
+        exist: looking in it would create it."""
+        return not (_local_store_missing(self.tracking_uri) or _local_store_missing(self.registry_uri))
+
+    def _client(self) -> MlflowClient:
+        from mlflow import MlflowClient  # heavy: only when talking to a store
+
+        return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
+
+    # -- loading ------------------------------------------------------------------------------------------------
+    def load(self, uri: str | Path, load_dir: Callable[[Path], T]) -> T:
+        """`load_dir(local directory)` for a directory, "models:/<name>@<alias>", "models:/<name>/<version>",
+        a logged model's "models:/<id>", "runs:/<id>/<path>" or an artifact URI; a download lives while
+        `load_dir` runs."""
+        uri = str(uri)
+        if Path(uri).exists():
+            return load_dir(Path(uri))
+        scheme = urlparse(uri).scheme
+        if len(scheme) < 2:  # no scheme (or a Windows drive letter): meant as a local directory
+            raise RegistryError(f"{uri}: no such directory, and not a models:/ or runs:/ URI; {_how_to_register(None)}")
+        registry = scheme in ("models", "runs")
+        if registry and not self.store_exists():
+            raise RegistryError(
+                f"{uri}: no MLflow store at {self._stores()} (the file does not exist); "
+                f"{_how_to_register(_model_name(uri))}, or pass --tracking-uri of the store that has it"
+            )
+        from mlflow.exceptions import MlflowException  # heavy: only when resolving a URI
+
+        with tempfile.TemporaryDirectory(prefix="shardwise-mlflow-") as tmp:
+            try:
+                local = self._download(uri, tmp)
+            except (MlflowException, OSError) as err:
+                raise RegistryError(
+                    f"{uri}: not found in {self._stores()} ({_first_line(err)}); {_how_to_register(_model_name(uri))}"
+                ) from None
+            return load_dir(Path(local))
+
+    def _download(self, uri: str, dst: str) -> str:
+        import mlflow  # heavy: only when downloading
+
+        if uri.startswith("models:"):
+            uri = self._resolve_models_uri(uri)
+        return str(mlflow.artifacts.download_artifacts(
+            artifact_uri=uri, dst_path=dst, tracking_uri=self.tracking_uri, registry_uri=self.registry_uri
+        ))
+
+    def _resolve_models_uri(self, uri: str) -> str:
+        """The artifact location behind a models:/ URI, found with this service's stores. (mlflow 3.17's own
+        `download_artifacts` resolves models:/ with the process-wide registry URI whatever registry_uri it is
+        given, and a registered version's source is itself a logged model's models:/m-... URI.)"""
+        client = self._client()
+        original = uri
+        for _ in range(4):  # a version's source may be a models:/ URI again; never loop forever
+            if not uri.startswith("models:"):
+                return uri
+            match = _MODELS_URI.match(uri)
+            if match is None:
+                raise RegistryError(
+                    f"{original}: not a models:/ URI shardwise can resolve; expected models:/<name>@<alias>, "
+                    f"models:/<name>/<version> or models:/<model id>"
+                )
+            name, alias, version, path = match["name"], match["alias"], match["version"], match["path"] or ""
+            if alias is not None:
+                version = str(client.get_model_version_by_alias(name, alias).version)
+            if version is not None:
+                location = client.get_model_version_download_uri(name, version)
+            else:  # models:/<model id>: a logged model (what pyfunc.log_model returns)
+                location = client.get_logged_model(name).artifact_location
+            uri = location.rstrip("/") + path
+        raise RegistryError(f"{original}: models:/ URIs point at each other more than 4 deep in {self._stores()}")
+
+    def load_cost_model(self, uri: str | Path, device: str = "cpu") -> NeuralCostModel:
+        """A ready cost model from a directory, "models:/<name>@<alias>", "models:/<name>/<version>" or
+        "runs:/<id>/cost_model"."""
+        return self.load(uri, lambda root: NeuralCostModel.load(_find_cost_model_dir(root), device=device))
+
+    # -- runs ---------------------------------------------------------------------------------------------------
+    @contextmanager
+    def _run(self, experiment: str, run_name: str | None) -> Iterator[Any]:
+        """An active MLflow run in `experiment` of this store (the fluent API points here only inside)."""
+        import mlflow  # heavy: only when logging
+
+        client = self._client()
+        found = client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found is not None else client.create_experiment(experiment)
+        with _process_uris(self.tracking_uri, self.registry_uri), mlflow.start_run(
+            experiment_id=experiment_id, run_name=run_name
+        ) as run:
+            yield run
+
+    def log_run(
+        self,
+        *,
+        experiment: str,
+        run_name: str,
+        params: Mapping[str, Any],
+        metrics: Mapping[str, float],
+        artifacts_dir: str | Path | None = None,
+        artifact_path: str | None = None,
+    ) -> str:
+        """One run with params (stringified), finite metrics and a directory of artifacts; its run id."""
+        import mlflow  # heavy: only when logging
+
+        with self._run(experiment, run_name) as run:
+            mlflow.log_params(_params(params))
+            mlflow.log_metrics(_finite(metrics))
+            if artifacts_dir is not None:
+                mlflow.log_artifacts(str(artifacts_dir), artifact_path=artifact_path)
+            return str(run.info.run_id)
+
+    def log_cost_model(
+        self,
+        model: NeuralCostModel,
+        report: TrainingReport,
+        *,
+        config: TrainConfig | None = None,
+        params: Mapping[str, Any] | None = None,
+        register: bool = True,
+    ) -> LoggedRun:
+        """Log params, metrics, the evaluation table and the model (a pyfunc, and its files at `cost_model/`);
+        register it as `shardwise-cost-<kind>` and gate `champion` on held-out MAPE."""
+        import mlflow  # heavy: only when logging
+        import torch
+        from mlflow.models import ModelSignature
+        from mlflow.types import ColSpec, Schema
+
+        from . import mlflow_pyfunc  # imports mlflow.pyfunc at the top
+
+        logged: dict[str, Any] = {
+            "seed": report.seed,
+            "hardware_kind": report.hardware_kind,
+            "batch_size": report.batch_size,
+            "heldout_num_tables": list(report.heldout_num_tables),
+            "heldout_sources": len(report.heldout_sources),
+            **{f"n_{k}": v for k, v in report.sizes.items()},
+            **(config.model_dump(exclude={"holdout_sources", "progress"}) if config else {}),
+            **(params or {}),
+        }
+        name = cost_model_name(report.hardware_kind)
+        with tempfile.TemporaryDirectory(prefix="shardwise-log-") as tmp, self._run(PRETRAIN_EXPERIMENT, None) as run:
+            mlflow.log_params(_params(logged))
+            mlflow.log_metrics(_finite({**report.metrics, "epochs_run": report.epochs_run,
+                                        "best_val_log_mse": report.best_val_loss}))
+            mlflow.log_text(report.evaluation.to_csv(index=False), "evaluation/evaluation.csv")
+            mlflow.log_text(format_table(report.evaluation) + "\n", "evaluation/evaluation.txt")
+            model_dir = model.save(Path(tmp) / FILES_PATH)
+            mlflow.log_artifacts(str(model_dir), FILES_PATH)
+            script = Path(tmp) / "cost_model_pyfunc.py"
+            script.write_text(_PYFUNC_SCRIPT)
+            with warnings.catch_warnings():
+                # an input example would make MLflow load and run the model while logging: slow, and the
+                # signature below already says what goes in and out
+                warnings.filterwarnings("ignore", message=".*input example was not provided.*")
+                info = mlflow.pyfunc.log_model(
+                    name=MODEL_NAME,
+                    python_model=str(script),
+                    artifacts={mlflow_pyfunc.ARTIFACT_KEY: str(model_dir)},
+                    pip_requirements=[
+                        "shardwise",
+                        f"torch=={torch.__version__.split('+')[0]}",
+                        f"mlflow=={mlflow.__version__}",
+                        "numpy",
+                        "pandas",
+                        "pydantic>=2",
+                    ],
+                    registered_model_name=name if register else None,
+                    signature=ModelSignature(
+                        inputs=Schema([ColSpec("string", "tables_json")]),
+                        outputs=Schema([ColSpec("double", "fwd_ms"), ColSpec("double", "bwd_ms")]),
+                    ),
+                )
+            run_id = str(run.info.run_id)
+        if not register:
+            return LoggedRun(run_id, info.model_uri, None)
+
+        def champion_mape(uri: str) -> float | None:
+            champion = self.load_cost_model(uri)
+            # a champion profiled at another batch size is not comparable: the newer model (this batch size) wins
+            if champion.batch_size != model.batch_size:
+                return None
+            return heldout_mape_pct(champion, report.test)
+
+        promotion = self.promote(
+            name, str(info.registered_model_version), metric=COST_MODEL_METRIC,
+            new_value=heldout_mape_pct(model, report.test), champion_value=champion_mape,
+        )
+        return LoggedRun(run_id, info.model_uri, promotion)
+
+    def log_policy(
+        self,
+        policy_dir: Path,
+        *,
+        method: str,
+        hardware_kind: str,
+        history: list[dict[str, float]],
+        params: Mapping[str, Any],
+        validation_cost: float,
+        register: bool = True,
+        champion_value: Callable[[str], float | None] | None = None,
+    ) -> LoggedRun:
+        """Log a saved policy directory, its training curve, params and validation plan cost; register it as
+        `shardwise-policy-<method>-<kind>` and gate `champion` on the validation plan cost. `champion_value`
+        plans the same validation tasks with the champion at a models:/ URI (None: not comparable)."""
+        import mlflow  # heavy: only when logging
+
+        policy_dir = Path(policy_dir)
+        if not (policy_dir / POLICY_FILE).is_file():
+            raise ShardwiseError(f"{policy_dir}: no {POLICY_FILE} (not a saved placement policy); nothing logged")
+        with self._run(POLICY_EXPERIMENT, f"train-{method}") as run:
+            mlflow.log_params(_params({"method": method, "hardware_kind": hardware_kind, **params}))
+            for step, row in enumerate(history):
+                mlflow.log_metrics(_finite(row), step=step)
+            mlflow.log_text(json.dumps(history, indent=1), "training/history.json")  # with any NaN
+            mlflow.log_metrics(_finite({POLICY_METRIC: validation_cost}))
+            mlflow.log_artifacts(str(policy_dir), POLICY_PATH)
+            run_id, artifact_uri = str(run.info.run_id), str(run.info.artifact_uri)
+        model_uri = f"runs:/{run_id}/{POLICY_PATH}"
+        if not register:
+            return LoggedRun(run_id, model_uri, None)
+        from mlflow.exceptions import MlflowException  # heavy: only when registering
+
+        client = self._client()
+        name = policy_name(method, hardware_kind)
+        try:
+            client.get_registered_model(name)
+        except MlflowException:
+            client.create_registered_model(name, description=f"shardwise {method} placement policy for {hardware_kind}")
+        version = client.create_model_version(name, source=f"{artifact_uri}/{POLICY_PATH}", run_id=run_id).version
+        promotion = self.promote(name, str(version), metric=POLICY_METRIC, new_value=validation_cost,
+                                 champion_value=champion_value)
+        return LoggedRun(run_id, model_uri, promotion)
+
+    # -- the promotion gate -------------------------------------------------------------------------------------
+    def promote(
+        self,
+        name: str,
+        version: str,
+        *,
+        metric: str,
+        new_value: float,
+        champion_value: Callable[[str], float | None] | None,
+    ) -> Promotion:
+        """Give `version` the `champion` alias if its `metric` (lower is better) beats the champion's, else
+        `challenger`; keep the evidence on the version (tags) and on its run (metrics, tags).
+
+        No champion yet: the new version wins. A champion that cannot be compared (`champion_value` is None or
+        returns None for its models:/<name>/<version> URI): the new version wins. No finite `new_value`
+        (nothing to measure it on): `challenger`, a champion is never replaced blindly."""
+        from mlflow.exceptions import MlflowException  # heavy: only when registering
+
+        client = self._client()
+        version = str(version)
+        try:
+            current: str | None = str(client.get_model_version_by_alias(name, CHAMPION).version)
+        except MlflowException:
+            current = None
+        champ_value: float | None = None
+        if current is None:
+            wins, reason = True, "no champion yet"
+        elif current == version:
+            wins, reason = True, "already the champion"
+        elif not math.isfinite(new_value):
+            wins, reason = False, f"no {metric} to compare on: a champion is never replaced blindly"
+        else:
+            champ_value = champion_value(f"models:/{name}/{current}") if champion_value is not None else None
+            if champ_value is None:
+                wins, reason = True, f"champion v{current} is not comparable: the newer version wins"
+            else:
+                wins = new_value < champ_value
+                reason = f"{metric} {new_value:.6g} {'<' if wins else '>='} champion v{current}'s {champ_value:.6g}"
+        alias = CHAMPION if wins else CHALLENGER
+        client.set_registered_model_alias(name, alias, version)
+        evidence = {
+            "gate.metric": metric,
+            "gate.value": repr(float(new_value)),
+            "gate.champion_version": current or "",
+            "gate.champion_value": "" if champ_value is None else repr(float(champ_value)),
+            "gate.decision": alias,
+            "gate.reason": reason,
+        }
+        for key, value in evidence.items():
+            client.set_model_version_tag(name, version, key, value)
+        run_id = client.get_model_version(name, version).run_id
+        if run_id:
+            from mlflow.entities import Metric, RunTag
+
+            metrics = _finite({f"gate_new_{metric}": new_value, f"gate_champion_{metric}": champ_value})
+            tags = {**evidence, "registered_name": name, "registered_version": version, "alias": alias}
+            client.log_batch(
+                run_id,
+                metrics=[Metric(k, v, _now_ms(), 0) for k, v in metrics.items()],
+                tags=[RunTag(k, v) for k, v in tags.items()],
+            )
+        return Promotion(name, version, alias, metric, float(new_value), current, champ_value, reason)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _model_name(uri: str) -> str | None:
+    match = _MODELS_URI.match(uri)
+    return match["name"] if match else None
+
+
+def _find_cost_model_dir(root: Path) -> Path:
     if (root / CONFIG_FILE).is_file():
         return root
     found = sorted(root.rglob(CONFIG_FILE))
@@ -98,124 +497,10 @@ def _find_model_dir(root: Path) -> Path:
     return found[0].parent
 
 
-def load_cost_model(uri: str, *, tracking_uri: str | None = None, device: str = "cpu") -> NeuralCostModel:
-    """A ready model from "models:/<name>@<alias>", "models:/<name>/<version>", "runs:/<id>/...", or a directory."""
-    if Path(uri).exists():
-        return NeuralCostModel.load(_find_model_dir(Path(uri)), device=device)
-    if not uri.startswith(("models:/", "runs:/")) and "://" not in uri:
-        raise FileNotFoundError(f"cost model {uri!r}: no such directory, and not a models:/ or runs:/ URI")
-    import mlflow
+def __getattr__(name: str) -> Any:
+    # cost models registered before the pyfunc moved to `mlflow_pyfunc` import it from here
+    if name == "CostModelPyfunc":
+        from .mlflow_pyfunc import CostModelPyfunc  # imports mlflow: only for those old models
 
-    with tempfile.TemporaryDirectory(prefix="shardwise-model-") as tmp:
-        local = mlflow.artifacts.download_artifacts(
-            artifact_uri=uri, dst_path=tmp, tracking_uri=resolve_tracking_uri(tracking_uri)
-        )
-        return NeuralCostModel.load(_find_model_dir(Path(local)), device=device)
-
-
-def _heldout_mape(model: NeuralCostModel, samples: ComputeSamples) -> float:
-    pred = model.predict_compute(samples.shards).sum(axis=1)
-    return regression_metrics(pred, samples.costs_ms.sum(axis=1))["mape_pct"]
-
-
-def promote(
-    name: str, version: str, model: NeuralCostModel, heldout: ComputeSamples, *, tracking_uri: str | None = None
-) -> PromotionResult:
-    """Give `version` the `champion` alias if it beats the current champion on `heldout`, else `challenger`."""
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    uri = resolve_tracking_uri(tracking_uri)
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    new_mape = _heldout_mape(model, heldout) if len(heldout) else float("nan")
-    try:
-        current = client.get_model_version_by_alias(name, CHAMPION)
-    except MlflowException:
-        current = None
-    if current is not None and not len(heldout):
-        # nothing to compare on: never replace a champion blindly
-        client.set_registered_model_alias(name, CHALLENGER, version)
-        return PromotionResult(name, str(version), CHALLENGER, new_mape, str(current.version), None)
-    champ_mape = None
-    if current is not None and current.version != version:
-        champion = load_cost_model(f"models:/{name}/{current.version}", tracking_uri=uri)
-        if champion.batch_size == model.batch_size:
-            champ_mape = _heldout_mape(champion, heldout)
-    # a champion profiled at another batch size is not comparable: the newer model (this batch size) wins
-    wins = current is None or champ_mape is None or new_mape < champ_mape
-    alias = CHAMPION if wins else CHALLENGER
-    client.set_registered_model_alias(name, alias, version)
-    return PromotionResult(name, str(version), alias, new_mape, None if current is None else str(current.version), champ_mape)
-
-
-def log_training_run(
-    model: NeuralCostModel,
-    report: TrainingReport,
-    *,
-    config: TrainConfig | None = None,
-    tracking_uri: str | None = None,
-    experiment: str = DEFAULT_EXPERIMENT,
-    register: bool = True,
-    extra_params: dict[str, Any] | None = None,
-) -> TrainingRun:
-    """Log params, metrics, the evaluation table and the model; register it and apply the promotion gate."""
-    import mlflow
-    import torch
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, Schema
-
-    uri = resolve_tracking_uri(tracking_uri)
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
-    mlflow.set_experiment(experiment)
-    params: dict[str, Any] = {
-        "seed": report.seed,
-        "hardware_kind": report.hardware_kind,
-        "batch_size": report.batch_size,
-        "heldout_num_tables": list(report.heldout_num_tables),
-        "heldout_sources": len(report.heldout_sources),
-        **{f"n_{k}": v for k, v in report.sizes.items()},
-        **(config.model_dump(exclude={"holdout_sources", "progress"}) if config else {}),
-        **(extra_params or {}),
-    }
-    with tempfile.TemporaryDirectory(prefix="shardwise-log-") as tmp, mlflow.start_run() as run:
-        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
-        mlflow.log_metrics({**report.metrics, "epochs_run": report.epochs_run, "best_val_log_mse": report.best_val_loss})
-        mlflow.log_text(report.evaluation.to_csv(index=False), "evaluation/evaluation.csv")
-        mlflow.log_text(format_table(report.evaluation) + "\n", "evaluation/evaluation.txt")
-        model_dir = model.save(Path(tmp) / "cost_model")
-        mlflow.log_artifacts(str(model_dir), FILES_PATH)
-        script = Path(tmp) / "cost_model_pyfunc.py"
-        script.write_text(_PYFUNC_SCRIPT)
-        name = registered_model_name(report.hardware_kind)
-        with warnings.catch_warnings():
-            # an input example would make MLflow load and run the model while logging: slow, and the
-            # signature below already says what goes in and out
-            warnings.filterwarnings("ignore", message=".*input example was not provided.*")
-            info = mlflow.pyfunc.log_model(
-                name=MODEL_NAME,
-                python_model=str(script),
-                artifacts={"cost_model": str(model_dir)},
-                pip_requirements=[
-                    "shardwise",
-                    f"torch=={torch.__version__.split('+')[0]}",
-                    f"mlflow=={mlflow.__version__}",
-                    "numpy",
-                    "pandas",
-                    "pydantic>=2",
-                ],
-                registered_model_name=name if register else None,
-                signature=ModelSignature(
-                    inputs=Schema([ColSpec("string", "tables_json")]),
-                    outputs=Schema([ColSpec("double", "fwd_ms"), ColSpec("double", "bwd_ms")]),
-                ),
-            )
-        promotion = None
-        if register:
-            version = str(info.registered_model_version)
-            promotion = promote(name, version, model, report.test, tracking_uri=uri)
-            gate = {"gate_new_mape_pct": promotion.new_mape_pct, "gate_champion_mape_pct": promotion.champion_mape_pct}
-            mlflow.log_metrics({k: v for k, v in gate.items() if v is not None and v == v})
-            mlflow.set_tags({"registered_version": version, "alias": promotion.alias})
-        return TrainingRun(run.info.run_id, info.model_uri, promotion)
-
+        return CostModelPyfunc
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,5 @@
-"""shardwise plans for TorchRec: export to `ShardingPlan`, and `ShardwisePlanner`, a drop-in planner.
+"""shardwise plans for TorchRec: `ShardwisePlanner`, a drop-in planner, and (re-exported from
+`shardwise.search.torchrec_plan`, where they live) the export to `ShardingPlan`.
 
 `DistributedModelParallel(model, plan=to_sharding_plan(plan, task, module_path="ebc"))`, or
 `DistributedModelParallel(model, plan=ShardwisePlanner(...).collective_plan(model, sharders))`.
@@ -13,86 +14,27 @@ import torch
 from torch import nn
 
 from shardwise.costmodel.types import CostModel
-from shardwise.search import Plan, PlanError, Searcher, Shard, make_searcher, validate_plan
+from shardwise.search import Plan, PlanError, Searcher, make_searcher
+from shardwise.search.torchrec_plan import (
+    COMPUTE_KERNEL,
+    ebc_on_meta,
+    parameter_sharding,
+    plan_from_module_sharding,
+    to_module_sharding_plan,
+    to_sharding_plan,
+)
 from shardwise.workload import Optimizer, ShardingTask, TableSpec
 
-#: the only kernel shardwise measures and plans for (fbgemm's fused TBE, optimizer in backward)
-COMPUTE_KERNEL = "fused"
-
-
-def parameter_sharding(
-    shards: Sequence[Shard], rows: int, *, device_type: str = "cuda", local_world_size: int | None = None
-) -> Any:
-    """One table's shards as a TorchRec `ParameterSharding` (table-wise, or column-wise for slices)."""
-    from torch.distributed._shard.metadata import ShardMetadata
-    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
-    from torchrec.distributed.sharding_plan import placement
-    from torchrec.distributed.types import ParameterSharding
-
-    ordered = sorted(shards, key=lambda s: s.col_offset)
-    local = local_world_size or max(s.device for s in ordered) + 1
-    spec = EnumerableShardingSpec(
-        [
-            ShardMetadata(
-                shard_offsets=[0, s.col_offset],
-                shard_sizes=[rows, s.dim],
-                placement=placement(device_type, s.device, local),
-            )
-            for s in ordered
-        ]
-    )
-    return ParameterSharding(
-        sharding_type="table_wise" if len(ordered) == 1 else "column_wise",
-        compute_kernel=COMPUTE_KERNEL,
-        ranks=[s.device for s in ordered],
-        sharding_spec=spec,
-    )
-
-
-def to_module_sharding_plan(
-    plan: Plan,
-    task: ShardingTask,
-    *,
-    tables: Sequence[str] | None = None,
-    device_type: str = "cuda",
-    local_world_size: int | None = None,
-) -> Any:
-    """An `EmbeddingModuleShardingPlan` for one embedding-bag collection (its `tables`, default all)."""
-    from torchrec.distributed.types import EmbeddingModuleShardingPlan
-
-    wanted = set(tables) if tables is not None else {t.name for t in task.tables}
-    by_table: dict[str, list[Shard]] = {}
-    for s in plan.shards:
-        if s.table in wanted:
-            by_table.setdefault(s.table, []).append(s)
-    local = local_world_size or plan.num_devices
-    return EmbeddingModuleShardingPlan(
-        {
-            name: parameter_sharding(shards, task.table(name).rows, device_type=device_type, local_world_size=local)
-            for name, shards in by_table.items()
-        }
-    )
-
-
-def to_sharding_plan(
-    plan: Plan,
-    task: ShardingTask,
-    *,
-    module_path: str = "",
-    device_type: str = "cuda",
-    local_world_size: int | None = None,
-) -> Any:
-    """A TorchRec `ShardingPlan` placing the `EmbeddingBagCollection` at `module_path` as `plan` says."""
-    from torchrec.distributed.types import ShardingPlan
-
-    validate_plan(plan, task)
-    return ShardingPlan(
-        {
-            module_path: to_module_sharding_plan(
-                plan, task, device_type=device_type, local_world_size=local_world_size
-            )
-        }
-    )
+__all__ = [
+    "COMPUTE_KERNEL",
+    "ShardwisePlanner",
+    "ebc_on_meta",
+    "embedding_bag_collections",
+    "parameter_sharding",
+    "plan_from_module_sharding",
+    "to_module_sharding_plan",
+    "to_sharding_plan",
+]
 
 
 def embedding_bag_collections(module: nn.Module) -> dict[str, Any]:

@@ -87,7 +87,7 @@ def run(settings: BenchmarkSettings, *, mlflow: MlflowService | None = None) -> 
     except ValueError as err:
         raise SettingsError(f"--tables {settings.tables}: {err}") from None
     tracking = settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    service = mlflow or MlflowService(tracking)
+    service = mlflow or MlflowService(settings.tracking_uri)
     cost_model = None
     if settings.model:
         cost_model, _ = load_cost_model(service, settings.model, device=settings.measurement.device, required=True)

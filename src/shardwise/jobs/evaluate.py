@@ -100,7 +100,7 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
     names = list(settings.name) or report_names(settings.plan, plans)
     # log to MLflow only when asked: --tracking-uri or $MLFLOW_TRACKING_URI
     tracking = settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    service = mlflow or MlflowService(tracking)
+    service = mlflow or MlflowService(settings.tracking_uri)
     cost_model = None
     if settings.model:
         cost_model, _ = load_cost_model(service, settings.model, device="cpu", required=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from shardwise.integrations.mlflow import MlflowService
+from shardwise.integrations.mlflow import MlflowService, RegistryError
 from shardwise.search import (
     PlanError,
     get_method,
@@ -110,7 +110,7 @@ def run(settings: TrainPolicySettings, *, mlflow: MlflowService | None = None) -
         try:
             return service.load(uri, lambda d: mean_plan_cost(make_searcher(settings.method, policy=str(d)),
                                                                validation, cost_model))
-        except (PlanError, OSError, ValueError):
+        except (RegistryError, PlanError, OSError, ValueError):
             return None
 
     logged = service.log_policy(
