@@ -19,6 +19,7 @@ import torch
 from shardwise.costmodel import ModelMeta, NetworkConfig, NeuralCostModel
 from shardwise.costmodel.features import TABLE_FEATURE_NAMES, FeatureNormaliser, TableFeatureCache
 from shardwise.costmodel.networks import ComputeNet
+from shardwise.integrations.mlflow import MlflowService
 from shardwise.workload import NUM_FEATURES
 from shardwise.workload.synthetic import synthesize_tables
 
@@ -45,9 +46,7 @@ def main() -> None:
     tableset = synthesize_tables(200, seed=args.seed, row_scale=0.01, batch_size=2048, progress=False)
     tables = list(tableset.tables)
     if args.model:
-        from shardwise.integrations.mlflow import load_cost_model
-
-        model = load_cost_model(args.model)
+        model = MlflowService().load_cost_model(args.model)
     else:
         model = _fresh_model(tables, tableset.batch_size, args.seed)
     rng = np.random.default_rng(args.seed)

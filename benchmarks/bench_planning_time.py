@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -24,19 +23,22 @@ TARGET_S = {(100, 8): 2.0, (1000, 64): 60.0}
 
 def cost_model_for(uri: str | None, tables, batch_size: int):  # type: ignore[no-untyped-def]
     """The given or champion cost model; else an untrained network of the default size (timing is the same)."""
-    from shardwise.integrations.mlflow import default_model_uri, load_cost_model, resolve_tracking_uri
+    from shardwise.integrations.mlflow import MlflowService, RegistryError, champion_uri, cost_model_name
     from shardwise.profiling.hardware import hardware_kind
 
-    tracking_uri = resolve_tracking_uri(None)
-    # an embedded registry that does not exist is not created just to find it empty
-    no_registry = tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).is_file()
-    candidates = [uri] if uri else ([] if no_registry else [default_model_uri(hardware_kind("cpu"))])
-    for candidate in candidates:
+    service = MlflowService()
+    if uri:
         try:
-            return load_cost_model(candidate, tracking_uri=tracking_uri), candidate
-        except Exception as err:  # no registry / no champion: fall through to the stand-in
-            if uri:
-                raise SystemExit(f"--model {uri}: {err}") from None
+            return service.load_cost_model(uri), uri
+        except (RegistryError, OSError, ValueError) as err:
+            raise SystemExit(f"--model {uri}: {err}") from None
+    # an embedded registry that does not exist is not created just to find it empty
+    if service.store_exists():
+        champion = champion_uri(cost_model_name(hardware_kind("cpu")))
+        try:
+            return service.load_cost_model(champion), champion
+        except (RegistryError, OSError, ValueError):  # no usable champion: fall through to the stand-in
+            pass
     import torch
 
     from shardwise.costmodel.features import (

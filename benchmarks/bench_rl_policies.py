@@ -22,8 +22,17 @@ import numpy as np
 import torch
 
 from shardwise.costmodel.types import CostModel
-from shardwise.search import GREEDY_KEYS, PlanError, Searcher, make_searcher, simulate
-from shardwise.search.policy_common import policy_searcher, sample_training_tasks, train_policy
+from shardwise.integrations.mlflow import MlflowService
+from shardwise.search import (
+    GREEDY_KEYS,
+    PlanError,
+    PolicySearch,
+    Searcher,
+    make_searcher,
+    sample_training_tasks,
+    simulate,
+    train_policy,
+)
 from shardwise.workload import ShardingTask
 from shardwise.workload.synthetic import synthesize_tables
 from shardwise.workload.tableset import load_tables, sample_task, split_tables
@@ -63,9 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    from shardwise.integrations.mlflow import load_cost_model
-
-    cost_model = load_cost_model(args.model)
+    cost_model = MlflowService().load_cost_model(args.model)
     if args.tables:
         if not args.holdout:
             parser.error("--holdout is required with --tables")
@@ -95,8 +102,8 @@ def main() -> None:
 
     searchers: dict[str, Callable[[ShardingTask, int], object]] = {}
     for method, policy in policies.items():
-        searchers[method] = bind(policy_searcher(method, policy=policy))
-        searchers[f"{method}+best{args.samples}"] = bind(policy_searcher(method, policy=policy, samples=args.samples))
+        searchers[method] = bind(PolicySearch(policy))
+        searchers[f"{method}+best{args.samples}"] = bind(PolicySearch(policy, samples=args.samples))
     for method in ("neuroshard", *GREEDY, "random") + (("torchrec",) if args.torchrec else ()):
         searchers[method] = bind(make_searcher(method))
 

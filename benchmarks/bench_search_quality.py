@@ -15,12 +15,12 @@ import argparse
 import numpy as np
 from tqdm.auto import tqdm
 
-from shardwise.search import PlanError, make_searcher
+from shardwise.search import PlanError, get_method, make_searcher, method_names
 from shardwise.workload.synthetic import synthesize_tables
 from shardwise.workload.tableset import sample_task
 
-METHODS = ("neuroshard", "random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy",
-           "torchrec", "torchrec_cw")
+#: every registered method that plans without a trained policy and without measuring on this machine
+METHODS = tuple(m for m in method_names() if get_method(m).policy is None and not get_method(m).measures)
 TASK_SETS = {"10-60 tables, 4 devices": (10, 60, 4), "80-120 tables, 8 devices": (80, 120, 8)}
 
 
@@ -33,12 +33,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    from shardwise.integrations.mlflow import default_model_uri, load_cost_model, resolve_tracking_uri
+    from shardwise.integrations.mlflow import MlflowService, champion_uri, cost_model_name
     from shardwise.profiling.hardware import hardware_kind
 
-    uri = args.model or default_model_uri(hardware_kind("cpu"))
+    uri = args.model or champion_uri(cost_model_name(hardware_kind("cpu")))
     try:
-        model = load_cost_model(uri, tracking_uri=resolve_tracking_uri(None))
+        model = MlflowService().load_cost_model(uri)
     except Exception as err:
         raise SystemExit(
             f"no cost model at {uri} ({type(err).__name__}): predicted quality needs one; get it with "

@@ -67,7 +67,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from shardwise.integrations.torchrec import to_sharding_plan
+    from shardwise.search.torchrec_plan import to_sharding_plan
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -111,7 +111,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_exported_plan_runs_in_dmp_and_matches_unsharded(tmp_path):
+def test_exported_plan_runs_in_dmp_and_matches_unsharded(tmp_path, monkeypatch):
+    # the spawned workers import this module by its importlib-mode name (tests.integration...): they need the
+    # repository root on sys.path, which `python -m pytest` adds and a plain `pytest` does not
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[2]))
     torch.multiprocessing.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     owned = set()
     for rank in range(WORLD_SIZE):

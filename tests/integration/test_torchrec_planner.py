@@ -8,10 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from shardwise.integrations.torchrec import ShardwisePlanner, to_module_sharding_plan, to_sharding_plan
+import shardwise.integrations.torchrec as integration
+from shardwise.integrations.torchrec import ShardwisePlanner
 from shardwise.search import PlanError, TorchRecPlannerSearch, make_searcher, validate_plan
+from shardwise.search import torchrec_plan as export
 from shardwise.search.plan import shard_state_bytes
-from shardwise.search.torchrec_planner import plan_from_module_sharding
+from shardwise.search.torchrec_plan import (
+    plan_from_module_sharding,
+    to_module_sharding_plan,
+    to_sharding_plan,
+)
 from shardwise.workload import ShardingTask, TableSpec
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
@@ -55,6 +61,12 @@ def test_export_and_import_of_module_sharding_plans_round_trip():
     assert sorted(back.shards, key=key) == sorted(plan.shards, key=key)
     with pytest.raises(PlanError, match="covered more than once"):
         to_sharding_plan(plan.model_copy(update={"shards": plan.shards + plan.shards[:1]}), task)
+
+
+def test_the_torchrec_integration_re_exports_the_plan_export():
+    for name in ("parameter_sharding", "to_module_sharding_plan", "to_sharding_plan", "plan_from_module_sharding",
+                 "ebc_on_meta"):
+        assert getattr(integration, name) is getattr(export, name)
 
 
 def test_shardwise_planner_has_torchrecs_call_shape():

@@ -2,7 +2,15 @@ import numpy as np
 import pytest
 from search_doubles import FeatureCostModel, random_task
 
-from shardwise.search import METHODS, GreedySearch, PlanError, RandomSearch, make_searcher, validate_plan
+from shardwise.search import (
+    GreedySearch,
+    PlanError,
+    RandomSearch,
+    get_method,
+    make_searcher,
+    method_names,
+    validate_plan,
+)
 from shardwise.search.plan import shard_state_bytes
 from shardwise.workload import ShardingTask, TableSpec
 
@@ -67,7 +75,25 @@ def test_a_table_larger_than_a_device_is_refused_by_table_wise_methods():
     assert sorted(s.dim for s in plan.shards if s.table == "big") == [32, 32]
 
 
-def test_make_searcher_knows_every_method_and_refuses_others():
-    assert {make_searcher(m).name for m in METHODS} == set(METHODS)
-    with pytest.raises(ValueError, match="not one of neuroshard, random"):
+def test_make_searcher_builds_every_registered_method_and_refuses_others():
+    without_policy = [m for m in method_names() if get_method(m).policy is None]
+    assert {make_searcher(m).name for m in without_policy} == set(without_policy)
+    assert {"neuroshard", *BASELINES, "measured_greedy", "torchrec", "torchrec_cw"} <= set(without_policy)
+    with pytest.raises(ValueError, match="'best_greedy' is not registered; one of neuroshard, random"):
         make_searcher("best_greedy")
+
+
+def test_greedy_falls_back_to_largest_first_when_its_key_order_strands_a_table():
+    # by dim the two wide tables go first, one per device, and leave no device room for the narrow huge one;
+    # largest first puts the huge one alone and both wide ones together
+    wide = [TableSpec(name=f"w{i}", rows=1000, dim=128, pooling_factor=1.0) for i in range(2)]
+    huge = TableSpec(name="huge", rows=40000, dim=8, pooling_factor=1.0)
+    probe = ShardingTask(num_devices=2, device_memory_bytes=1, batch_size=64, tables=(*wide, huge))
+    wide_bytes, huge_bytes = shard_state_bytes(wide[0], probe), shard_state_bytes(huge, probe)
+    assert huge_bytes >= 2 * wide_bytes
+    task = probe.model_copy(update={"device_memory_bytes": huge_bytes})
+    plan = GreedySearch("dim").search(task, None, 0)
+    validate_plan(plan, task)
+    assert plan.extra["provenance"]["options"]["order"].startswith("memory")
+    device = {s.table: s.device for s in plan.shards}
+    assert device["w0"] == device["w1"] != device["huge"]

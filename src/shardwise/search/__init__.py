@@ -1,8 +1,16 @@
-"""Search: plans (validity, memory, JSON IO), the simulator, NeuroShard and the baselines."""
+"""Search: plans (validity, memory, JSON IO), the simulator, the method registry and the methods.
+
+Each method module registers itself when imported; the imports below, in this order, are the registry's
+contents and order (a new method is one new module and one line here)."""
 
 from __future__ import annotations
 
-from .baselines import GREEDY_KEYS, GreedySearch, RandomSearch
+# isort: off
+# the methods register themselves on import, in this order: the order `shardwise plan --help` and the
+# benchmark list them
+from . import neuroshard, baselines, torchrec_planner, dreamshard, autoshard  # noqa: F401
+# isort: on
+from .baselines import GREEDY_KEYS, MEASURED_KEY, GreedySearch, RandomSearch, SingleTableTimings
 from .neuroshard import NeuroShardConfig, NeuroShardSearch
 from .plan import (
     PLAN_FORMAT,
@@ -17,70 +25,69 @@ from .plan import (
     save_plan,
     validate_plan,
 )
-from .policy_common import POLICY_METHODS  # learned policies; make_searcher needs `policy=`
+from .policy_files import PolicyError
+from .policy_search import PolicySearch, mean_plan_cost
+from .policy_training import sample_training_tasks, train_policy
+from .registry import (
+    MethodError,
+    MethodOptions,
+    MethodSpec,
+    NoOptions,
+    PolicyHooks,
+    get_method,
+    load_policy_dir,
+    make_searcher,
+    method_names,
+    method_options,
+    register_method,
+    unregister_method,
+)
 from .report import finish_plan, format_plan
 from .simulator import PlanCost, ShardCostCache, simulate
 from .torchrec_planner import TorchRecPlannerSearch
 from .types import Searcher
 
-METHODS: tuple[str, ...] = (
-    "neuroshard",
-    "random",
-    "size_greedy",
-    "dim_greedy",
-    "lookup_greedy",
-    "size_lookup_greedy",
-    "torchrec",
-    "torchrec_cw",
-)
-#: methods that need a cost model to search (the others use one only to report predicted costs)
-MODEL_METHODS: frozenset[str] = frozenset({"neuroshard", *POLICY_METHODS})
-
-
-def make_searcher(method: str, **options: object) -> Searcher:
-    """The searcher called `method` (one of METHODS), configured by `options`."""
-    if method == "neuroshard":
-        return NeuroShardSearch(**options)  # type: ignore[arg-type]
-    if method == "random":
-        return RandomSearch(**options)  # type: ignore[arg-type]
-    if method.endswith("_greedy") and method.removesuffix("_greedy") in GREEDY_KEYS:
-        return GreedySearch(method.removesuffix("_greedy"), **options)  # type: ignore[arg-type]
-    if method in ("torchrec", "torchrec_cw"):
-        return TorchRecPlannerSearch(column_wise=method == "torchrec_cw", **options)  # type: ignore[arg-type]
-    if method in POLICY_METHODS:
-        # learned policies: options policy=<loaded policy | directory | models:/...>, samples=, tracking_uri=
-        from .policy_common import policy_searcher
-
-        return policy_searcher(method, **options)  # type: ignore[arg-type]
-    raise ValueError(f"method {method!r} is not one of {', '.join(METHODS + POLICY_METHODS)}")
-
-
 __all__ = [
     "GREEDY_KEYS",
-    "METHODS",
-    "MODEL_METHODS",
-    "POLICY_METHODS",
+    "MEASURED_KEY",
     "PLAN_FORMAT",
     "GreedySearch",
+    "MethodError",
+    "MethodOptions",
+    "MethodSpec",
     "NeuroShardConfig",
     "NeuroShardSearch",
+    "NoOptions",
     "Plan",
     "PlanCost",
     "PlanError",
+    "PolicyError",
+    "PolicyHooks",
+    "PolicySearch",
     "RandomSearch",
     "Searcher",
     "Shard",
     "ShardCostCache",
+    "SingleTableTimings",
     "TorchRecPlannerSearch",
     "check_memory_bounds",
     "device_specs",
     "finish_plan",
     "format_plan",
+    "get_method",
     "load_plan",
+    "load_policy_dir",
     "make_searcher",
+    "mean_plan_cost",
+    "method_names",
+    "method_options",
     "plan_from_json",
     "plan_memory_bytes",
+    "register_method",
+    "sample_training_tasks",
     "save_plan",
     "simulate",
+    "train_policy",
+    "unregister_method",
     "validate_plan",
 ]

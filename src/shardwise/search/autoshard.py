@@ -25,17 +25,11 @@ from tqdm.auto import tqdm
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import NUM_FEATURES, ShardingTask
 
-from .policy_common import (
-    PlacementTask,
-    PolicySearch,
-    legal_devices,
-    masked_logits,
-    prepare_task,
-    read_policy,
-    save_policy,
-    select_device,
-    single_thread,
-)
+from .placement import PlacementTask, legal_devices, masked_logits, prepare_task, select_device
+from .policy_files import read_policy, save_policy
+from .policy_search import PolicyOptions, policy_factory
+from .registry import MethodSpec, PolicyHooks, register_method
+from .threads import single_thread
 
 METHOD = "autoshard"
 #: per-device action features: compute now, total now, total after placing, plan cost after, plan cost now,
@@ -242,9 +236,6 @@ class AutoShardPolicy:
         return policy.to(device)
 
 
-class AutoShardSearch(PolicySearch):
-    """Plans with a trained AutoShard policy (greedy plus sampled rollouts, best predicted)."""
-
 
 def _train_autoshard(
     cost_model: CostModel,
@@ -310,3 +301,29 @@ def train_autoshard(
     """Train a AutoShard policy on `tasks` against `cost_model`; returns it and training statistics."""
     with single_thread():
         return _train_autoshard(cost_model, tasks, seed, config, device=device, progress=progress)
+
+
+def train_for_episodes(
+    cost_model: CostModel,
+    tasks: Sequence[ShardingTask],
+    seed: int,
+    *,
+    episodes: int = 200,
+    device: str | None = None,
+    progress: bool = True,
+) -> tuple[AutoShardPolicy, list[dict[str, float]]]:
+    """Train with the default config for `episodes` episodes."""
+    return train_autoshard(cost_model, tasks, seed, AutoShardConfig(episodes=episodes), device=device,
+                           progress=progress)
+
+
+HOOKS = PolicyHooks(load=AutoShardPolicy.load, train=train_for_episodes)
+register_method(MethodSpec(
+    name=METHOD,
+    factory=policy_factory(METHOD, AutoShardPolicy.load),
+    options=PolicyOptions,
+    description="a recurrent actor-critic placement policy trained against the cost model",
+    needs_cost_model=True,
+    learned=True,
+    policy=HOOKS,
+))

@@ -24,19 +24,19 @@ from tqdm.auto import tqdm
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import NUM_FEATURES, ShardingTask
 
-from .plan import PlanError
-from .policy_common import (
+from .placement import (
     PlacementTask,
-    PolicySearch,
     assignment_costs_ms,
     legal_devices,
     masked_logits,
     prepare_task,
-    read_policy,
-    save_policy,
     select_device,
-    single_thread,
 )
+from .plan import PlanError
+from .policy_files import read_policy, save_policy
+from .policy_search import PolicyOptions, policy_factory
+from .registry import MethodSpec, PolicyHooks, register_method
+from .threads import single_thread
 
 METHOD = "dreamshard"
 #: cost features per device: current fwd/bwd/comm, after placing the table, plan cost after, plan cost now,
@@ -268,9 +268,6 @@ class DreamShardPolicy:
         return policy.to(device)
 
 
-class DreamShardSearch(PolicySearch):
-    """Plans with a trained DreamShard policy (greedy plus sampled rollouts, best predicted)."""
-
 
 # -- training ----------------------------------------------------------------------------------------------
 class _PlanData:
@@ -409,3 +406,30 @@ def train_dreamshard(
     """Train a DreamShard policy on `tasks` against `cost_model`; returns it and training statistics."""
     with single_thread():
         return _train_dreamshard(cost_model, tasks, seed, config, device=device, progress=progress)
+
+
+def train_for_episodes(
+    cost_model: CostModel,
+    tasks: Sequence[ShardingTask],
+    seed: int,
+    *,
+    episodes: int = 200,
+    device: str | None = None,
+    progress: bool = True,
+) -> tuple[DreamShardPolicy, list[dict[str, float]]]:
+    """Train with the default config for about `episodes` policy episodes (whole iterations of them)."""
+    per_iteration = DreamShardConfig().episodes_per_iteration
+    config = DreamShardConfig(iterations=max(1, round(episodes / per_iteration)))
+    return train_dreamshard(cost_model, tasks, seed, config, device=device, progress=progress)
+
+
+HOOKS = PolicyHooks(load=DreamShardPolicy.load, train=train_for_episodes)
+register_method(MethodSpec(
+    name=METHOD,
+    factory=policy_factory(METHOD, DreamShardPolicy.load),
+    options=PolicyOptions,
+    description="a placement policy trained by REINFORCE on an estimated MDP of the cost model",
+    needs_cost_model=True,
+    learned=True,
+    policy=HOOKS,
+))

@@ -9,19 +9,20 @@ is a single batched head call over every (cap, device) candidate; the caps of th
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from pydantic import Field
 
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import ShardingTask, TableSpec
 from shardwise.workload.tables import DIM_ALIGNMENT
 
 from .plan import Plan, PlanError, Shard, check_memory_bounds, shard_state_bytes
+from .registry import MethodOptions, MethodSpec, register_method
 from .report import finish_plan
 from .simulator import ShardCostCache, predict_comm_ms
+from .threads import single_thread
 
 #: pieces per table (1 = whole table, 2 = halves, 4 = quarters, ...), indexed like task.tables
 SplitState = tuple[int, ...]
@@ -204,20 +205,6 @@ class _Placer:
         return results
 
 
-@contextmanager
-def _one_intra_op_thread() -> Iterator[None]:
-    """Run the model's small batched calls on one thread: with hundreds of rows per call, intra-op threads
-    only add synchronisation, and on a busy machine their spin-waits cost 10x (measured: 31 s vs 1.8 s)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 class NeuroShardSearch:
     """Cost-model-guided search: greedy grid for placement inside a beam search over column splits."""
 
@@ -247,7 +234,7 @@ class NeuroShardSearch:
         """The lowest-predicted-cost plan found; PlanError when nothing fits in memory."""
         if cost_model is None:
             raise PlanError("neuroshard needs a cost model (pass --model, or `shardwise pretrain` one)")
-        with _one_intra_op_thread():
+        with single_thread():
             return self._search(task, cost_model, seed)
 
     def _search(self, task: ShardingTask, cost_model: CostModel, seed: int) -> Plan:
@@ -316,3 +303,27 @@ class NeuroShardSearch:
             options=options,
             cache=ShardCostCache(cost_model),
         )
+
+
+_DEFAULT = NeuroShardConfig()
+
+
+class NeuroShardOptions(MethodOptions):
+    """What `shardwise plan` may set of NeuroShardConfig (the grids of caps keep their defaults)."""
+
+    beam_width: int = Field(default=_DEFAULT.beam_width, ge=1, description="split states kept per depth")
+    num_candidates: int = Field(default=_DEFAULT.num_candidates, ge=1,
+                                description="largest and costliest tables tried per step")
+    max_depth: int = Field(default=_DEFAULT.max_depth, ge=0, description="column splits explored")
+    time_budget_s: float | None = Field(default=_DEFAULT.time_budget_s, gt=0,
+                                        description="stop widening the beam after this many seconds")
+
+
+register_method(MethodSpec(
+    name=NeuroShardSearch.name,
+    factory=lambda options: NeuroShardSearch(NeuroShardConfig(**options.model_dump())),
+    options=NeuroShardOptions,
+    description="cost-model-guided greedy grid inside a beam search over column splits",
+    needs_cost_model=True,
+    learned=True,
+))

@@ -9,59 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import ShardingTask
 
-from .plan import Plan, PlanError, Shard, check_memory_bounds
+from .plan import Plan, PlanError, check_memory_bounds
+from .registry import MethodSpec, NoOptions, register_method
 from .report import finish_plan
-
-
-def _optimizer_class(optimizer: str) -> type:
-    import torch
-    from torchrec.optim import RowWiseAdagrad
-
-    return {"rowwise_adagrad": RowWiseAdagrad, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[optimizer]
-
-
-def ebc_on_meta(task: ShardingTask) -> Any:
-    """The task's tables as an `EmbeddingBagCollection` on the meta device (one feature per table)."""
-    import torch
-    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
-    data_type = DataType.FP16 if task.weights_precision == "fp16" else DataType.FP32
-    ebc = EmbeddingBagCollection(
-        tables=[
-            EmbeddingBagConfig(
-                name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name], data_type=data_type
-            )
-            for t in task.tables
-        ],
-        device=torch.device("meta"),
-    )
-    optimizer = _optimizer_class(task.optimizer)
-    for param in ebc.parameters():
-        # TorchRec's storage estimator reads the optimizer from this attribute (set by its fused optimizers)
-        param._optimizer_classes = [optimizer]  # type: ignore[attr-defined]
-    return ebc
-
-
-def plan_from_module_sharding(module_plan: Any, num_devices: int, method: str) -> Plan:
-    """A TorchRec `EmbeddingModuleShardingPlan` (table-wise / column-wise) as a shardwise plan."""
-    shards: list[Shard] = []
-    for table, sharding in module_plan.items():
-        if sharding.sharding_type not in ("table_wise", "column_wise"):
-            raise PlanError(f"table {table!r}: sharding type {sharding.sharding_type!r} has no shardwise form")
-        for meta in sharding.sharding_spec.shards:
-            row_offset, col_offset = meta.shard_offsets
-            if row_offset != 0:
-                raise PlanError(f"table {table!r}: row-split shards have no shardwise form")
-            shards.append(
-                Shard(table=table, col_offset=col_offset, dim=meta.shard_sizes[1], device=meta.placement.rank())
-            )
-    return Plan(num_devices=num_devices, shards=tuple(shards), method=method)
+from .torchrec_plan import ebc_on_meta, plan_from_module_sharding
 
 
 class TorchRecPlannerSearch:
@@ -75,6 +30,7 @@ class TorchRecPlannerSearch:
 
     def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
         """TorchRec's plan for `task`; PlanError when it finds none or it breaks shardwise's memory cap."""
+        # torchrec: heavy (seconds to import), and only this baseline plans with it
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
         from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
         from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
@@ -125,3 +81,13 @@ class TorchRecPlannerSearch:
             )
         except PlanError as err:
             raise PlanError(f"{self.name}: TorchRec's plan is invalid under shardwise's accounting: {err}") from None
+
+
+register_method(MethodSpec(
+    name="torchrec", factory=lambda options: TorchRecPlannerSearch(), options=NoOptions,
+    description="TorchRec's EmbeddingShardingPlanner, table-wise",
+))
+register_method(MethodSpec(
+    name="torchrec_cw", factory=lambda options: TorchRecPlannerSearch(column_wise=True), options=NoOptions,
+    description="TorchRec's EmbeddingShardingPlanner, table-wise and column-wise",
+))

@@ -1,0 +1,148 @@
+"""shardwise plans in TorchRec's terms and back: `ShardingPlan` export for `DistributedModelParallel`, import of
+TorchRec's table-wise and column-wise module plans, and a task's tables as a meta-device EmbeddingBagCollection.
+
+    DistributedModelParallel(model, plan=to_sharding_plan(plan, task, module_path="ebc"))
+
+torchrec is imported inside each function: it is heavy (seconds to import) and optional for most commands,
+while this module is imported with every `shardwise.search` (the torchrec baseline registers from it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch.distributed._shard.metadata import ShardMetadata
+from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
+
+from shardwise.workload import Optimizer, ShardingTask
+
+from .plan import Plan, PlanError, Shard, validate_plan
+
+if TYPE_CHECKING:
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+#: the only kernel shardwise measures and plans for (fbgemm's fused TBE, optimizer in backward)
+COMPUTE_KERNEL = "fused"
+
+
+def parameter_sharding(
+    shards: Sequence[Shard], rows: int, *, device_type: str = "cuda", local_world_size: int | None = None
+) -> ParameterSharding:
+    """One table's shards as a TorchRec `ParameterSharding` (table-wise, or column-wise for slices)."""
+    # torchrec: heavy, optional for most commands (see the module docstring)
+    from torchrec.distributed.sharding_plan import placement
+    from torchrec.distributed.types import ParameterSharding
+
+    ordered = sorted(shards, key=lambda s: s.col_offset)
+    local = local_world_size or max(s.device for s in ordered) + 1
+    spec = EnumerableShardingSpec(
+        [
+            ShardMetadata(
+                shard_offsets=[0, s.col_offset],
+                shard_sizes=[rows, s.dim],
+                placement=placement(device_type, s.device, local),
+            )
+            for s in ordered
+        ]
+    )
+    return ParameterSharding(
+        sharding_type="table_wise" if len(ordered) == 1 else "column_wise",
+        compute_kernel=COMPUTE_KERNEL,
+        ranks=[s.device for s in ordered],
+        sharding_spec=spec,
+    )
+
+
+def to_module_sharding_plan(
+    plan: Plan,
+    task: ShardingTask,
+    *,
+    tables: Sequence[str] | None = None,
+    device_type: str = "cuda",
+    local_world_size: int | None = None,
+) -> EmbeddingModuleShardingPlan:
+    """An `EmbeddingModuleShardingPlan` for one embedding-bag collection (its `tables`, default all)."""
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan  # torchrec: heavy, optional
+
+    wanted = set(tables) if tables is not None else {t.name for t in task.tables}
+    by_table: dict[str, list[Shard]] = {}
+    for s in plan.shards:
+        if s.table in wanted:
+            by_table.setdefault(s.table, []).append(s)
+    local = local_world_size or plan.num_devices
+    return EmbeddingModuleShardingPlan(
+        {
+            name: parameter_sharding(shards, task.table(name).rows, device_type=device_type, local_world_size=local)
+            for name, shards in by_table.items()
+        }
+    )
+
+
+def to_sharding_plan(
+    plan: Plan,
+    task: ShardingTask,
+    *,
+    module_path: str = "",
+    device_type: str = "cuda",
+    local_world_size: int | None = None,
+) -> ShardingPlan:
+    """A TorchRec `ShardingPlan` placing the `EmbeddingBagCollection` at `module_path` as `plan` says."""
+    from torchrec.distributed.types import ShardingPlan  # torchrec: heavy, optional
+
+    validate_plan(plan, task)
+    return ShardingPlan(
+        {
+            module_path: to_module_sharding_plan(
+                plan, task, device_type=device_type, local_world_size=local_world_size
+            )
+        }
+    )
+
+
+def plan_from_module_sharding(module_plan: EmbeddingModuleShardingPlan, num_devices: int, method: str) -> Plan:
+    """A TorchRec `EmbeddingModuleShardingPlan` (table-wise / column-wise) as a shardwise plan."""
+    shards: list[Shard] = []
+    for table, sharding in module_plan.items():
+        if sharding.sharding_type not in ("table_wise", "column_wise"):
+            raise PlanError(f"table {table!r}: sharding type {sharding.sharding_type!r} has no shardwise form")
+        assert sharding.sharding_spec is not None  # table-wise and column-wise shardings always carry one
+        for meta in sharding.sharding_spec.shards:  # type: ignore[attr-defined]
+            row_offset, col_offset = meta.shard_offsets
+            if row_offset != 0:
+                raise PlanError(f"table {table!r}: row-split shards have no shardwise form")
+            shards.append(
+                Shard(table=table, col_offset=col_offset, dim=meta.shard_sizes[1], device=meta.placement.rank())
+            )
+    return Plan(num_devices=num_devices, shards=tuple(shards), method=method)
+
+
+def _optimizer_class(optimizer: Optimizer) -> type:
+    """The torch optimizer class TorchRec's storage estimator reads for `optimizer`."""
+    from torchrec.optim import RowWiseAdagrad  # torchrec: heavy, optional
+
+    return {"rowwise_adagrad": RowWiseAdagrad, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[optimizer]
+
+
+def ebc_on_meta(task: ShardingTask) -> EmbeddingBagCollection:
+    """The task's tables as an `EmbeddingBagCollection` on the meta device (one feature per table)."""
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig  # torchrec: heavy, optional
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    data_type = DataType.FP16 if task.weights_precision == "fp16" else DataType.FP32
+    ebc = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(
+                name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name], data_type=data_type
+            )
+            for t in task.tables
+        ],
+        device=torch.device("meta"),
+    )
+    optimizer = _optimizer_class(task.optimizer)
+    for param in ebc.parameters():
+        # TorchRec's storage estimator reads the optimizer from this attribute (set by its fused optimizers)
+        param._optimizer_classes = [optimizer]  # type: ignore[attr-defined]
+    return ebc
