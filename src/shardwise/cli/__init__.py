@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -40,12 +42,24 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"shardwise {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of a failure (default: one line); may follow the verb too")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show the libraries' INFO logs (MLflow, torchrec, fbgemm); may follow the verb too")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for name, (module, help_) in VERBS.items():
         sub = verbs.add_parser(name, help=help_, description=help_)
         if verb in (name, "all"):
             importlib.import_module(module).configure(name, sub)
     return parser
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """Library INFO logs (MLflow's store set-up and download bars, torchrec, fbgemm) only with -v."""
+    level = "INFO" if verbose else "WARNING"
+    # read by MLflow when it configures its loggers (at import) and by its artifact downloads
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", level)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true" if verbose else "false")
+    for name in ("mlflow", "alembic", "torchrec", "fbgemm_gpu", "kfp"):
+        logging.getLogger(name).setLevel(level)
 
 
 def _selected_verb(argv: Sequence[str]) -> str | None:
@@ -56,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `shardwise` console script: a ShardwiseError is one line on stderr and exit 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    argv = [arg for arg in argv if arg != "--debug"]
+    verbose = bool({"-v", "--verbose"} & set(argv))
+    argv = [arg for arg in argv if arg not in ("--debug", "-v", "--verbose")]
+    quiet_libraries(verbose)
     args = build_parser(_selected_verb(argv)).parse_args(argv)
     try:
         result = args.handler(args)

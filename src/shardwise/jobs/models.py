@@ -44,9 +44,9 @@ def load_cost_model(
         return None, None
     try:
         return mlflow.load_cost_model(default, device=device or "cpu"), default
-    except RegistryError as err:
+    except RegistryError:
         if required:
-            raise ShardwiseError(f"{how} ({err})") from None
+            raise ShardwiseError(how) from None
         return None, None
 
 

@@ -1,0 +1,54 @@
+"""`--tracking-uri` reaches the model registry: a champion registered in a non-default store is found by `plan`,
+and nothing is created in the working directory."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from search_doubles import random_task
+
+from shardwise.cli import main
+from shardwise.costmodel import TrainConfig, train_cost_model
+from shardwise.integrations.mlflow import MlflowService
+from shardwise.profiling import hardware_kind
+from shardwise.workload import save_task
+
+pytestmark = pytest.mark.integration
+
+
+def test_plan_finds_the_champion_in_the_store_named_by_tracking_uri(tmp_path, monkeypatch, capsys):
+    from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    store = tmp_path / "registry"
+    store.mkdir()
+    uri = f"sqlite:///{store / 'reg.db'}"
+    df = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), comm_rows(10, 0)],
+                   ignore_index=True)
+    df["hardware_kind"] = hardware_kind("cpu")  # this machine's kind: the champion `plan` looks up by default
+    model, report = train_cost_model(df, 0, TrainConfig(epochs=5, comm_epochs=5, progress=False))
+    monkeypatch.chdir(store)  # MLflow's default artifact root is relative to the working directory
+    logged = MlflowService(uri).log_cost_model(model, report)
+    assert logged.promotion is not None and logged.promotion.alias == "champion"
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    save_task(random_task(0, 12, 4), "task.json")
+    # the champion is looked up for the hardware the model was trained on
+    assert main(["plan", "--task", "task.json", "--method", "neuroshard", "--tracking-uri", uri,
+                 "--out", "plan.json"]) == 0, capsys.readouterr().err
+    doc = json.loads((work / "plan.json").read_text())
+    assert doc["provenance"]["cost_model_uri"] == f"models:/shardwise-cost-{model.hardware_kind}@champion"
+    assert sorted(p.name for p in work.iterdir()) == ["plan.json", "task.json"]  # no ./mlflow.db
+    capsys.readouterr()
+
+    # a store without the champion: one line saying how to get one, and still nothing created
+    assert main(["plan", "--task", "task.json", "--tracking-uri", f"sqlite:///{tmp_path / 'empty.db'}",
+                 "--out", "plan2.json"]) == 2
+    err = capsys.readouterr().err
+    assert "make run" in err and err.count("\n") == 1
+    assert not (tmp_path / "empty.db").exists()
