@@ -87,6 +87,7 @@ def torchrec_estimates(shards: Sequence[Sequence[TableSpec]], batch_size: int) -
 
     TorchRec models a device's compute as the sum of its shards' estimates (no fused-kernel sharing), for
     a GPU: absolute values are not this machine's milliseconds, so callers fit a scale."""
+    # torchrec: heavy (seconds to import), needed only for this comparison
     import torch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator

@@ -39,7 +39,7 @@ __all__ = [
 
 def embedding_bag_collections(module: nn.Module) -> dict[str, Any]:
     """Every `EmbeddingBagCollection` in `module` by its module path ("" for `module` itself)."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection  # heavy: only when planning a model
 
     return {path: m for path, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)}
 
@@ -130,7 +130,7 @@ class ShardwisePlanner:
 
     def plan(self, module: nn.Module, sharders: Sequence[Any] | None = None) -> Any:
         """A `ShardingPlan` for every `EmbeddingBagCollection` in `module` (`sharders` as TorchRec passes them)."""
-        from torchrec.distributed.types import ShardingPlan
+        from torchrec.distributed.types import ShardingPlan  # heavy: only when planning a model
 
         task, names = self.task_for(module)
         plan = self.searcher.search(task, self.cost_model, self.seed)
@@ -147,7 +147,7 @@ class ShardwisePlanner:
 
     def collective_plan(self, module: nn.Module, sharders: Sequence[Any] | None = None, pg: Any = None) -> Any:
         """`plan` on rank 0, broadcast to every rank of `pg` (so all ranks shard identically)."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # only when planning collectively
 
         if not dist.is_initialized():
             return self.plan(module, sharders)

@@ -57,7 +57,7 @@ def hardware_kind(device: str | torch.device | None = None) -> str:
 
 def fbgemm_version() -> str:
     """The installed fbgemm_gpu version ("unknown" when it does not say)."""
-    import fbgemm_gpu
+    import fbgemm_gpu  # heavy (registers its operators with torch): only when recording versions
 
     return str(getattr(fbgemm_gpu, "__version__", "unknown"))
 

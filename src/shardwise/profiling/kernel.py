@@ -108,6 +108,7 @@ def build_shard_kernel(
     seed: int = 0,
 ) -> ShardKernel:
     """fbgemm's SplitTableBatchedEmbeddingBagsCodegen over `tables` with its inputs, on `device`."""
+    # fbgemm_gpu: heavy (registers its operators with torch), needed only when a kernel is built
     from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import ComputeDevice, EmbeddingLocation
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
