@@ -1,15 +1,22 @@
-"""`shardwise profile`: real measurements into a Parquet dataset, resumed after an interruption."""
+"""`shardwise profile`: real measurements into a Parquet dataset, resumed after an interruption (an exception,
+SIGTERM, SIGINT during the all-to-alls), appended to a dataset in the single-file format from before."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from shardwise.cli import main
 from shardwise.profiling import runner
-from shardwise.profiling.dataset import load_costs, noise_floor
+from shardwise.profiling.comm import CommTiming
+from shardwise.profiling.dataset import load_costs, noise_floor, rows_to_table
 from shardwise.profiling.kernel import TimingProtocol
 from shardwise.profiling.runner import ProfileSettings, profile
 from shardwise.workload import TableSpec
@@ -93,3 +100,99 @@ def test_cli_profile_refuses_a_bad_table_file(tmp_path: Path, capsys: pytest.Cap
                                "tables": [{"name": "t", "rows": 10, "dim": 6, "pooling_factor": 1.0}]}))
     assert main(["profile", "--tables", str(bad), "--out", str(tmp_path / "c.parquet")]) == 2
     assert "dim" in capsys.readouterr().err
+
+
+def test_interrupted_all_to_alls_keep_every_measured_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "costs.parquet"
+    settings = ProfileSettings(num_shards=2, comm_layouts=6, max_tables=3, batch_size=64, seed=3, protocol=FAST,
+                               max_devices=8, device="cpu")
+    groups: list[int] = []
+
+    def all_to_all(layouts, batch_size, **kwargs):  # type: ignore[no-untyped-def]
+        if len(groups) == 1:
+            raise KeyboardInterrupt  # during the second device count's group
+        groups.append(len(layouts[0]))
+        return [[CommTiming(1.0, 2.0, 0, None)] * len(widths) for widths in layouts]
+
+    monkeypatch.setattr(runner, "measure_all_to_all_many", all_to_all)
+    with pytest.raises(KeyboardInterrupt):
+        profile(TABLES, out, settings, progress=False)
+    df = load_costs(out)
+    comm = df[df["kind"] == "comm"]
+    assert (df["kind"] == "compute").sum() == 2  # the compute rows pending in the buffer were flushed
+    assert set(comm["num_devices"]) == {groups[0]} and len(comm) > 0  # the first group's rows, as measured
+
+    groups.append(0)  # no more interruptions
+    summary = profile(TABLES, out, settings, progress=False)
+    assert summary.skipped == 2 + comm["config_id"].nunique() and summary.total_rows == len(load_costs(out))
+    assert groups[0] not in groups[2:]  # the stored group was not measured again
+
+
+#: a profiling process to signal: measures many tiny shards, one part file per shard
+_PROFILER = """
+import sys
+from shardwise.profiling.kernel import TimingProtocol
+from shardwise.profiling.runner import ProfileSettings, profile
+from shardwise.workload import TableSpec
+tables = [TableSpec(name=f"t{i}", rows=200 + 50 * i, dim=4 * (1 + i % 4), pooling_factor=1.0) for i in range(6)]
+settings = ProfileSettings(num_shards=200, max_tables=3, batch_size=32, seed=0, device="cpu", chunk_size=1,
+                           protocol=TimingProtocol(warmup_iters=1, iters=2, calibration_runs=3))
+try:
+    profile(tables, sys.argv[1], settings, progress=False)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def _wait_for(condition, what: str, timeout_s: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_sigterm_while_measuring_keeps_every_flushed_row(tmp_path: Path) -> None:
+    out = tmp_path / "costs.parquet"
+    proc = subprocess.Popen([sys.executable, "-c", _PROFILER, str(out)])
+    parts = lambda: [p for p in out.iterdir() if p.suffix == ".parquet"] if out.is_dir() else []  # noqa: E731
+    _wait_for(lambda: len(parts()) >= 3, "three part files")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 130  # SIGTERM became an interrupt that flushed, not a kill
+    df = load_costs(out)
+    assert 3 <= len(df) < 200 and len(df) == len(parts())  # one part per row (chunk_size 1), none lost
+    assert df.groupby(["config_id", "repeat"]).size().max() == 1
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp part left behind
+
+
+def test_sigint_during_the_all_to_alls_keeps_rows_and_says_so(tmp_path: Path) -> None:
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps({"format": "shardwise.tables/v1", "batch_size": 64,
+                                  "tables": [t.model_dump(mode="json") for t in TABLES[:4]]}))
+    out = tmp_path / "costs.parquet"
+    # the dataset starts in the single-file format from before: the run converts it and appends parts
+    pq.write_table(rows_to_table([{"kind": "compute", "config_id": "old", "repeat": 0, "fwd_ms": 1.0,
+                                   "bwd_ms": 1.0, "batch_size": 64, "hardware_kind": "cpu-old"}]), out)
+    argv = ["profile", "--tables", str(tables), "--out", str(out), "--num-shards", "2", "--comm-layouts", "2",
+            "--max-devices", "2", "--max-tables", "2", "--timing-iters", "2", "--warmup-iters", "1",
+            "--seed", "1", "--device", "cpu"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from shardwise.cli import main; sys.exit(main(sys.argv[1:]))", *argv],
+        stderr=subprocess.PIPE, text=True,
+    )
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    if not children.parent.exists():
+        proc.kill()
+        pytest.skip("needs /proc to see when the all-to-all ranks are spawned")
+    # the all-to-alls have begun once the profiler has spawned processes (a resource tracker, then the ranks)
+    _wait_for(lambda: len(children.read_text().split()) >= 2, "the all-to-all ranks")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert "converted the single-file cost dataset" in err
+    # cutting a group short would leave spawned ranks waiting for a peer: the group in flight finishes first
+    assert "waiting for the 2 all-to-all layout(s) in flight" in err
+    assert f"interrupted; what was measured is stored in {out}" in err
+    df = load_costs(out)
+    assert df["config_id"].iloc[0] == "old"  # the old file is the first part
+    # the shards measured before were pending (chunk of 25): flushed with the group's rows
+    assert (df["kind"] == "compute").sum() == 1 + 2 and (df["kind"] == "comm").sum() == 2 * 2

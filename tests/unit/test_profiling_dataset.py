@@ -1,15 +1,33 @@
-"""The cost dataset: atomic appends, loading files and directories, and the noise floor."""
+"""The cost dataset: appends as part files (concurrent writers, a SIGKILL, the single-file format from before),
+loading files and directories, and the noise floor."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from shardwise.errors import ShardwiseError
 from shardwise.profiling import dataset
-from shardwise.profiling.dataset import DatasetError, append_rows, load_costs, noise_floor, stored_keys
+from shardwise.profiling.dataset import (
+    DatasetError,
+    append_rows,
+    count_rows,
+    load_costs,
+    load_stored,
+    noise_floor,
+    prepare_dataset,
+    rows_to_table,
+    stored_keys,
+)
 from shardwise.profiling.schema import COMMON_COLUMNS
 
 
@@ -27,7 +45,12 @@ def test_append_accumulates_and_keeps_every_column(tmp_path: Path) -> None:
     assert set(COMMON_COLUMNS) <= set(df.columns)
     assert df.loc[2, "device"] == 1 and pd.isna(df.loc[0, "device"])
     assert stored_keys(path) == {("a", 0), ("b", 0), ("c", 0)}
-    assert pq.read_schema(path).metadata[b"format"] == b"shardwise.costs/v1"
+    parts = sorted(path.iterdir())
+    assert path.is_dir() and len(parts) == 2  # one part per append, nothing rewritten
+    assert all(p.name.startswith("part-") and p.suffix == ".parquet" for p in parts)
+    assert pq.read_schema(parts[0]).metadata[b"format"] == b"shardwise.costs/v1"
+    assert count_rows(path) == 3 and count_rows(tmp_path / "absent") == 0
+    assert pd.read_parquet(path)["config_id"].tolist() == ["a", "b", "c"]  # other tools read it as one dataset
 
 
 def test_a_failed_write_leaves_the_existing_file_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,11 +62,12 @@ def test_a_failed_write_leaves_the_existing_file_intact(tmp_path: Path, monkeypa
         raise OSError("disk full")
 
     monkeypatch.setattr(dataset.pq, "write_table", broken_write)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(DatasetError, match="disk full"):
         append_rows(path, [row("b", 0, 2.0)])
     monkeypatch.undo()
     assert list(load_costs(path)["config_id"]) == ["a"]
-    assert [p.name for p in tmp_path.iterdir()] == ["costs.parquet"]  # no temp file left behind
+    assert [p.name for p in tmp_path.iterdir()] == ["costs.parquet"]
+    assert len(list(path.iterdir())) == 1  # no temp file left behind
 
 
 def test_load_costs_reads_several_files_and_directories(tmp_path: Path) -> None:
@@ -52,8 +76,9 @@ def test_load_costs_reads_several_files_and_directories(tmp_path: Path) -> None:
     append_rows(tmp_path / "other.parquet", [row("c", 0, 1.0)])
     df = load_costs([tmp_path / "parts", tmp_path / "other.parquet"])
     assert sorted(df["config_id"]) == ["a", "b", "c"]
-    with pytest.raises(FileNotFoundError, match="missing.parquet"):
+    with pytest.raises(FileNotFoundError, match="missing.parquet") as missing:
         load_costs(tmp_path / "missing.parquet")
+    assert isinstance(missing.value, DatasetError)  # one line from the CLI, not a traceback
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetError, match="no .parquet files"):
         load_costs(tmp_path / "empty")
@@ -81,3 +106,118 @@ def test_noise_floor_of_repeated_measurements() -> None:
     assert floor["median_rel_dev"] == pytest.approx(0.0)
     assert floor["max_rel_dev"] == pytest.approx(1 / 11)
     assert noise_floor(df[df.config_id == "c"])["configs"] == 0
+
+
+def _write_single_file(path: Path, rows: list[dict]) -> None:
+    """A dataset as written before part files: one Parquet file."""
+    pq.write_table(rows_to_table(rows), path)
+
+
+def test_a_single_file_dataset_still_loads_and_appending_converts_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "costs.parquet"
+    _write_single_file(path, [row("old", 0, 1.0), row("old", 1, 1.1)])
+    assert list(load_costs(path)["config_id"]) == ["old", "old"] and count_rows(path) == 2
+    assert stored_keys(path) == {("old", 0), ("old", 1)}
+    inode = path.stat().st_ino
+
+    assert append_rows(path, [row("new", 0, 2.0)]) == 3
+    assert "converted the single-file cost dataset" in caplog.text
+    assert path.is_dir() and list(load_costs(path)["config_id"]) == ["old", "old", "new"]
+    first = sorted(path.iterdir())[0]
+    assert "legacy" in first.name and first.stat().st_ino == inode  # the old file itself, not a copy
+    assert [p.name for p in tmp_path.iterdir()] == ["costs.parquet"]  # no staging directory left
+    assert prepare_dataset(path) is False  # converted once
+
+
+def test_a_conversion_cut_short_is_finished_by_the_next_writer(tmp_path: Path) -> None:
+    path = tmp_path / "costs.parquet"
+    # killed after unlinking the old file, before renaming its directory into place
+    staging = tmp_path / ".costs.parquet.converting-dead"
+    staging.mkdir()
+    _write_single_file(staging / "part-00000000000000000000-legacy-x.parquet", [row("old", 0, 1.0)])
+    append_rows(path, [row("new", 0, 2.0)])
+    assert sorted(load_costs(path)["config_id"]) == ["new", "old"]
+    # killed after hard-linking the old file, before unlinking it: the link is dropped, the rows kept once
+    other = tmp_path / "other.parquet"
+    _write_single_file(other, [row("o", 0, 1.0)])
+    staging = tmp_path / ".other.parquet.converting-dead"
+    staging.mkdir()
+    os.link(other, staging / "part-00000000000000000000-legacy-y.parquet")
+    append_rows(other, [row("p", 0, 1.0)])
+    append_rows(other, [row("q", 0, 1.0)])
+    assert sorted(load_costs(other)["config_id"]) == ["o", "p", "q"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["costs.parquet", "other.parquet"]
+
+
+#: one writer process: append chunks of rows tagged by writer; note each chunk once `append_rows` returned
+_WRITER = """
+import sys
+from shardwise.profiling.dataset import append_rows
+path, writer, chunk, log, chunks = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+row = dict(kind="compute", repeat=0, fwd_ms=1.0, bwd_ms=1.0, batch_size=64, hardware_kind="cpu-test")
+for k in range(chunks):
+    append_rows(path, [dict(row, config_id=f"{writer}-{k}-{i}") for i in range(chunk)])
+    with open(log, "a") as f:
+        f.write(f"{k}\\n")
+"""
+
+
+def test_concurrent_writers_and_a_sigkill_lose_at_most_the_chunk_in_flight(tmp_path: Path) -> None:
+    path = tmp_path / "costs.parquet"
+    # both writers start on a dataset in the single-file format: they race to convert it too
+    _write_single_file(path, [row("old", 0, 1.0)])
+    chunk, chunks = 5, 20
+    logs = {w: tmp_path / f"{w}.log" for w in ("a", "b", "killed")}
+    procs = {
+        w: subprocess.Popen([sys.executable, "-c", _WRITER, str(path), w, str(chunk), str(logs[w]), str(n)])
+        for w, n in (("a", chunks), ("b", chunks), ("killed", 10_000))
+    }
+    deadline = time.monotonic() + 120
+    while not (logs["killed"].exists() and len(logs["killed"].read_text().split()) >= 3):
+        assert time.monotonic() < deadline, "the writer to kill never appended"
+        time.sleep(0.02)
+    procs["killed"].send_signal(signal.SIGKILL)
+    codes = {w: p.wait(120) for w, p in procs.items()}
+    assert codes == {"a": 0, "b": 0, "killed": -signal.SIGKILL}
+
+    df = load_costs(path)
+    ids = df["config_id"].tolist()
+    assert len(ids) == len(set(ids))  # nothing duplicated
+    for w in ("a", "b"):  # every row of every chunk of the writers that finished
+        assert sum(i.startswith(f"{w}-") for i in ids) == chunk * chunks
+    assert "old" in ids
+    # the killed writer: every chunk it saw stored, and at most the one in flight beyond that
+    noted = len(logs["killed"].read_text().split())
+    stored = sum(i.startswith("killed-") for i in ids)
+    assert stored in (chunk * noted, chunk * (noted + 1))
+    assert not [p for p in path.iterdir() if p.name.startswith(".")] or stored == chunk * noted  # a temp part
+    assert count_rows(path) == len(df)
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda p: p.write_text("not parquet"), "not a readable Parquet file"),
+        (lambda p: pq.write_table(rows_to_table([row("a", 0, 1.0)]).drop_columns(["repeat"])
+                                  .append_column("repeat", pa.array(["zero"])), p), "types"),
+    ],
+)
+def test_unreadable_datasets_are_refused_in_one_line(tmp_path: Path, setup, message: str) -> None:
+    path = tmp_path / "costs.parquet"
+    setup(path)
+    with pytest.raises(DatasetError, match=message):
+        load_costs(path)
+
+
+def test_a_path_that_cannot_hold_a_dataset_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DatasetError, match="cannot make it a cost dataset directory") as err:
+        append_rows(tmp_path / "file" / "costs.parquet", [row("a", 0, 1.0)])
+    assert isinstance(err.value, ShardwiseError)
+    with pytest.raises(DatasetError, match="column types"):
+        append_rows(tmp_path / "c", [row("a", 0, "slow")])  # type: ignore[arg-type]
+    assert load_stored(tmp_path / "absent") is None
+    (tmp_path / "empty").mkdir()
+    assert load_stored(tmp_path / "empty") is None  # a dataset directory no writer has added to yet

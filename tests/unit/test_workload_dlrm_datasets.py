@@ -1,13 +1,20 @@
-"""The DLRM dataset format: write a small file (plain and gzip), read it back into tables and index data."""
+"""The DLRM dataset format: write a small file (plain and gzip), read it back into tables and index data; refuse\ntruncated files, gzip bombs and payloads that are not index data in one line."""
 
 import gzip
 import io
+import tracemalloc
 
 import numpy as np
 import pytest
 import torch
 
-from shardwise.workload import DlrmDatasetError, read_dlrm_dataset, read_index_data, write_dlrm_dataset
+from shardwise.workload import (
+    DlrmDatasetError,
+    dlrm_datasets,
+    read_dlrm_dataset,
+    read_index_data,
+    write_dlrm_dataset,
+)
 
 
 def _batches(num_tables: int = 3, batch_size: int = 8, seed: int = 0):
@@ -81,3 +88,78 @@ def test_malformed_files_refused(tmp_path):
 def test_writer_refuses_inconsistent_batches(tmp_path):
     with pytest.raises(DlrmDatasetError, match="table 0: lengths sum"):
         write_dlrm_dataset(tmp_path / "x.pt", [(np.array([1, 2]), np.arange(2))])
+
+
+def _gzip_of_zeros(path, inflated_bytes: int):
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        zeros = bytes(1 << 20)
+        for _ in range(inflated_bytes >> 20):
+            f.write(zeros)
+    return path
+
+
+def test_gzip_bomb_refused_before_taking_the_memory(tmp_path):
+    bomb = _gzip_of_zeros(tmp_path / "bomb.pt.gz", 64 << 20)  # 64 MiB of zeros in about 64 KB
+    tracemalloc.start()
+    try:
+        with pytest.raises(DlrmDatasetError, match="inflates past 2097152 bytes"):
+            read_index_data(bomb, max_bytes=2 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20  # refused while inflating, not after
+
+
+def test_default_inflate_limit_follows_the_compressed_size(tmp_path, monkeypatch):
+    # by default a gzip file may inflate to MAX_COMPRESSION_RATIO x its size (and never less than a floor)
+    monkeypatch.setattr(dlrm_datasets, "_MIN_INFLATE_LIMIT_BYTES", 1 << 20)
+    bomb = _gzip_of_zeros(tmp_path / "bomb.pt.gz", 64 << 20)
+    limit = dlrm_datasets.MAX_COMPRESSION_RATIO * bomb.stat().st_size
+    assert limit < 64 << 20
+    with pytest.raises(DlrmDatasetError, match=f"inflates past {max(limit, 1 << 20)} bytes"):
+        read_dlrm_dataset(bomb)
+    honest = write_dlrm_dataset(tmp_path / "ok.pt.gz", _batches(batch_size=4096), compress=True)
+    assert len(read_index_data(honest)) == 3
+
+
+def test_truncated_and_corrupt_gzip_refused(tmp_path):
+    whole = write_dlrm_dataset(tmp_path / "b.pt.gz", _batches(batch_size=512), compress=True).read_bytes()
+    truncated = tmp_path / "truncated.pt.gz"
+    truncated.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DlrmDatasetError, match="truncated gzip file"):
+        read_index_data(truncated)
+    corrupt = tmp_path / "corrupt.pt.gz"
+    corrupt.write_bytes(whole[:20] + bytes(len(whole) - 20))
+    with pytest.raises(DlrmDatasetError, match="corrupt gzip file"):
+        read_index_data(corrupt)
+
+
+def test_paths_and_payloads_that_are_not_index_data_refused(tmp_path):
+    with pytest.raises(DlrmDatasetError, match="no such DLRM dataset file"):
+        read_index_data(tmp_path / "absent.pt")
+    with pytest.raises(DlrmDatasetError, match="is a directory"):
+        read_index_data(tmp_path)
+    big = tmp_path / "big.pt"
+    big.write_bytes(bytes(4096))
+    with pytest.raises(DlrmDatasetError, match="4096 bytes, over the limit of 1024"):
+        read_index_data(big, max_bytes=1024)
+    lengths = torch.tensor([[1, 2], [0, 1]])
+    offsets = torch.tensor([0, 1, 3, 3, 4])
+    bad = [
+        ((torch.arange(4.0), offsets, lengths), "'indices' holds torch.float32, expected integers"),
+        ((torch.arange(4), offsets, [[1, 2], [0, 1]]), "'lengths' is list, expected a tensor"),
+        ((torch.arange(4), torch.tensor([0, 1, 3, 1, 4]), torch.tensor([[1, 2], [-2, 3]])), "negative bag sizes"),
+        ((torch.arange(0), torch.tensor([0]), torch.zeros(0, 2, dtype=torch.int64)), "no tables or an empty batch"),
+    ]
+    for i, (payload, message) in enumerate(bad):
+        path = tmp_path / f"bad{i}.pt"
+        torch.save(payload, path)
+        with pytest.raises(DlrmDatasetError, match=message):
+            read_index_data(path)
+    # row ids past any real table: the table it would describe is refused, not a pydantic traceback
+    path = tmp_path / "rows.pt"
+    torch.save((torch.tensor([2**45]), torch.tensor([0, 1]), torch.tensor([[1]])), path)
+    with pytest.raises(DlrmDatasetError, match=r"table 0: field 'rows'"):
+        read_dlrm_dataset(path)
+    with pytest.raises(DlrmDatasetError, match=r"table 0: field 'dim'"):
+        read_dlrm_dataset(write_dlrm_dataset(tmp_path / "ok.pt", _batches()), dim=6)

@@ -18,7 +18,8 @@ class ProfileJobSettings(JobSettings):
     """What to measure (shards of which tables, how many) and how (device, timing protocol)."""
 
     tables: str = Field(description="shardwise.tables/v1 file to sample shards from")
-    out: str = Field(description="Parquet cost dataset to append to (reruns resume)")
+    out: str = Field(description="cost dataset directory (Parquet part files) to append to; reruns resume; "
+                     "a single-file dataset is converted")
     indices: str | None = Field(default=None, description="index data in the DLRM dataset format (default: sampled)")
     num_shards: int = Field(default=100, ge=0, description="shard configurations to measure")
     comm_layouts: int = Field(default=_PROFILER["comm_layouts"].default, ge=0, description="all-to-all layouts to measure")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from shardwise.workload import load_task, shard_memory_bytes
+from shardwise.workload import TaskError, load_task, shard_memory_bytes, task_fits
 
 from .base import JobResult, JobSettings
 
@@ -36,8 +36,11 @@ class CheckResult(JobResult):
 
 
 def check(settings: CheckSettings) -> CheckResult:
-    """Load and validate the task (TaskError names the bad field); report its memory need."""
+    """Load and validate the task (TaskError names the bad field); refuse one no plan can fit; report its memory."""
     task = load_task(settings.file)
+    misfit = task_fits(task)
+    if misfit:
+        raise TaskError(f"{settings.file}: {misfit}")
     return CheckResult(
         file=settings.file,
         num_tables=len(task.tables),

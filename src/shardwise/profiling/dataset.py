@@ -1,9 +1,27 @@
-"""The cost dataset on disk (Parquet, `shardwise.costs/v1`): append atomically, load, and its noise floor."""
+"""The cost dataset on disk (Parquet, `shardwise.costs/v1`): a directory of part files, appended to without
+rewriting anything, loaded as one table, and its noise floor.
+
+Each append is one new part file with a name no other writer can pick (time, host, process, random), written
+under a hidden temp name and renamed into place: readers never see half a part, concurrent writers never
+overwrite each other, and an interrupt or a SIGKILL at any moment loses at most the rows not yet written. A
+dataset from before part files (one Parquet file) still loads; appending to it first turns it into a directory
+with the old file as its first part (hard link, unlink, rename: the old rows are never copied or rewritten).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import logging
 import os
-from collections.abc import Iterable, Sequence
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +33,8 @@ import pyarrow.parquet as pq
 from shardwise.errors import ShardwiseError
 
 from .schema import COMM_COLUMNS, COMMON_COLUMNS, COMPUTE_COLUMNS, DATASET_FORMAT
+
+log = logging.getLogger(__name__)
 
 _INT = pa.int64()
 _FLOAT = pa.float64()
@@ -40,10 +60,18 @@ SCHEMA = pa.schema(
     [pa.field(name, _TYPES.get(name, _STR)) for name in ALL_COLUMNS],
     metadata={b"format": DATASET_FORMAT.encode()},
 )
+#: part files are named `part-<unix ns>-<host>-<pid>-<random>.parquet`, so that sorting them is time order
+PART_PREFIX = "part-"
+#: the single file of a dataset from before part files becomes the part that sorts first
+_LEGACY_PART_PREFIX = f"{PART_PREFIX}{0:020d}-legacy-"
 
 
 class DatasetError(ShardwiseError, ValueError):
     """A cost dataset that cannot be read or lacks the columns of `shardwise.costs/v1`."""
+
+
+class MissingDatasetError(DatasetError, FileNotFoundError):
+    """A cost dataset path that does not exist."""
 
 
 def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
@@ -52,71 +80,251 @@ def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
         unknown = set(row) - set(ALL_COLUMNS)
         if unknown:
             raise DatasetError(f"row has columns not in {DATASET_FORMAT}: {sorted(unknown)}")
-    return pa.Table.from_pylist([{c: row.get(c) for c in ALL_COLUMNS} for row in rows], schema=SCHEMA)
+    try:
+        return pa.Table.from_pylist([{c: row.get(c) for c in ALL_COLUMNS} for row in rows], schema=SCHEMA)
+    except pa.ArrowException as err:
+        raise DatasetError(f"rows do not match the column types of {DATASET_FORMAT} ({err})") from None
+
+
+@contextlib.contextmanager
+def interrupts_deferred(note: str | None = None) -> Iterator[list[int]]:
+    """Hold SIGINT and SIGTERM until the block ends, then raise KeyboardInterrupt: a write that must not be cut
+    (the last flush of rows, a dataset's conversion) finishes first. Yields the list of signals held so far;
+    `note` goes to stderr when the first one arrives. Only the main thread receives signals."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def _hold(signum: int, frame: object) -> None:
+        if not caught and note:
+            print(note, file=sys.stderr, flush=True)
+        caught.append(signum)
+
+    previous: dict[signal.Signals, Any] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if handler is not signal.SIG_IGN:  # an ignored signal (a background job's SIGINT) stays ignored
+            previous[signum] = signal.signal(signum, _hold)
+    try:
+        yield caught
+    finally:
+        for held, handler in previous.items():
+            signal.signal(held, handler if handler is not None else signal.SIG_DFL)
+    if caught:
+        raise KeyboardInterrupt(f"signal {caught[0]}")
+
+
+def _part_name() -> str:
+    host = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:40] or "host"
+    return f"{PART_PREFIX}{time.time_ns():020d}-{host}-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened or synced
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _staging_dirs(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(f".{glob.escape(path.name)}.converting-*"))
+
+
+def _recover_conversions(path: Path) -> None:
+    """Finish conversions that a killed process left half done: old rows parked in a hidden sibling directory
+    are moved into the dataset, unless the dataset already holds that very file (a hard link to it)."""
+    if path.exists() and not path.is_dir():
+        return  # still a single file: its conversion finishes first, then the leftovers are seen to
+    for staging in _staging_dirs(path):
+        if not path.exists():
+            with contextlib.suppress(OSError):  # another process may be finishing it right now
+                os.rename(staging, path)
+            continue
+        held = {(st.st_dev, st.st_ino) for st in (p.stat() for p in path.iterdir() if p.is_file())}
+        for part in staging.glob("*.parquet"):
+            with contextlib.suppress(OSError):
+                st = part.stat()
+                if (st.st_dev, st.st_ino) in held:
+                    part.unlink()
+                else:
+                    os.rename(part, path / part.name)
+        with contextlib.suppress(OSError):
+            staging.rmdir()
+
+
+def _convert_single_file(path: Path) -> bool:
+    """Turn a one-file dataset into a directory holding that file as its first part; False if another process
+    got there first. Hard link, unlink, rename: each step refuses directories and only one process wins."""
+    staging = path.with_name(f".{path.name}.converting-{uuid.uuid4().hex[:12]}")
+    legacy = staging / f"{_LEGACY_PART_PREFIX}{uuid.uuid4().hex[:12]}.parquet"
+    try:
+        staging.mkdir()
+        try:
+            os.link(path, legacy)
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            return False  # gone or a directory already: another writer converted it
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            legacy.unlink()
+            return False
+        try:
+            os.rename(staging, path)  # path is free: the dataset reappears whole, old rows first
+        except FileNotFoundError:
+            pass  # a concurrent recovery moved it into place already
+        except OSError:  # a writer created the directory meanwhile: add the old rows to it
+            os.rename(legacy, path / legacy.name)
+        _fsync_dir(path.parent)
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            staging.rmdir()
+
+
+def prepare_dataset(path: str | Path) -> bool:
+    """Make `path` a dataset directory, ready for parts: create it, or turn a single-file dataset from before
+    into a directory with that file as its first part. True when it converted a file (it also logs so)."""
+    path = Path(path)
+    converted = False
+    try:
+        with interrupts_deferred():
+            for _ in range(10):
+                _recover_conversions(path)
+                if path.is_dir():
+                    return converted
+                if path.exists():
+                    if _convert_single_file(path):
+                        converted = True
+                        log.warning(
+                            "%s: converted the single-file cost dataset into a directory of Parquet part files "
+                            "(its rows are the first part); writers add parts, nothing is rewritten",
+                            path,
+                        )
+                else:
+                    path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DatasetError(f"{path}: cannot make it a cost dataset directory ({err.strerror or err})") from None
+    raise DatasetError(f"{path}: it keeps changing between a file and a directory; is another tool writing it?")
+
+
+def write_part(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path | None:
+    """Add `rows` to the dataset directory `path` as one new part file (temp name, fsync, rename); None if no
+    rows. Existing parts are never touched, so concurrent writers never lose each other's rows."""
+    if not rows:
+        return None
+    table = rows_to_table(rows)
+    path = Path(path)
+    if not path.is_dir():
+        prepare_dataset(path)
+    final = path / _part_name()
+    tmp = path / f".{final.name}.tmp"
+    try:
+        pq.write_table(table, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.rename(tmp, final)
+    except OSError as err:
+        raise DatasetError(f"{path}: cannot write a part file ({err.strerror or err})") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    _fsync_dir(path)
+    return final
 
 
 def append_rows(path: str | Path, rows: Sequence[dict[str, Any]]) -> int:
-    """Append rows to the Parquet file at `path` atomically (temp file + rename); returns the total row count.
+    """Append rows to the dataset at `path` as one new part file; returns the dataset's row count afterwards.
 
-    An interrupted write leaves the previous file intact: the new file replaces it only once complete."""
-    path = Path(path)
-    new = rows_to_table(rows)
+    An interrupted write leaves the dataset as it was: the part appears only once complete."""
+    write_part(path, rows)
+    return count_rows(path)
+
+
+def _dataset_files(path: Path) -> list[Path]:
+    """The Parquet files of one dataset path, in name order: the file itself, or the visible `*.parquet` files
+    under a directory (hidden temp files and hidden directories skipped)."""
+    if path.is_dir():
+        return sorted(
+            p
+            for p in path.rglob("*.parquet")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
     if path.exists():
-        old = pq.read_table(path).select(list(ALL_COLUMNS)).cast(SCHEMA)
-        new = pa.concat_tables([old, new])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        pq.write_table(new, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return new.num_rows
+        return [path]
+    raise MissingDatasetError(f"cost dataset {path} does not exist")
 
 
 def _parquet_files(paths: Iterable[str | Path]) -> list[Path]:
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*.parquet") if not p.name.startswith("."))
-            if not found:
-                raise DatasetError(f"{path}: directory holds no .parquet files")
-            files.extend(found)
-        elif path.exists():
-            files.append(path)
-        else:
-            raise FileNotFoundError(f"cost dataset {path} does not exist")
+        found = _dataset_files(path)
+        if not found:
+            raise DatasetError(f"{path}: directory holds no .parquet files")
+        files.extend(found)
     return files
 
 
+def count_rows(path: str | Path) -> int:
+    """Rows in the dataset at `path`, from the part files' footers (0 when it does not exist or is empty)."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    total = 0
+    for file in _dataset_files(path):
+        try:
+            total += pq.read_metadata(file).num_rows
+        except (OSError, pa.ArrowException) as err:
+            raise DatasetError(f"{file}: not a readable Parquet file ({err})") from None
+    return total
+
+
+def _read_part(file: Path) -> pd.DataFrame:
+    try:
+        table = pq.read_table(file)
+    except (OSError, pa.ArrowException) as err:
+        raise DatasetError(f"{file}: not a readable Parquet file ({err})") from None
+    missing = [c for c in COMMON_COLUMNS if c not in table.column_names]
+    if missing:
+        raise DatasetError(f"{file}: missing columns of {DATASET_FORMAT}: {missing}")
+    for column in ALL_COLUMNS:  # older files may lack columns added since
+        if column not in table.column_names:
+            table = table.append_column(column, pa.nulls(table.num_rows, _TYPES.get(column, _STR)))
+    try:
+        return table.select(list(ALL_COLUMNS)).cast(SCHEMA).to_pandas()
+    except pa.ArrowException as err:
+        raise DatasetError(f"{file}: columns do not have the types of {DATASET_FORMAT} ({err})") from None
+
+
 def load_costs(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
-    """One DataFrame of all rows in one or more cost datasets (Parquet files or directories of them)."""
+    """One DataFrame of all rows in one or more cost datasets (directories of part files, or single files)."""
     if isinstance(paths, str | Path):
         paths = [paths]
-    frames = []
-    for file in _parquet_files(paths):
-        try:
-            table = pq.read_table(file)
-        except (OSError, pa.ArrowInvalid) as err:
-            raise DatasetError(f"{file}: not a readable Parquet file ({err})") from err
-        missing = [c for c in COMMON_COLUMNS if c not in table.column_names]
-        if missing:
-            raise DatasetError(f"{file}: missing columns of {DATASET_FORMAT}: {missing}")
-        for column in ALL_COLUMNS:  # older files may lack columns added since
-            if column not in table.column_names:
-                table = table.append_column(column, pa.nulls(table.num_rows, _TYPES.get(column, _STR)))
-        frames.append(table.select(list(ALL_COLUMNS)).cast(SCHEMA).to_pandas())
+    frames = [_read_part(file) for file in _parquet_files(paths)]
     if not frames:
         return rows_to_table([]).to_pandas()
     return pd.concat(frames, ignore_index=True)
 
 
+def load_stored(path: str | Path) -> pd.DataFrame | None:
+    """The rows already in the dataset at `path` for resuming; None when it does not exist or holds no parts."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    files = _dataset_files(path)
+    if not files:
+        return None
+    return pd.concat([_read_part(file) for file in files], ignore_index=True)
+
+
 def stored_keys(path: str | Path) -> set[tuple[str, int]]:
     """(config_id, repeat) of every row already in the dataset at `path` (empty when it does not exist)."""
-    if not Path(path).exists():
+    df = load_stored(path)
+    if df is None:
         return set()
-    df = load_costs(path)
     return set(zip(df["config_id"].astype(str), df["repeat"].astype(int)))
 
 

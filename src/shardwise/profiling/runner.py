@@ -1,7 +1,9 @@
 """`shardwise profile`: sample shard configurations and all-to-all layouts, measure them, append to a dataset.
 
-Resumable: every measurement has a stable key (config id, repeat); rows are flushed in chunks with an atomic
-file replace, and a rerun with the same arguments measures only what the dataset lacks.
+Resumable: every measurement has a stable key (config id, repeat); rows are flushed every `chunk_size` rows,
+after each all-to-all group and on an interrupt, each flush one new part file of the dataset directory (see
+`dataset`), and a rerun with the same arguments measures only what the dataset lacks. Several processes may
+append to one dataset at once: none rewrites another's parts.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from tqdm import tqdm
 
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision
 
-from .comm import default_backend, measure_all_to_all_many
-from .dataset import append_rows, load_costs
+from .comm import CommTiming, default_backend, measure_all_to_all_many
+from .dataset import count_rows, interrupts_deferred, load_stored, prepare_dataset, write_part
 from .hardware import hardware_info, resolve_device
 from .kernel import IndexData, TimingProtocol, calibrate_reference, measure_shard
 from .sampling import (
@@ -70,7 +72,7 @@ class ProfileSummary:
 
     measured: int  # measurements taken in this run (an all-to-all layout counts once)
     skipped: int  # already in the dataset
-    total_rows: int  # rows in the dataset afterwards
+    total_rows: int  # rows in the dataset afterwards (other writers' rows included)
     hardware_kind: str
     reference_ms: float | None
 
@@ -103,10 +105,6 @@ def _memory_cap(settings: ProfileSettings, device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory // 4
     return DEFAULT_CPU_MEMORY_CAP_BYTES
-
-
-def _stored(out: Path) -> pd.DataFrame | None:
-    return load_costs(out) if out.exists() else None
 
 
 def _reuse_reference_ms(stored: pd.DataFrame | None, hardware_kind: str, timing: str) -> float | None:
@@ -145,7 +143,6 @@ class _RowBuffer:
     def __init__(self, out: Path, chunk_size: int) -> None:
         self.out, self.chunk_size = out, chunk_size
         self.rows: list[dict[str, Any]] = []
-        self.total_rows = len(load_costs(out)) if out.exists() else 0
 
     def add(self, rows: Sequence[dict[str, Any]]) -> None:
         self.rows.extend(rows)
@@ -153,8 +150,9 @@ class _RowBuffer:
             self.flush()
 
     def flush(self) -> None:
-        if self.rows:
-            self.total_rows = append_rows(self.out, self.rows)
+        # a signal waits until the part is written and the buffer emptied: rows are stored exactly once
+        with interrupts_deferred():
+            write_part(self.out, self.rows)
             self.rows = []
 
 
@@ -166,7 +164,8 @@ def profile(
     index_data: IndexData | None = None,
     progress: bool = True,
 ) -> ProfileSummary:
-    """Measure sampled shards (and all-to-all layouts) on `settings.device`; append rows to the Parquet `out`."""
+    """Measure sampled shards (and all-to-all layouts) on `settings.device`; append rows to the dataset `out`
+    (a directory of Parquet part files; a single-file dataset from before is converted into one first)."""
     out = Path(out)
     device = resolve_device(settings.device)
     protocol = settings.protocol.for_device(device)
@@ -175,7 +174,7 @@ def profile(
         info["num_threads"] = protocol.num_threads
     kind = info["hardware_kind"]
     timing = protocol.settings_json()
-    stored = _stored(out)
+    stored = load_stored(out)
     done = set() if stored is None else set(zip(stored["config_id"].astype(str), stored["repeat"].astype(int)))
 
     configs = sample_shard_configs(
@@ -215,6 +214,8 @@ def profile(
         reused = _reuse_reference_ms(stored, kind, timing)
         protocol = protocol.model_copy(update={"reference_ms": reused or calibrate_reference(device, protocol)})
 
+    if todo or comm_todo:
+        prepare_dataset(out)  # before measuring: a path that cannot hold the dataset fails now, not at the end
     common = {**info, "batch_size": settings.batch_size}
     buffer = _RowBuffer(out, settings.chunk_size)
     measured = 0
@@ -266,7 +267,7 @@ def profile(
     return ProfileSummary(
         measured=measured,
         skipped=len(jobs) - len(todo) + len(layouts) - len(comm_todo),
-        total_rows=buffer.total_rows,
+        total_rows=count_rows(out),
         hardware_kind=kind,
         reference_ms=protocol.reference_ms,
     )
@@ -290,37 +291,59 @@ def _profile_comm(
     measured = 0
     for num_devices in sorted({len(layouts[k]) for k in todo}):
         group = [k for k in todo if len(layouts[k]) == num_devices]
-        results = measure_all_to_all_many(
-            [layouts[k] for k in group],
-            settings.batch_size,
-            backend=backend,
-            warmup_iters=settings.comm_warmup_iters,
-            iters=settings.comm_iters,
-        )
-        measured_at = time.time()
-        for k, per_device in zip(group, results):
-            buffer.add(
-                [
-                    {
-                        **common,
-                        "num_threads": 1,
-                        "kind": "comm",
-                        "config_id": layout_ids[k],
-                        "repeat": 0,
-                        "fwd_ms": t.fwd_ms,
-                        "bwd_ms": t.bwd_ms,
-                        "raw_fwd_ms": t.fwd_ms,
-                        "raw_bwd_ms": t.bwd_ms,
-                        "measured_at": measured_at,
-                        "timing": timing,
-                        "num_devices": num_devices,
-                        "device": rank,
-                        "widths_json": json.dumps(layouts[k]),
-                        "backend": backend,
-                    }
-                    for rank, t in enumerate(per_device)
-                ]
-            )
-            measured += 1
-            bar.update()
+        # a group cannot be cut: interrupted while spawning, the parent would leave ranks waiting for a peer
+        # that never comes (and wait for them at exit); so an interrupt waits for the group, whose rows are kept
+        note = f"interrupted: waiting for the {len(group)} all-to-all layout(s) in flight (ranks cannot be cut)"
+        with interrupts_deferred(note) as held:
+            try:
+                results = measure_all_to_all_many(
+                    [layouts[k] for k in group],
+                    settings.batch_size,
+                    backend=backend,
+                    warmup_iters=settings.comm_warmup_iters,
+                    iters=settings.comm_iters,
+                )
+            except Exception:
+                if held:  # Ctrl-C reached the ranks too (one process group) and they died of it
+                    raise KeyboardInterrupt(f"signal {held[0]}") from None
+                raise
+            measured_at = time.time()
+            for k, per_device in zip(group, results):
+                rows = _comm_rows(layouts[k], layout_ids[k], per_device, backend, common, timing, measured_at)
+                buffer.add(rows)
+            buffer.flush()  # a group's rows are stored once measured: spawning the next group takes seconds
+        measured += len(group)
+        bar.update(len(group))
     return measured
+
+
+def _comm_rows(
+    widths: list[int],
+    config_id: str,
+    per_device: list[CommTiming],
+    backend: str,
+    common: dict[str, Any],
+    timing: str,
+    measured_at: float,
+) -> list[dict[str, Any]]:
+    """One row per device of a measured all-to-all layout."""
+    return [
+        {
+            **common,
+            "num_threads": 1,
+            "kind": "comm",
+            "config_id": config_id,
+            "repeat": 0,
+            "fwd_ms": t.fwd_ms,
+            "bwd_ms": t.bwd_ms,
+            "raw_fwd_ms": t.fwd_ms,
+            "raw_bwd_ms": t.bwd_ms,
+            "measured_at": measured_at,
+            "timing": timing,
+            "num_devices": len(widths),
+            "device": rank,
+            "widths_json": json.dumps(widths),
+            "backend": backend,
+        }
+        for rank, t in enumerate(per_device)
+    ]

@@ -1,5 +1,6 @@
 """Columns of the cost dataset (Parquet), `shardwise.costs/v1`: one row per measured shard or per device
-of a measured all-to-all. Other tools read these files: add columns, never rename or drop them."""
+of a measured all-to-all. A dataset is a directory of part files with these columns (`dataset.py`); a single
+file from before part files reads the same. Other tools read these files: add columns, never rename or drop them."""
 
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def load_plan(path: str | Path) -> Plan:
 
 def save_plan(plan: Plan, path: str | Path) -> Path:
     """Write `plan` as `shardwise.plan/v1` JSON."""
-    return write_json_document(plan.to_json(), path)
+    return write_json_document(plan.to_json(), path, PlanError)
 
 
 # --- validity and memory -------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from .tableset import (
     split_tables,
     tableset_from_json,
 )
-from .task import TASK_FORMAT, ShardingTask, TaskError, load_task, save_task, task_from_json
+from .task import TASK_FORMAT, ShardingTask, TaskError, load_task, save_task, task_fits, task_from_json
 
 __all__ = [
     "DIMS",
@@ -78,5 +78,6 @@ __all__ = [
     "table_features",
     "table_memory_bytes",
     "tables_features",
+    "task_fits",
     "task_from_json",
 ]

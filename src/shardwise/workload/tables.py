@@ -9,11 +9,19 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .documents import FiniteFloat, StrictInt
+
 #: Upper edges of the access-count bins: (0,1], (1,2], (2,4], ..., (16384,32768], then >32768.
 REUSE_BIN_EDGES: tuple[int, ...] = tuple(2**k for k in range(16))
 NUM_REUSE_BINS = len(REUSE_BIN_EDGES) + 1  # 17
 #: fbgemm's TBE kernels need embedding dims that are a multiple of 4.
 DIM_ALIGNMENT = 4
+#: Bounds far above any production table (the DLRM 2021 dataset: 4.1M rows and a pooling factor of 15.8 on
+#: average) that keep every byte count an int64 and a sampled batch of index data allocatable.
+MAX_ROWS = 2**40
+MAX_DIM = 2**16
+MAX_POOLING_FACTOR = 2.0**16
+MAX_NAME_LENGTH = 256
 
 
 class TableSpec(BaseModel):
@@ -21,14 +29,22 @@ class TableSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    name: str = Field(min_length=1)
-    rows: int = Field(ge=1)
-    dim: int = Field(ge=DIM_ALIGNMENT)
-    pooling_factor: float = Field(ge=0.0)
-    zipf_alpha: float | None = Field(default=None, ge=0.0)
-    reuse_bins: tuple[float, ...] | None = None
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH)
+    rows: StrictInt = Field(ge=1, le=MAX_ROWS)
+    dim: StrictInt = Field(ge=DIM_ALIGNMENT, le=MAX_DIM)
+    pooling_factor: FiniteFloat = Field(ge=0.0, le=MAX_POOLING_FACTOR)
+    zipf_alpha: FiniteFloat | None = Field(default=None, ge=0.0)
+    reuse_bins: tuple[FiniteFloat, ...] | None = None
     #: the table whose index data this one uses (column slices and augmented copies share it)
-    source: str | None = None
+    source: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH)
+
+    @field_validator("name", "source")
+    @classmethod
+    def _printable(cls, name: str | None) -> str | None:
+        # a name ends up in one-line messages, reports and file names: no newlines or other control characters
+        if name is not None and not name.isprintable():
+            raise ValueError(f"{name!r} holds control characters (a table name is printable text)")
+        return name
 
     @field_validator("dim")
     @classmethod
@@ -44,8 +60,8 @@ class TableSpec(BaseModel):
             return None
         if len(bins) != NUM_REUSE_BINS:
             raise ValueError(f"reuse_bins has {len(bins)} values, expected {NUM_REUSE_BINS}")
-        if any(b < 0 or not math.isfinite(b) for b in bins):
-            raise ValueError("reuse_bins must be finite and >= 0")
+        if any(not 0.0 <= b <= 1.0 for b in bins):
+            raise ValueError("reuse_bins are fractions of the accessed rows: each in [0, 1]")
         return tuple(float(b) for b in bins)
 
     def with_dim(self, dim: int, name: str | None = None) -> TableSpec:

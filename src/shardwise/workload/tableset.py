@@ -11,10 +11,10 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from shardwise.errors import ShardwiseError
 
-from .documents import describe_validation_error, read_json_document, write_json_document
+from .documents import StrictInt, describe_validation_error, read_json_document, write_json_document
 from .memory import Optimizer, WeightsPrecision, shard_memory_bytes
 from .tables import TableCollection, TableSpec
-from .task import ShardingTask
+from .task import MAX_BATCH_SIZE, ShardingTask
 
 TABLES_FORMAT: Literal["shardwise.tables/v1"] = "shardwise.tables/v1"
 
@@ -29,7 +29,7 @@ class TableSet(TableCollection):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     format: Literal["shardwise.tables/v1"] = TABLES_FORMAT
-    batch_size: int = Field(ge=1)
+    batch_size: StrictInt = Field(ge=1, le=MAX_BATCH_SIZE)
     tables: tuple[TableSpec, ...] = Field(min_length=1)
 
 
@@ -38,10 +38,10 @@ def tableset_from_json(doc: Any, source: str = "tables") -> TableSet:
     """Validate a parsed `shardwise.tables/v1` document; refuse it naming the field that is wrong."""
     if not isinstance(doc, dict):
         raise TableSetError(f"{source}: expected a JSON object with format {TABLES_FORMAT!r}")
-    if doc.get("format", TABLES_FORMAT) != TABLES_FORMAT:
-        raise TableSetError(
-            f"{source}: field 'format' is {doc.get('format')!r}, expected {TABLES_FORMAT!r}"
-        )
+    if "format" not in doc:
+        raise TableSetError(f"{source}: field 'format' is missing; expected \"format\": {TABLES_FORMAT!r}")
+    if doc["format"] != TABLES_FORMAT:
+        raise TableSetError(f"{source}: field 'format' is {repr(doc['format'])[:60]}, expected {TABLES_FORMAT!r}")
     try:
         return TableSet.model_validate(doc)
     except ValidationError as err:
@@ -55,7 +55,7 @@ def load_tables(path: str | Path) -> TableSet:
 
 def save_tables(tableset: TableSet, path: str | Path) -> Path:
     """Write `tableset` as `shardwise.tables/v1` JSON."""
-    return write_json_document(tableset.to_json(), path)
+    return write_json_document(tableset.to_json(), path, TableSetError)
 
 
 def split_tables(tableset: TableSet, holdout_fraction: float, seed: int) -> tuple[TableSet, TableSet]:
@@ -98,8 +98,8 @@ def sample_task(
         raise TableSetError(f"num_tables {num_tables} must be in [1, {len(tableset.tables)}] for this table set")
     if num_devices < 1:
         raise TableSetError(f"num_devices {num_devices} must be >= 1")
-    if memory_slack <= 0:
-        raise TableSetError(f"memory_slack {memory_slack} must be > 0")
+    if not (math.isfinite(memory_slack) and memory_slack > 0):
+        raise TableSetError(f"memory_slack {memory_slack} must be a finite number > 0 (1.5: half again the need)")
     rng = np.random.default_rng(seed)
     picked = sorted(rng.choice(len(tableset.tables), size=num_tables, replace=False).tolist())
     tables = tuple(tableset.tables[i] for i in picked)
@@ -107,14 +107,20 @@ def sample_task(
     if device_memory_bytes is None:
         total = shard_memory_bytes(tables, batch_size, optimizer, weights_precision)
         largest = max(shard_memory_bytes([t], batch_size, optimizer, weights_precision) for t in tables)
-        device_memory_bytes = max(math.ceil(memory_slack * total / num_devices), largest)
+        share = memory_slack * total / num_devices
+        if not share < 2**63:  # a finite slack can still overflow: 1e300 x the tables' bytes
+            raise TableSetError(f"memory_slack {memory_slack} asks for {share:.3g} bytes per device: not a machine")
+        device_memory_bytes = max(math.ceil(share), largest)
     elif device_memory_bytes < 1:
         raise TableSetError(f"device_memory_bytes {device_memory_bytes} must be >= 1")
-    return ShardingTask(
-        num_devices=num_devices,
-        device_memory_bytes=device_memory_bytes,
-        batch_size=batch_size,
-        tables=tables,
-        optimizer=optimizer,
-        weights_precision=weights_precision,
-    )
+    try:
+        return ShardingTask(
+            num_devices=num_devices,
+            device_memory_bytes=device_memory_bytes,
+            batch_size=batch_size,
+            tables=tables,
+            optimizer=optimizer,
+            weights_precision=weights_precision,
+        )
+    except ValidationError as err:  # e.g. num_devices or the memory per device out of bounds
+        raise TableSetError(f"task: {describe_validation_error(err)}") from None
