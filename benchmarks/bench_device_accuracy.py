@@ -26,23 +26,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shardwise.evaluation.measured import (
-    COMPUTE_ROUNDS,
-    resolve_device,
-    resolve_protocol,
-    time_shards_in_rounds,
-)
-from shardwise.integrations.mlflow import load_cost_model
-from shardwise.profiling.kernel import TimingProtocol
+from shardwise.evaluation import KernelShard, resolve_timing, time_shards_in_rounds
+from shardwise.integrations.mlflow import MlflowService
+from shardwise.profiling import MeasurementSettings
 from shardwise.search.plan import device_specs, load_plan
-from shardwise.workload import Optimizer, TableSpec, load_task
+from shardwise.workload import load_task
+
+#: what the evaluator measures a device with: the median of this many interleaved rounds
+COMPUTE_ROUNDS = MeasurementSettings().timing_rounds
 
 
-def _shards(plans_dir: Path, methods: list[str]) -> tuple[list[str], list[list[TableSpec]], list[Optimizer]]:
-    """(plan label per device, device shards, optimizer per device) of every task's plans under `plans_dir`."""
+def _shards(plans_dir: Path, methods: list[str], batch_size: int) -> tuple[list[str], list[KernelShard]]:
+    """(plan label, device shard at `batch_size`) per device of every task's plans under `plans_dir`."""
     labels: list[str] = []
-    shards: list[list[TableSpec]] = []
-    optimizers: list[Optimizer] = []
+    shards: list[KernelShard] = []
     for task_dir in sorted(p for p in plans_dir.iterdir() if (p / "task.json").exists()):
         task = load_task(task_dir / "task.json")
         for method in methods:
@@ -52,11 +49,10 @@ def _shards(plans_dir: Path, methods: list[str]) -> tuple[list[str], list[list[T
             for tables in device_specs(load_plan(path), task):
                 if tables:
                     labels.append(f"{task_dir.name}/{method}")
-                    shards.append(tables)
-                    optimizers.append(task.optimizer)
+                    shards.append(KernelShard(tables, batch_size, task.optimizer, task.weights_precision))
     if not shards:
         raise SystemExit(f"no task.json with {methods} plans under {plans_dir} (run bench_plan_quality.py first)")
-    return labels, shards, optimizers
+    return labels, shards
 
 
 def main() -> None:
@@ -70,16 +66,15 @@ def main() -> None:
         parser.error(f"--rounds must be >= {COMPUTE_ROUNDS}")
     torch.set_num_threads(1)
     started = time.perf_counter()
-    labels, shards, optimizers = _shards(Path(args.plans), args.methods.split(","))
-    models = {path: load_cost_model(path) for path in args.models.split(",")}
+    mlflow = MlflowService()
+    models = {path: mlflow.load_cost_model(path) for path in args.models.split(",")}
     first = next(iter(models.values()))
     if len({m.batch_size for m in models.values()}) > 1 or len({m.reference_ms for m in models.values()}) > 1:
         raise SystemExit("the models were profiled at different batch sizes or references; compare like with like")
-    device = resolve_device("cpu")
-    protocol = resolve_protocol(device, TimingProtocol(), first.reference_ms)
-
-    timings = time_shards_in_rounds(list(zip(shards, [first.batch_size] * len(shards), optimizers)), args.rounds,
-                                    device=device, protocol=protocol)
+    # timed as the models' training data was: their reference and batch
+    labels, shards = _shards(Path(args.plans), args.methods.split(","), first.batch_size)
+    device, protocol = resolve_timing(MeasurementSettings(device="cpu", reference_ms=first.reference_ms))
+    timings = time_shards_in_rounds(shards, args.rounds, device=device, protocol=protocol)
     samples = [[t.total_ms for t in row] for row in timings]
     measured = np.array([statistics.median(row) for row in samples])
     noise = [
@@ -94,7 +89,7 @@ def main() -> None:
     plan_of = np.array([plan_index[label] for label in labels])
     print(f"{'model':40s} {'bias':>6s} {'MAE':>7s} {'within-plan MAE':>16s} {'within-plan std':>16s}")
     for path, model in models.items():
-        ratio = np.asarray(model.predict_compute(shards), dtype=np.float64).sum(axis=1) / measured
+        ratio = np.asarray(model.predict_compute([s.tables for s in shards]), dtype=np.float64).sum(axis=1) / measured
         bias = ratio.mean()
         plan_mean = (np.bincount(plan_of, weights=ratio) / np.bincount(plan_of))[plan_of]
         within = ratio / plan_mean - 1  # what balancing the predictions leaves between a plan's devices

@@ -3,7 +3,8 @@
 Measures, in one `measure_plans` session: a 4-device plan, the same plan again, and a symmetric plan (equal
 tables on every device, so every device's exchange is the same). Prints, per all-to-all setting, the per-device
 ratio between the two copies of the plan and the max/min across the symmetric plan's devices (1.00 is perfect),
-for the old setting (3 rounds x 5 exchanges) against the current default (COMM_ROUNDS x COMM_ITERS).
+for the old setting (3 rounds x 5 exchanges) against the current default (MeasurementSettings' comm_rounds x
+comm_iters).
 
     .venv/bin/python benchmarks/bench_eval_comm_consistency.py [--devices 4] [--batch-size 2048]
 """
@@ -15,8 +16,8 @@ import time
 
 import torch
 
-from shardwise.evaluation.measured import COMM_ITERS, COMM_ROUNDS, measure_plans
-from shardwise.profiling.kernel import TimingProtocol
+from shardwise.evaluation import measure_plans
+from shardwise.profiling import MeasurementSettings
 from shardwise.search.plan import Plan, Shard
 from shardwise.workload import ShardingTask, TableSpec
 
@@ -42,17 +43,18 @@ def main() -> None:
         Shard(table=t.name, col_offset=0, dim=t.dim, device=(i * 7 // 3) % d) for i, t in enumerate(tables)))
     symmetric = Plan(num_devices=d, method="symmetric", shards=tuple(
         Shard(table=t.name, col_offset=0, dim=t.dim, device=i // 8) for i, t in enumerate(tables)))
-    protocol = TimingProtocol(warmup_iters=2, iters=5)
+    base = MeasurementSettings(device="cpu", warmup_iters=2, timing_iters=5, reference_ms=1.0)
+    default = MeasurementSettings()
     print(f"{d} devices, batch {args.batch_size}; widths uneven "
           f"{[sum(s.dim for s in uneven.shards if s.device == k) for k in range(d)]}, symmetric {sum(dims[:8])} each")
     print(f"{'setting':<22} {'copy ratio fwd (max)':>20} {'copy ratio bwd (max)':>20} "
           f"{'sym spread fwd':>14} {'sym spread bwd':>14} {'seconds':>8}")
-    for label, iters, rounds in (("old: 3 rounds x 5", 5, 3), (f"now: {COMM_ROUNDS} rounds x {COMM_ITERS}",
-                                                                    COMM_ITERS, COMM_ROUNDS)):
+    settings = (("old: 3 rounds x 5", 5, 3),
+                (f"now: {default.comm_rounds} rounds x {default.comm_iters}", default.comm_iters, default.comm_rounds))
+    for label, iters, rounds in settings:
         started = time.perf_counter()
-        a, b, sym = measure_plans([(task, uneven), (task, uneven), (task, symmetric)], device="cpu",
-                                  protocol=protocol, reference_ms=1.0, comm_iters=iters, comm_rounds=rounds,
-                                  progress=False)
+        a, b, sym = measure_plans([(task, uneven), (task, uneven), (task, symmetric)],
+                                  base.model_copy(update={"comm_iters": iters, "comm_rounds": rounds}), progress=False)
         elapsed = time.perf_counter() - started
         copy_fwd = max(_spread([x.comm_fwd_ms, y.comm_fwd_ms]) for x, y in zip(a.devices, b.devices))
         copy_bwd = max(_spread([x.comm_bwd_ms, y.comm_bwd_ms]) for x, y in zip(a.devices, b.devices))

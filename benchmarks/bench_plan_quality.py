@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from shardwise.evaluation.suite import (
-    MEASURED_GREEDY,
+from shardwise.costmodel.types import CostModel
+from shardwise.evaluation import (
     PAPER_TASK_SETS,
     SMALL_TASK_SETS,
     cost_ratio,
@@ -31,12 +31,35 @@ from shardwise.evaluation.suite import (
     run_benchmark,
     throughput_ratio,
 )
-from shardwise.profiling.kernel import TimingProtocol
+from shardwise.integrations.mlflow import MlflowService
+from shardwise.profiling import MeasurementSettings
+from shardwise.search import Searcher, get_method, make_searcher, method_names
 from shardwise.workload.synthetic import synthesize_tables
 from shardwise.workload.tableset import load_tables, split_tables
 
-METHODS = ("neuroshard", "torchrec", "torchrec_cw", "size_greedy", "dim_greedy", "lookup_greedy",
-           "size_lookup_greedy", "random", MEASURED_GREEDY)
+MEASURED_GREEDY = "measured_greedy"
+
+
+def default_methods() -> tuple[str, ...]:
+    """Every registered method that plans without a trained policy (policies: bench_rl_policies.py)."""
+    return tuple(name for name in method_names() if get_method(name).policy is None)
+
+
+def build_searchers(
+    methods: list[str], cost_model: CostModel | None, measurement: MeasurementSettings
+) -> dict[str, Searcher]:
+    """One searcher per method for the whole run; those that need a cost model are left out without one."""
+    searchers: dict[str, Searcher] = {}
+    for name in methods:
+        spec = get_method(name)
+        if spec.policy is not None:
+            raise SystemExit(f"--methods {name}: plans with a trained policy; benchmark it with "
+                             f"`shardwise benchmark --methods {name}` or bench_rl_policies.py")
+        if spec.needs_cost_model and cost_model is None:
+            print(f"no cost model: skipping {name}")
+            continue
+        searchers[name] = make_searcher(name, **({"measurement": measurement} if spec.measures else {}))
+    return searchers
 
 
 def main() -> None:
@@ -44,10 +67,12 @@ def main() -> None:
     parser.add_argument("--model", help="cost model URI (models:/..., runs:/..., or a directory)")
     parser.add_argument("--tables", help="held-out shardwise.tables/v1 file (default: synthesize and split)")
     parser.add_argument("--row-scale", type=float, default=0.01, help="scale of synthetic table rows (CPU fit)")
-    parser.add_argument("--batch-size", type=int, default=None, help="measure at this batch (default: task's)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="measure at this batch (default: the cost model's, else the task's)")
     parser.add_argument("--num-tasks", type=int, default=None, help="tasks per set (default: the set's)")
     parser.add_argument("--small", action="store_true", help="tiny sets and batch: proves the pipeline works")
-    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated methods to compare")
+    parser.add_argument("--methods", default=",".join(default_methods()),
+                        help="comma-separated methods to compare (default: every method without a trained policy)")
     parser.add_argument("--throughput-tasks", type=int, default=0, metavar="N",
                         help="also train TorchRec's DLRM under every plan of the first N tasks per set; samples/s "
                              "and thru/torchrec, higher is better (default 0: off, slow on CPU)")
@@ -67,26 +92,23 @@ def main() -> None:
         tables = synthesize_tables(num_tables=200 if args.small else 800, seed=args.seed,
                                    row_scale=args.row_scale, batch_size=synthetic_batch, progress=False)
         _, pool = split_tables(tables, holdout_fraction=0.2 if not args.small else 0.5, seed=args.seed)
-    if args.small:
-        specs = SMALL_TASK_SETS
-        protocol = TimingProtocol(warmup_iters=2, iters=5, calibration_runs=20)
-    else:
-        specs = PAPER_TASK_SETS
-        protocol = TimingProtocol()
+    specs = SMALL_TASK_SETS if args.small else PAPER_TASK_SETS
+    measurement = MeasurementSettings(batch_size=args.batch_size, comm_iters=3 if args.small else 5,
+                                      **({"warmup_iters": 2, "timing_iters": 5} if args.small else {}))
     if args.num_tasks:
         specs = tuple(s.model_copy(update={"num_tasks": args.num_tasks}) for s in specs)
     task_sets = {s.name: make_task_set(pool, s, seed=args.seed) for s in specs}
 
-    cost_model = None
-    if args.model:
-        from shardwise.integrations.mlflow import load_cost_model
-
-        cost_model = load_cost_model(args.model)
-    batch = args.batch_size or (cost_model.batch_size if cost_model is not None else None)
+    cost_model = MlflowService().load_cost_model(args.model) if args.model else None
+    if cost_model is not None:
+        # the measured greedy times tables as the model's data was, like the plans are measured
+        measurement = measurement.for_cost_model(cost_model.reference_ms, cost_model.batch_size)
+    methods = args.methods.split(",")
+    searchers = build_searchers(methods, cost_model, measurement)
     started = time.perf_counter()
     results, rows = run_benchmark(
-        task_sets, tuple(args.methods.split(",")), cost_model=cost_model, protocol=protocol, batch_size=batch,
-        comm_iters=3 if args.small else 5, seed=args.seed, out_dir=args.out, throughput_tasks=args.throughput_tasks,
+        task_sets, searchers, learned=[m for m in searchers if get_method(m).learned], cost_model=cost_model,
+        measurement=measurement, seed=args.seed, out_dir=args.out, throughput_tasks=args.throughput_tasks,
         throughput_iters=args.throughput_iters if args.throughput_iters is not None else (5 if args.small else 20),
         throughput_warmup=args.throughput_warmup if args.throughput_warmup is not None else (2 if args.small else 5),
     )

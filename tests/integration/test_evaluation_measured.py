@@ -6,15 +6,14 @@ import json
 
 import pytest
 
-from shardwise.evaluation.measured import measure_plan, measure_plans, save_measured
-from shardwise.evaluation.report import write_plan_report
-from shardwise.profiling.kernel import TimingProtocol
+from shardwise.evaluation import evaluate_plans, measure_plan, measure_plans, save_measured, write_plan_report
+from shardwise.profiling import MeasurementSettings
 from shardwise.search.plan import Plan, Shard
 from shardwise.workload import ShardingTask, TableSpec
 
 pytestmark = pytest.mark.integration
 
-PROTOCOL = TimingProtocol(warmup_iters=2, iters=5, calibration_runs=10)
+FAST = MeasurementSettings(device="cpu", warmup_iters=2, timing_iters=5)
 
 
 def _task(num_tables: int = 4, pooling_factor: float = 10.0, batch_size: int = 1024) -> ShardingTask:
@@ -35,7 +34,7 @@ def test_all_tables_on_one_device_cost_more_than_balanced(tmp_path) -> None:
     task = _task(num_tables=8, pooling_factor=20.0, batch_size=2048)
     stacked, balanced = measure_plans(
         [(task, _plan([0] * 8, "stacked")), (task, _plan([0, 1] * 4, "balanced"))],
-        device="cpu", protocol=PROTOCOL, comm_iters=3, progress=False,
+        FAST.model_copy(update={"comm_iters": 3}), progress=False,
     )
     assert stacked.devices[1].fwd_ms == 0.0 and stacked.devices[1].shards == ()
     assert balanced.devices[0].fwd_ms > 0 and balanced.devices[1].fwd_ms > 0
@@ -57,8 +56,8 @@ def test_column_slices_are_measured_and_reported(tmp_path) -> None:
         Shard(table="t2", col_offset=0, dim=32, device=1),
         Shard(table="t3", col_offset=0, dim=32, device=1),
     )
-    cost = measure_plan(task, Plan(num_devices=2, shards=shards, method="cw"), device="cpu",
-                        protocol=PROTOCOL, reference_ms=1.0, comm_iters=2, progress=False)
+    settings = FAST.model_copy(update={"reference_ms": 1.0, "comm_iters": 2})
+    cost = measure_plan(task, Plan(num_devices=2, shards=shards, method="cw"), settings, progress=False)
     assert cost.reference_ms == 1.0
     assert "t0[16:32]" in cost.devices[1].shards
     assert [d.width for d in cost.devices] == [48, 80]
@@ -71,13 +70,11 @@ def test_column_slices_are_measured_and_reported(tmp_path) -> None:
 
 
 def test_evaluate_plans_measures_several_plans_in_one_session(tmp_path) -> None:
-    from shardwise.evaluation.measured import evaluate_plans
-
     task = _task()
     plans = [("balanced", _plan([0, 1, 0, 1], "balanced")), ("same", _plan([0, 1, 0, 1], "balanced")),
              ("stacked", _plan([0, 0, 0, 1], "stacked"))]
-    costs, comparison, paths = evaluate_plans(task, plans, tmp_path, device="cpu", protocol=PROTOCOL,
-                                              compute_rounds=2, comm_iters=4, comm_rounds=2, progress=False)
+    settings = FAST.model_copy(update={"timing_rounds": 2, "comm_iters": 4, "comm_rounds": 2})
+    costs, comparison, paths = evaluate_plans(task, plans, tmp_path, measurement=settings, progress=False)
     assert [r.name for r in comparison.plans] == ["balanced", "same", "stacked"]
     assert len({c.reference_ms for c in costs}) == 1 and costs[0].reference_ms is not None
     assert comparison.row("stacked").ratio_to_first == pytest.approx(costs[2].max_cost_ms / costs[0].max_cost_ms)
@@ -86,6 +83,7 @@ def test_evaluate_plans_measures_several_plans_in_one_session(tmp_path) -> None:
         assert doc["format"] == "shardwise.measured/v1" and (tmp_path / f"{name}.html").is_file()
     saved = json.loads((tmp_path / "comparison.json").read_text())
     assert saved["format"] == "shardwise.comparison/v1" and saved["comm_rounds"] == 2
+    assert saved["compute_rounds"] == 2 and saved["comm_iters"] == 4
     page = (tmp_path / "comparison.html").read_text()
     assert "stacked_cost.png" in page and "balanced.html" in page
     assert {tmp_path / "comparison.json", tmp_path / "comparison.html", tmp_path / "comparison.png"} <= set(paths)

@@ -7,22 +7,15 @@ import json
 import pytest
 
 from shardwise.cli import main
-from shardwise.evaluation.suite import (
-    MEASURED_GREEDY,
-    TaskSetSpec,
-    format_summary,
-    log_benchmark_to_mlflow,
-    make_task_set,
-    run_benchmark,
-)
-from shardwise.profiling.kernel import TimingProtocol
-from shardwise.search import make_searcher, save_plan
+from shardwise.evaluation import TaskSetSpec, format_summary, make_task_set, run_benchmark
+from shardwise.profiling import MeasurementSettings
+from shardwise.search import GreedySearch, RandomSearch, TorchRecPlannerSearch, save_plan
 from shardwise.workload import TableSpec, load_task, save_task
 from shardwise.workload.tableset import TableSet
 
 pytestmark = pytest.mark.integration
 
-PROTOCOL = TimingProtocol(warmup_iters=1, iters=3, calibration_runs=5)
+FAST = MeasurementSettings(device="cpu", warmup_iters=1, timing_iters=3, comm_iters=2)
 POOL = TableSet(
     batch_size=512,
     tables=tuple(
@@ -34,19 +27,26 @@ POOL = TableSet(
 
 
 def test_benchmark_measures_every_method_and_writes_the_report(tmp_path) -> None:
-    spec = TaskSetSpec(name="2dev", num_devices=2, min_tables=4, max_tables=6, num_tasks=1)
+    spec = TaskSetSpec(name="2dev", num_devices=2, min_tables=4, max_tables=6, num_tasks=2)
     task_sets = {spec.name: make_task_set(POOL, spec, seed=0)}
-    methods = ["size_greedy", "random", "torchrec", MEASURED_GREEDY, "neuroshard"]
-    results, rows = run_benchmark(task_sets, methods, device="cpu", protocol=PROTOCOL, comm_iters=2,
+    measured_greedy = GreedySearch("measured", measurement=FAST)
+    searchers = {"size_greedy": GreedySearch("size"), "random": RandomSearch(), "torchrec": TorchRecPlannerSearch(),
+                 "measured_greedy": measured_greedy}
+    results, rows = run_benchmark(task_sets, searchers, learned={"measured_greedy"}, measurement=FAST,
                                   out_dir=tmp_path)
-    # no cost model: neuroshard is skipped; the others are planned, measured and compared
-    assert {r.method for r in results} == {"size_greedy", "random", "torchrec", MEASURED_GREEDY}
+    assert {(r.task_index, r.method) for r in results} == {(k, m) for k in (0, 1) for m in searchers}
     assert all(r.measured_ms > 0 and r.memory_headroom >= 0 for r in results)
+    # one searcher for the whole run: a table drawn for both tasks was timed alone once
+    assert measured_greedy.timings.measured == len({t for task in task_sets["2dev"] for t in task.tables})
     by_method = {r["method"]: r for r in rows}
     assert by_method["torchrec"]["ratio_to_torchrec"] == pytest.approx(1.0)
-    assert by_method[MEASURED_GREEDY]["planning_time_s"] > by_method["size_greedy"]["planning_time_s"]
+    assert by_method["measured_greedy"]["planning_time_s"] > by_method["size_greedy"]["planning_time_s"]
+    # the best baseline leaves out the methods named learned
+    assert by_method["measured_greedy"]["best_baseline"] in {"size_greedy", "random", "torchrec"}
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert len(saved["plans"]) == 4 and saved["reference_ms"] > 0
+    assert len(saved["plans"]) == 8 and saved["reference_ms"] > 0
+    assert saved["timing"]["comm_iters"] == 2 and saved["timing"]["iters"] == 3
+    assert saved["measurement"] == FAST.model_dump(mode="json")
     html = (tmp_path / "benchmark.html").read_text()
     assert "measured_greedy" in html and (tmp_path / "benchmark_methods.png").stat().st_size > 5000
     # throughput off (the default): no DLRM training, the table has no throughput columns
@@ -56,25 +56,17 @@ def test_benchmark_measures_every_method_and_writes_the_report(tmp_path) -> None
     assert (tmp_path / "2dev/task00/torchrec.html").exists()
     # each task is saved next to its plans, so `shardwise evaluate --task ... --plan ...` re-measures any of them
     assert load_task(tmp_path / "2dev/task00/task.json") == task_sets["2dev"][0]
-
-    # logged to MLflow: one run with a metric per task set x method x measure, the report as artifacts
-    from mlflow.tracking import MlflowClient
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run_id = log_benchmark_to_mlflow(rows, tmp_path, tracking_uri=uri, params={"methods": ",".join(methods)})
-    run = MlflowClient(uri).get_run(run_id)
-    assert run.data.metrics["2dev.torchrec.ratio_to_torchrec"] == pytest.approx(1.0)
-    assert run.data.metrics["2dev.size_greedy.mean_cost_ms"] == pytest.approx(by_method["size_greedy"]["mean_cost_ms"])
-    artifacts = {a.path for a in MlflowClient(uri).list_artifacts(run_id, "benchmark")}
-    assert {"benchmark/benchmark.html", "benchmark/benchmark_methods.png", "benchmark/results.json"} <= artifacts
+    measured = json.loads((tmp_path / "2dev/task01/random.measured.json").read_text())
+    assert measured["timing"]["compute_rounds"] == FAST.timing_rounds
 
 
 def test_benchmark_reports_dlrm_throughput_next_to_torchrecs_plan(tmp_path) -> None:
     spec = TaskSetSpec(name="2dev", num_devices=2, min_tables=3, max_tables=3, num_tasks=2)
     task_sets = {spec.name: make_task_set(POOL, spec, seed=0)}
     results, rows = run_benchmark(
-        task_sets, ["size_greedy", "torchrec"], device="cpu", protocol=PROTOCOL, batch_size=128, comm_iters=2,
-        out_dir=tmp_path, throughput_tasks=1, throughput_iters=2, throughput_warmup=1,
+        task_sets, {"size_greedy": GreedySearch("size"), "torchrec": TorchRecPlannerSearch()},
+        measurement=FAST.model_copy(update={"batch_size": 128}), out_dir=tmp_path, throughput_tasks=1,
+        throughput_iters=2, throughput_warmup=1,
     )
     # only the first task of the set is trained, under both methods' plans
     trained = {(r.task_index, r.method): r.samples_per_s for r in results}
@@ -92,22 +84,11 @@ def test_benchmark_reports_dlrm_throughput_next_to_torchrecs_plan(tmp_path) -> N
     assert saved["iters"] == 2 and saved["warmup"] == 1 and saved["global_batch_size"] == 128
     # each plan's report shows both plans of the task, trained in the same run
     assert "End-to-end DLRM training" in (tmp_path / "2dev/task00/size_greedy.html").read_text()
-    metrics = _logged_metrics(rows, tmp_path)
-    assert metrics["2dev.torchrec.throughput_ratio_to_torchrec"] == pytest.approx(1.0)
-    assert metrics["2dev.size_greedy.mean_samples_per_s"] == pytest.approx(trained[0, "size_greedy"])
-
-
-def _logged_metrics(rows, out_dir) -> dict[str, float]:
-    from mlflow.tracking import MlflowClient
-
-    uri = f"sqlite:///{out_dir / 'mlflow.db'}"
-    run_id = log_benchmark_to_mlflow(rows, out_dir, tracking_uri=uri, params={})
-    return MlflowClient(uri).get_run(run_id).data.metrics
 
 
 def test_cli_evaluate_prints_the_per_device_table_and_writes_the_report(tmp_path, capsys) -> None:
     task = make_task_set(POOL, TaskSetSpec(name="s", num_devices=2, min_tables=4, max_tables=4, num_tasks=1), 0)[0]
-    plan = make_searcher("size_greedy").search(task, None, seed=0)
+    plan = GreedySearch("size").search(task, None, seed=0)
     task_path = save_task(task, tmp_path / "task.json")
     plan_path = save_plan(plan, tmp_path / "plans/plan.json")
     status = main(["evaluate", "--task", str(task_path), "--plan", str(plan_path), "--device", "cpu",

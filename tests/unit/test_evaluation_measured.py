@@ -5,9 +5,20 @@ from __future__ import annotations
 import json
 
 import pytest
+from search_doubles import FeatureCostModel
 
 from shardwise.cli import main
-from shardwise.evaluation.measured import DeviceCost, MeasuredPlanCost, measure_plan
+from shardwise.evaluation import evaluate_plans, measured
+from shardwise.evaluation.measured import (
+    DeviceCost,
+    MeasuredPlanCost,
+    compare_measured,
+    measure_plan,
+    measure_plans,
+)
+from shardwise.profiling import MeasurementSettings
+from shardwise.profiling.comm import CommTiming
+from shardwise.profiling.kernel import ShardTiming
 from shardwise.search.plan import Plan, PlanError, Shard, save_plan
 from shardwise.workload import ShardingTask, TableSpec, save_task
 
@@ -35,7 +46,7 @@ VALID = _plan(("t0", 0, 16, 0), ("t1", 0, 16, 1), ("t2", 0, 16, 1))
 )
 def test_measure_plan_refuses_invalid_plans(plan: Plan, task: ShardingTask, message: str) -> None:
     with pytest.raises(PlanError, match=message):
-        measure_plan(task, plan, device="cpu", progress=False)
+        measure_plan(task, plan, MeasurementSettings(device="cpu"), progress=False)
 
 
 @pytest.mark.parametrize(
@@ -88,8 +99,6 @@ def test_plan_cost_is_the_slowest_device_and_imbalance_is_max_over_mean() -> Non
 
 
 def test_comparison_ratios_are_to_the_first_plan_and_rows_are_found_by_name() -> None:
-    from shardwise.evaluation.measured import compare_measured
-
     cheap = _cost([(1.0, 1.0, 0.5, 0.5), (1.0, 1.0, 0.5, 0.5)], [100, 100])  # 3 ms
     dear = _cost([(2.0, 2.0, 1.0, 1.0), (1.0, 1.0, 0.5, 0.5)], [100, 100])  # 6 ms
     comparison = compare_measured([("a", dear), ("b", cheap)], predicted_max_ms=[5.0, None])
@@ -114,10 +123,93 @@ def test_cli_evaluate_needs_one_name_per_plan(tmp_path, capsys) -> None:
     assert not (tmp_path / "plan_eval").exists()
 
 
-def test_cli_plan_names_are_stems_else_methods_else_numbered() -> None:
-    from shardwise.cli import _plan_names
+def test_evaluate_report_names_are_stems_else_methods_else_numbered() -> None:
+    from shardwise.jobs.evaluate import report_names
 
     a, b = VALID.model_copy(update={"method": "x"}), VALID.model_copy(update={"method": "y"})
-    assert _plan_names(["d/p1.json", "d/p2.json"], [a, a]) == ["p1", "p2"]
-    assert _plan_names(["d1/plan", "d2/plan"], [a, b]) == ["x", "y"]
-    assert _plan_names(["d1/plan", "d2/plan"], [a, a]) == ["plan-0", "plan-1"]
+    assert report_names(("d/p1.json", "d/p2.json"), [a, a]) == ["p1", "p2"]
+    assert report_names(("d1/plan", "d2/plan"), [a, b]) == ["x", "y"]
+    assert report_names(("d1/plan", "d2/plan"), [a, a]) == ["plan-0", "plan-1"]
+
+
+class _Kernels:
+    """Stands in for the kernel and all-to-all timers: records what it was asked to time."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.shards: list[tuple[tuple[str, ...], int, float | None]] = []  # (tables, batch, reference_ms)
+        self.exchanges: list[tuple[int, int, int]] = []  # (layouts, batch, iters)
+        self.calibrations = 0
+        monkeypatch.setattr(measured, "measure_shard", self.measure_shard)
+        monkeypatch.setattr(measured, "measure_all_to_all_many", self.measure_all_to_all_many)
+        monkeypatch.setattr(measured, "calibrate_reference", self.calibrate_reference)
+
+    def measure_shard(self, tables, batch_size, *, device, protocol, optimizer, weights_precision) -> ShardTiming:
+        self.shards.append((tuple(t.name for t in tables), batch_size, protocol.reference_ms))
+        ms = float(len(self.shards))  # every timing differs: the median must pick the middle one
+        return ShardTiming(fwd_ms=ms, bwd_ms=2 * ms, raw_fwd_ms=ms, raw_bwd_ms=2 * ms, reference_ms=1.0)
+
+    def measure_all_to_all_many(self, layouts, batch_size, *, backend, iters) -> list[list[CommTiming]]:
+        self.exchanges.append((len(layouts), batch_size, iters))
+        return [[CommTiming(0.1, 0.2, 0, None, (0.1,) * iters, (0.2,) * iters) for _ in widths] for widths in layouts]
+
+    def calibrate_reference(self, device, protocol) -> float:
+        self.calibrations += 1
+        return 0.25
+
+
+def test_measure_plans_times_as_the_measurement_settings_say(monkeypatch) -> None:
+    kernels = _Kernels(monkeypatch)
+    settings = MeasurementSettings(device="cpu", batch_size=128, warmup_iters=1, timing_iters=4, timing_rounds=3,
+                                   comm_iters=7, comm_rounds=2, reference_ms=0.5)
+    first, second = measure_plans([(TASK, VALID), (TASK, VALID)], settings, progress=False)
+    # 2 plans x 2 devices x 3 rounds, at the settings' batch, scaled by the pinned reference (no calibration)
+    assert len(kernels.shards) == 12 and kernels.calibrations == 0
+    assert {batch for _, batch, _ in kernels.shards} == {128}
+    assert {ref for _, _, ref in kernels.shards} == {0.5}
+    # rounds interleaved over all shards: device 0 of the first plan was timed 1st, 5th and 9th, median 5th
+    assert first.devices[0].fwd_ms == 5.0 and first.devices[0].bwd_ms == 10.0
+    # both plans' layouts in one all-to-all session, comm_rounds times over, comm_iters each
+    assert kernels.exchanges == [(4, 128, 7)]
+    assert first.devices[1].comm_fwd_ms == pytest.approx(0.1) and second.devices[1].comm_bwd_ms == pytest.approx(0.2)
+    assert first.batch_size == 128 and first.reference_ms == 0.5
+    assert first.timing["compute_rounds"] == 3 and first.timing["comm_iters"] == 7
+    assert first.timing["comm_rounds"] == 2
+    assert first.timing["warmup_iters"] == 1 and first.timing["iters"] == 4
+    assert "reference_ms" not in first.timing  # stored on its own
+    comparison = compare_measured([("a", first), ("b", second)])
+    assert (comparison.compute_rounds, comparison.comm_iters, comparison.comm_rounds) == (3, 7, 2)
+
+
+def test_measure_plans_calibrates_one_reference_for_all_plans_at_the_tasks_batch(monkeypatch) -> None:
+    kernels = _Kernels(monkeypatch)
+    costs = measure_plans([(TASK, VALID), (TASK, VALID)], MeasurementSettings(device="cpu"), progress=False)
+    assert kernels.calibrations == 1
+    assert {ref for _, _, ref in kernels.shards} == {0.25} and {c.reference_ms for c in costs} == {0.25}
+    assert {batch for _, batch, _ in kernels.shards} == {TASK.batch_size}
+    defaults = MeasurementSettings()
+    assert costs[0].timing["compute_rounds"] == defaults.timing_rounds
+    assert kernels.exchanges == [(2 * defaults.comm_rounds, TASK.batch_size, defaults.comm_iters)]
+
+
+class _ModelWithReference(FeatureCostModel):
+    reference_ms = 0.75
+    batch_size = 64
+
+
+@pytest.mark.parametrize(
+    ("settings", "batch", "reference"),
+    [(MeasurementSettings(device="cpu"), 64, 0.75),
+     (MeasurementSettings(device="cpu", batch_size=32, reference_ms=2.0), 32, 2.0)],
+    ids=["model's", "settings'"],
+)
+def test_evaluate_plans_times_as_the_cost_model_was_trained_unless_the_settings_say(
+    monkeypatch, tmp_path, settings: MeasurementSettings, batch: int, reference: float
+) -> None:
+    kernels = _Kernels(monkeypatch)
+    costs, comparison, _ = evaluate_plans(TASK, [("a", VALID), ("b", VALID)], tmp_path,
+                                          cost_model=_ModelWithReference(), measurement=settings, progress=False)
+    assert kernels.calibrations == 0
+    assert {b for _, b, _ in kernels.shards} == {batch} and {r for _, _, r in kernels.shards} == {reference}
+    assert costs[0].batch_size == batch and comparison.reference_ms == reference
+    assert comparison.row("a").predicted_max_cost_ms is not None  # the model's prediction next to the measurement
+    assert json.loads((tmp_path / "a.measured.json").read_text())["batch_size"] == batch

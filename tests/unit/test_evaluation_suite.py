@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from shardwise.evaluation.suite import (
+from shardwise.evaluation import (
     PlanResult,
     TaskSetSpec,
     cost_ratio,
     format_summary,
     make_task_set,
+    run_benchmark,
     summarize,
     throughput_ratio,
 )
+from shardwise.search import GreedySearch
 from shardwise.workload import TableSpec
 from shardwise.workload.tableset import TableSet
 
@@ -49,7 +51,8 @@ def test_summary_ratios_compare_the_tasks_both_methods_planned() -> None:
         _result("size_greedy", 0, 8.0), _result("size_greedy", 1, 30.0),
         _result("neuroshard", 0, 6.0, predicted=6.6),  # task 1: neuroshard failed
     ]
-    rows = {r["method"]: r for r in summarize(results, failures=[("s", 1, "neuroshard", "no room")])}
+    rows = {r["method"]: r for r in summarize(results, failures=[("s", 1, "neuroshard", "no room")],
+                                                learned={"neuroshard"})}
     assert rows["neuroshard"]["failed"] == 1 and rows["neuroshard"]["tasks"] == 1
     assert rows["neuroshard"]["ratio_to_torchrec"] == pytest.approx(0.6)  # task 0 only
     assert rows["size_greedy"]["ratio_to_torchrec"] == pytest.approx(38.0 / 30.0)
@@ -61,6 +64,14 @@ def test_summary_ratios_compare_the_tasks_both_methods_planned() -> None:
     assert cost_ratio(results, "neuroshard", "size_greedy") == pytest.approx(6.0 / 8.0)
     text = format_summary(list(rows.values()))
     assert "neuroshard" in text and "0.600" in text and "best baseline: s: torchrec" in text
+
+
+def test_the_best_baseline_is_the_cheapest_method_not_named_learned() -> None:
+    results = [_result("torchrec", 0, 10.0), _result("size_greedy", 0, 8.0), _result("neuroshard", 0, 6.0)]
+    assert summarize(results)[0]["best_baseline"] == "neuroshard"  # nothing named learned: all are baselines
+    rows = {r["method"]: r for r in summarize(results, learned=("neuroshard",))}
+    assert rows["neuroshard"]["best_baseline"] == "size_greedy"
+    assert rows["neuroshard"]["ratio_to_best_baseline"] == pytest.approx(6.0 / 8.0)
 
 
 def test_throughput_columns_compare_the_tasks_both_methods_trained() -> None:
@@ -91,14 +102,10 @@ def test_without_throughput_the_summary_has_no_throughput_columns() -> None:
 def test_benchmark_cli_refuses_bad_throughput_options(flag: str, value: str, capsys) -> None:
     from shardwise.cli import main
 
-    with pytest.raises(SystemExit) as exit_:
-        main(["benchmark", "--tables", "unused.json", flag, value])
-    assert exit_.value.code == 2
-    assert f"argument {flag}: must be >= " in capsys.readouterr().err
+    assert main(["benchmark", "--tables", "unused.json", flag, value]) == 2
+    assert f"{flag} {value}: Input should be greater than or equal to" in capsys.readouterr().err
 
 
 def test_run_benchmark_refuses_a_negative_throughput_task_count() -> None:
-    from shardwise.evaluation.suite import run_benchmark
-
     with pytest.raises(ValueError, match="throughput_tasks must be >= 0"):
-        run_benchmark({}, ["torchrec"], device="cpu", throughput_tasks=-1)
+        run_benchmark({}, {"size_greedy": GreedySearch("size")}, throughput_tasks=-1)

@@ -1,48 +1,64 @@
-"""Evaluation on hardware: measured plan cost, end-to-end DLRM throughput, benchmark suites, reports."""
+"""Evaluation on hardware: measured plan cost, end-to-end DLRM throughput, benchmark suites, reports.
+
+Modules, each importing only those before it: `measured` (plans measured on the kernels and the all-to-all),
+`dlrm` (TorchRec DLRM training throughput), `report` (HTML pages and plots), `evaluate` (named plans of one
+task measured together, with reports), `suite` (the benchmark: task sets x searchers, measured)."""
 
 from .dlrm import DLRMThroughput, build_dlrm, measure_dlrm_throughput
+from .evaluate import evaluate_plans
 from .measured import (
     DeviceCost,
+    KernelShard,
     MeasuredPlanCost,
     PlanComparison,
     compare_measured,
-    evaluate_plans,
     measure_plan,
     measure_plans,
+    resolve_timing,
     save_measured,
+    time_shards_in_rounds,
 )
 from .report import write_benchmark_report, write_comparison_report, write_plan_report
 from .suite import (
     PAPER_TASK_SETS,
     SMALL_TASK_SETS,
-    MeasuredCostGreedySearch,
+    TASK_SETS,
     PlanResult,
     TaskSetSpec,
+    cost_ratio,
+    format_summary,
     make_task_set,
     run_benchmark,
     summarize,
+    throughput_ratio,
 )
 
 __all__ = [
     "PAPER_TASK_SETS",
     "SMALL_TASK_SETS",
+    "TASK_SETS",
     "DLRMThroughput",
     "DeviceCost",
-    "MeasuredCostGreedySearch",
+    "KernelShard",
     "MeasuredPlanCost",
     "PlanComparison",
     "PlanResult",
     "TaskSetSpec",
     "build_dlrm",
     "compare_measured",
+    "cost_ratio",
     "evaluate_plans",
+    "format_summary",
     "make_task_set",
     "measure_dlrm_throughput",
     "measure_plan",
     "measure_plans",
+    "resolve_timing",
     "run_benchmark",
     "save_measured",
     "summarize",
+    "throughput_ratio",
+    "time_shards_in_rounds",
     "write_benchmark_report",
     "write_comparison_report",
     "write_plan_report",

@@ -11,11 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 from torch import nn
+from torch.multiprocessing import start_processes
 
-from shardwise.search.plan import Plan
-from shardwise.workload import ShardingTask, sample_batch, stable_seed
+from shardwise.profiling import resolve_device
+from shardwise.search.plan import Plan, plan_from_json, validate_plan
+from shardwise.search.torchrec_plan import to_sharding_plan
+from shardwise.workload import ShardingTask, sample_batch, stable_seed, task_from_json
 
 #: the module path of the EmbeddingBagCollection inside the model (TorchRec's DLRM layout)
 EBC_PATH = "sparse_arch.embedding_bag_collection"
@@ -87,6 +91,7 @@ class ProjectedSparseArch(nn.Module):
 
 def build_dlrm(task: ShardingTask, *, dense_device: torch.device, embedding_device: torch.device) -> nn.Module:
     """TorchRec's DLRM over the task's tables (one feature per table); per-table projections when dims differ."""
+    # torchrec: heavy (seconds to import), needed only when a DLRM is built
     from torchrec.models.dlrm import DLRM
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -114,6 +119,7 @@ class _ProjectedDLRM(nn.Module):
 
     def __init__(self, ebc: nn.Module, dims: dict[str, int], device: torch.device, common_dim: int = 32):
         super().__init__()
+        # torchrec: heavy (seconds to import), needed only when a DLRM is built
         from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch, choose
 
         num_features = len(dims)
@@ -132,6 +138,7 @@ class _ProjectedDLRM(nn.Module):
 
 def synthetic_batch(task: ShardingTask, batch_size: int, rank: int, step: int) -> tuple[Any, Any, Any]:
     """(dense [B, 13], KeyedJaggedTensor over the task's tables, labels [B]) for one rank and step, seeded."""
+    # torchrec: heavy (seconds to import), needed only when a DLRM is trained
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     lengths, values = [], []
@@ -149,24 +156,14 @@ def synthetic_batch(task: ShardingTask, batch_size: int, rank: int, step: int) -
     return dense, kjt, labels
 
 
-def _torchrec_plan(plan: Plan, task: ShardingTask, world_size: int, device_kind: str) -> Any:
-    """The plan as TorchRec's ShardingPlan for the model's EmbeddingBagCollection (search engineer's export)."""
-    from shardwise.integrations.torchrec import to_sharding_plan
-
-    return to_sharding_plan(plan, task, module_path=EBC_PATH, device_type=device_kind, local_world_size=world_size)
-
-
 def _worker(rank: int, world_size: int, init_file: str, out_dir: str, job: dict[str, Any]) -> None:
     """One rank: build, shard, train; writes its per-iteration ms to out_dir/rank{rank}.json."""
-    import torch.distributed as dist
+    # fbgemm_gpu, torchrec: heavy (seconds to import), needed only in the training processes
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-    from shardwise.search.plan import plan_from_json
-    from shardwise.workload import task_from_json
 
     task = task_from_json(job["task"])
     plan = plan_from_json(job["plan"])
@@ -187,7 +184,9 @@ def _worker(rank: int, world_size: int, init_file: str, out_dir: str, job: dict[
         sharder = EmbeddingBagCollectionSharder(
             fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
         )
-        sharding_plan = _torchrec_plan(plan, task, world_size, device_kind)
+        sharding_plan = to_sharding_plan(
+            plan, task, module_path=EBC_PATH, device_type=device_kind, local_world_size=world_size
+        )
         model = DistributedModelParallel(module=model, device=device, plan=sharding_plan, sharders=[sharder])
         dense_params = dict(in_backward_optimizer_filter(model.named_parameters()))
         optimizer = KeyedOptimizerWrapper(dense_params, lambda params: torch.optim.SGD(params, lr=0.01))
@@ -235,12 +234,6 @@ def measure_dlrm_throughput(
     `batch_size` is the global batch (split evenly across ranks); default the task's on CUDA, at most
     CPU_BATCH_SIZE on CPU.
     """
-    from torch.multiprocessing import start_processes
-
-    from shardwise.search.plan import validate_plan
-
-    from .measured import resolve_device
-
     validate_plan(plan, task)
     world_size = world_size or plan.num_devices
     if world_size != plan.num_devices:

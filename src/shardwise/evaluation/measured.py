@@ -6,25 +6,31 @@ import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from shardwise.profiling.kernel import ShardTiming, TimingProtocol
+from shardwise.profiling import (
+    MeasurementSettings,
+    ShardTiming,
+    TimingProtocol,
+    calibrate_reference,
+    hardware_kind,
+    measure_all_to_all_many,
+    measure_shard,
+    resolve_device,
+)
+from shardwise.profiling.comm import default_backend
 from shardwise.search.plan import Plan, device_specs, plan_memory_bytes, validate_plan
-from shardwise.workload import Optimizer, ShardingTask, TableSpec
+from shardwise.workload import Optimizer, ShardingTask, TableSpec, WeightsPrecision
 
 MEASURED_FORMAT = "shardwise.measured/v1"
-# All-to-all timing: per device, the median of COMM_ROUNDS x COMM_ITERS exchanges. On a shared CPU one
-# exchange swings by 2x with scheduling, and the medians of fewer samples differed by 30% for a symmetric one.
-COMM_ITERS = 20
-COMM_ROUNDS = 5
-# Kernel timing: per device, the median of COMPUTE_ROUNDS timings (each the protocol's median of its iterations)
-# taken in interleaved rounds; one timing of the same shard differed by up to 25% within one session.
-COMPUTE_ROUNDS = 3
 COMPARISON_FORMAT = "shardwise.comparison/v1"
+# How many rounds and iterations a measurement takes, and why, is MeasurementSettings' (shardwise.profiling):
+# per device, the median of `timing_rounds` interleaved kernel timings (one timing of a shard swings by 20% on
+# a shared CPU) and of `comm_rounds` x `comm_iters` all-to-alls (one exchange swings by 2x with scheduling).
 
 
 class DeviceCost(BaseModel):
@@ -142,45 +148,59 @@ def save_measured(cost: MeasuredPlanCost, path: str | Path) -> Path:
     return path
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """`None` or "auto" -> CUDA when present, else CPU; refuses devices this machine lacks."""
-    from shardwise.profiling.hardware import resolve_device as _resolve
+class KernelShard(NamedTuple):
+    """What one kernel timing needs: a device's tables, the batch they are timed at, the task's optimizer and
+    weights precision."""
 
-    return _resolve(None if device is None or str(device) == "auto" else device)
+    tables: Sequence[TableSpec]
+    batch_size: int
+    optimizer: Optimizer = "rowwise_adagrad"
+    weights_precision: WeightsPrecision = "fp32"
 
 
-def resolve_protocol(
-    device: torch.device, protocol: TimingProtocol | None, reference_ms: float | None
-) -> TimingProtocol:
-    """The protocol decided for `device` with its reference calibrated once (or pinned to `reference_ms`)."""
-    from shardwise.profiling.kernel import calibrate_reference
-
-    protocol = (protocol or TimingProtocol()).for_device(device)
-    if reference_ms is not None:
-        return protocol.model_copy(update={"reference_ms": reference_ms})
+def resolve_timing(measurement: MeasurementSettings) -> tuple[torch.device, TimingProtocol]:
+    """The device `measurement` names and its protocol decided for that device, with the reference kernel
+    pinned to `measurement.reference_ms` or else calibrated once (when timings are normalised), so every shard
+    timed with it is scaled by the same reference."""
+    device = resolve_device(measurement.device)
+    protocol = measurement.protocol().for_device(device)
     if protocol.reference_normalised and protocol.reference_ms is None:
-        # calibrate once for all plans, so every device of every plan is scaled by the same reference
-        return protocol.model_copy(update={"reference_ms": calibrate_reference(device, protocol)})
-    return protocol
+        protocol = protocol.model_copy(update={"reference_ms": calibrate_reference(device, protocol)})
+    return device, protocol
+
+
+def timing_document(protocol: TimingProtocol, measurement: MeasurementSettings) -> dict[str, Any]:
+    """How a measurement was timed, as stored in `MeasuredPlanCost.timing` (keys of shardwise.measured/v1):
+    the protocol's settings (its reference is stored on its own), compute_rounds, comm_iters, comm_rounds."""
+    return {
+        **protocol.model_dump(mode="json", exclude={"reference_ms"}),
+        "compute_rounds": measurement.timing_rounds,
+        "comm_iters": measurement.comm_iters,
+        "comm_rounds": measurement.comm_rounds,
+    }
 
 
 def time_shards_in_rounds(
-    shards: Sequence[tuple[Sequence[TableSpec], int, Optimizer]],
+    shards: Sequence[KernelShard],
     rounds: int,
     *,
     device: torch.device,
     protocol: TimingProtocol,
     progress: bool = True,
 ) -> list[list[ShardTiming]]:
-    """Each (tables, batch size, optimizer) shard timed once per round, `rounds` rounds interleaved over all of
-    them, so machine drift during the run hits every shard alike; per shard, its timings in round order."""
-    from shardwise.profiling.kernel import measure_shard
-
+    """Each shard timed once per round, `rounds` rounds interleaved over all of them, so machine drift during
+    the run hits every shard alike; per shard, its timings in round order. `device` and `protocol` as
+    `resolve_timing` gives them (a normalised protocol needs its reference set)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     timings: list[list[ShardTiming]] = [[] for _ in shards]
     with tqdm(total=rounds * len(shards), desc="measure shards", unit="shard", disable=not progress) as bar:
         for _ in range(rounds):
-            for (tables, batch, optimizer), row in zip(shards, timings):
-                row.append(measure_shard(tables, batch, device=device, protocol=protocol, optimizer=optimizer))
+            for shard, row in zip(shards, timings):
+                row.append(measure_shard(
+                    shard.tables, shard.batch_size, device=device, protocol=protocol, optimizer=shard.optimizer,
+                    weights_precision=shard.weights_precision,
+                ))
                 bar.update()
     return timings
 
@@ -191,43 +211,35 @@ def _median_fwd_bwd(timings: Sequence[ShardTiming]) -> tuple[float, float]:
 
 def measure_plans(
     items: Sequence[tuple[ShardingTask, Plan]],
+    measurement: MeasurementSettings | None = None,
     *,
-    device: str | torch.device | None = None,
-    protocol: TimingProtocol | None = None,
-    reference_ms: float | None = None,
-    batch_size: int | None = None,
-    compute_rounds: int = COMPUTE_ROUNDS,
-    comm_iters: int = COMM_ITERS,
-    comm_rounds: int = COMM_ROUNDS,
     comm_backend: str | None = None,
     progress: bool = True,
 ) -> list[MeasuredPlanCost]:
-    """Measure several (task, plan) pairs in one session: one reference calibration for all, every shard timed
-    in `compute_rounds` interleaved rounds, and all-to-alls of equal device counts in one process group,
-    interleaved over `comm_rounds` rounds of `comm_iters` each; medians per device."""
-    if compute_rounds < 1 or comm_rounds < 1 or comm_iters < 1:
-        raise ValueError(
-            f"compute_rounds, comm_rounds and comm_iters must be >= 1, got {compute_rounds}, {comm_rounds}, {comm_iters}"
-        )
-    from shardwise.profiling.comm import default_backend, measure_all_to_all_many
-    from shardwise.profiling.hardware import hardware_kind
+    """Measure several (task, plan) pairs in one session; refuse invalid plans before anything runs.
 
+    One reference calibration for all (unless `measurement.reference_ms` pins it), every device shard timed in
+    `timing_rounds` interleaved rounds at `measurement.batch_size` (default: each task's), and all-to-alls of
+    equal device count and batch in one process group (`comm_backend`: NCCL on CUDA, gloo on CPU by default),
+    interleaved over `comm_rounds` rounds of `comm_iters`; medians per device."""
+    measurement = measurement or MeasurementSettings()
     for task, plan in items:
         validate_plan(plan, task)  # refuses columns covered twice, devices out of range, over memory
-    dev = resolve_device(device)
-    protocol = resolve_protocol(dev, protocol, reference_ms)
-    batches = [batch_size or task.batch_size for task, _ in items]
+    device, protocol = resolve_timing(measurement)
+    batches = [measurement.batch_size or task.batch_size for task, _ in items]
     layouts = [device_specs(plan, task) for task, plan in items]  # column slices keep their source's data
 
     # every device's shard timed once per round, rounds interleaved over all plans, median per device: one
     # timing of a shard swings by 20% on a shared CPU (the reference normalises drift, not preemption)
-    jobs = [
-        (tables, batch, task.optimizer)
+    shards = [
+        KernelShard(tables, batch, task.optimizer, task.weights_precision)
         for (task, _), devices, batch in zip(items, layouts, batches)
         for tables in devices
         if tables
     ]
-    timed = iter(time_shards_in_rounds(jobs, compute_rounds, device=dev, protocol=protocol, progress=progress))
+    timed = iter(time_shards_in_rounds(
+        shards, measurement.timing_rounds, device=device, protocol=protocol, progress=progress
+    ))
     compute = [[_median_fwd_bwd(next(timed)) if tables else (0.0, 0.0) for tables in devices] for devices in layouts]
 
     widths = [[sum(t.dim for t in tables) for tables in devices] for devices in layouts]
@@ -236,13 +248,14 @@ def measure_plans(
     for k, (w, batch) in enumerate(zip(widths, batches)):
         if len(w) > 1:
             groups.setdefault((len(w), batch), []).append(k)
-    backend = comm_backend or default_backend(dev.type)
+    backend = comm_backend or default_backend(device.type)
     for (_, batch), members in groups.items():
         # every layout timed in `comm_rounds` interleaved rounds, median of all rounds' iterations per device:
         # machine drift during the run then hits all plans alike instead of whichever layout happened to run
         # during a slow spell
         exchanges = measure_all_to_all_many(
-            [widths[k] for k in members] * comm_rounds, batch, backend=backend, iters=comm_iters
+            [widths[k] for k in members] * measurement.comm_rounds, batch, backend=backend,
+            iters=measurement.comm_iters,
         )
         for j, k in enumerate(members):
             rounds = exchanges[j :: len(members)]
@@ -254,7 +267,8 @@ def measure_plans(
                 for d in range(len(widths[k]))
             ]
 
-    kind = hardware_kind(dev)
+    kind = hardware_kind(device)
+    timing = timing_document(protocol, measurement)
     results = []
     for k, (task, plan) in enumerate(items):
         memory = plan_memory_bytes(plan, task)
@@ -275,13 +289,10 @@ def measure_plans(
             MeasuredPlanCost(
                 method=plan.method,
                 batch_size=batches[k],
-                device_kind=dev.type,
+                device_kind=device.type,
                 hardware_kind=kind,
                 device_memory_bytes=task.device_memory_bytes,
-                timing={
-                    **protocol.model_dump(mode="json", exclude={"reference_ms"}),
-                    "compute_rounds": compute_rounds, "comm_iters": comm_iters, "comm_rounds": comm_rounds,
-                },
+                timing=timing,
                 reference_ms=protocol.reference_ms,
                 devices=costs,
             )
@@ -292,35 +303,16 @@ def measure_plans(
 def measure_plan(
     task: ShardingTask,
     plan: Plan,
+    measurement: MeasurementSettings | None = None,
     *,
-    device: str | torch.device | None = None,
-    protocol: TimingProtocol | None = None,
-    reference_ms: float | None = None,
-    batch_size: int | None = None,
-    compute_rounds: int = COMPUTE_ROUNDS,
-    comm_iters: int = COMM_ITERS,
-    comm_rounds: int = COMM_ROUNDS,
     comm_backend: str | None = None,
     progress: bool = True,
 ) -> MeasuredPlanCost:
     """Measure `plan` on real hardware: per device fwd + bwd kernel + fwd/bwd all-to-all; refuse invalid plans.
 
-    `batch_size` overrides the task's (to match the batch a cost model was profiled at); `protocol` and
-    `reference_ms` must be those the cost model's data was measured with for the two to be comparable.
-    The all-to-all runs one process per device (`comm_backend`: NCCL on CUDA, gloo on CPU by default).
-    """
-    return measure_plans(
-        [(task, plan)],
-        device=device,
-        protocol=protocol,
-        reference_ms=reference_ms,
-        batch_size=batch_size,
-        compute_rounds=compute_rounds,
-        comm_iters=comm_iters,
-        comm_rounds=comm_rounds,
-        comm_backend=comm_backend,
-        progress=progress,
-    )[0]
+    For the measurement to compare with a cost model's predictions, time as its training data was:
+    `measurement.for_cost_model(model.reference_ms, model.batch_size)`."""
+    return measure_plans([(task, plan)], measurement, comm_backend=comm_backend, progress=progress)[0]
 
 
 class PlanComparisonRow(BaseModel):
@@ -417,60 +409,3 @@ def compare_measured(
         comm_rounds=int(ref.timing.get("comm_rounds", 1)),
         plans=rows,
     )
-
-
-def evaluate_plans(
-    task: ShardingTask,
-    plans: Sequence[tuple[str, Plan]],
-    out_dir: str | Path,
-    *,
-    cost_model: Any = None,
-    device: str | torch.device | None = None,
-    protocol: TimingProtocol | None = None,
-    reference_ms: float | None = None,
-    batch_size: int | None = None,
-    compute_rounds: int = COMPUTE_ROUNDS,
-    comm_iters: int = COMM_ITERS,
-    comm_rounds: int = COMM_ROUNDS,
-    progress: bool = True,
-) -> tuple[list[MeasuredPlanCost], PlanComparison, list[Path]]:
-    """Measure named plans of `task` in one session; write `<name>.measured.json` and a report per plan, and
-    `comparison.json` + `comparison.html` across them.
-
-    One session: one reference calibration, one all-to-all process group with the plans' layouts interleaved,
-    so machine drift hits every plan alike. With a cost model, time as its training data was (its
-    reference_ms and batch size unless given) and show its predictions next to the measurement."""
-    from shardwise.search.simulator import simulate
-
-    from .report import write_comparison_report, write_plan_report
-
-    names = [name for name, _ in plans]
-    if len(set(names)) != len(names):
-        raise ValueError(f"plans: names must be unique, got {names}")
-    if reference_ms is None and cost_model is not None:
-        reference_ms = getattr(cost_model, "reference_ms", None)
-    if batch_size is None and cost_model is not None:
-        batch_size = cost_model.batch_size
-    costs = measure_plans(
-        [(task, plan) for _, plan in plans], device=device, protocol=protocol, reference_ms=reference_ms,
-        batch_size=batch_size, compute_rounds=compute_rounds, comm_iters=comm_iters, comm_rounds=comm_rounds,
-        progress=progress,
-    )
-    predicted: list[list[float] | None] = [
-        list(simulate(plan, task, cost_model).total_ms) if cost_model is not None else None for _, plan in plans
-    ]
-    out = Path(out_dir)
-    paths: list[Path] = []
-    for name, cost, pred in zip(names, costs, predicted):
-        paths.append(save_measured(cost, out / f"{name}.measured.json"))
-        paths += write_plan_report(cost, out, name=name, predicted_total_ms=pred)
-    comparison = compare_measured(
-        list(zip(names, costs)),
-        predicted_max_ms=[max(p) if p else None for p in predicted],
-    )
-    if len(plans) > 1:
-        path = out / "comparison.json"
-        path.write_text(json.dumps(comparison.model_dump(mode="json"), indent=1))
-        paths.append(path)
-        paths += write_comparison_report(comparison, out)
-    return costs, comparison, paths

@@ -5,17 +5,15 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .dlrm import DLRMThroughput  # noqa: E402
 from .measured import MeasuredPlanCost, PlanComparison  # noqa: E402
-
-if TYPE_CHECKING:
-    from .dlrm import DLRMThroughput
 
 GIB = 2**30
 _STYLE = (

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,27 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from shardwise.costmodel.types import CostModel
-from shardwise.profiling.kernel import TimingProtocol
-from shardwise.search.plan import Plan, PlanError, Shard, check_memory_bounds, save_plan, shard_state_bytes
-from shardwise.workload import ShardingTask, TableSpec, save_task
+from shardwise.profiling import MeasurementSettings, resolve_device
+from shardwise.search.plan import Plan, PlanError, save_plan
+from shardwise.search.simulator import simulate
+from shardwise.search.types import Searcher
+from shardwise.workload import ShardingTask, save_task
 from shardwise.workload.tableset import TableSet, sample_task
 
-from .measured import (
-    COMM_ITERS,
-    COMM_ROUNDS,
-    COMPUTE_ROUNDS,
-    measure_plans,
-    resolve_device,
-    resolve_protocol,
-    save_measured,
-)
-
-if TYPE_CHECKING:
-    from .dlrm import DLRMThroughput
-
-MEASURED_GREEDY = "measured_greedy"
-#: methods that learn from or search with the cost model; everything else is a baseline
-LEARNED_METHODS = frozenset({"neuroshard", "dreamshard", "autoshard"})
+from .dlrm import DLRMThroughput, measure_dlrm_throughput
+from .measured import measure_plans, save_measured
+from .report import write_benchmark_report, write_plan_report
 
 
 class TaskSetSpec(BaseModel):
@@ -81,74 +69,6 @@ def make_task_set(pool: TableSet, spec: TaskSetSpec, seed: int) -> list[Sharding
             sample_task(pool, num_tables, spec.num_devices, seed=seed * 1000 + k, memory_slack=spec.memory_slack)
         )
     return tasks
-
-
-class MeasuredCostGreedySearch:
-    """Greedy keyed on each table's MEASURED single-table cost: what measuring tables one by one buys.
-
-    Tables in descending measured fwd+bwd ms, each onto the device with the least summed measured ms that
-    has room. The learned cost model must beat this (fused kernels are not additive)."""
-
-    name = MEASURED_GREEDY
-
-    def __init__(
-        self, *, device: torch.device, protocol: TimingProtocol, batch_size: int | None = None
-    ) -> None:
-        self.device = device
-        self.protocol = protocol
-        self.batch_size = batch_size
-        self._single_ms: dict[tuple[str, int], float] = {}  # (table name, batch) -> fwd+bwd ms
-
-    def single_table_ms(self, table: TableSpec, batch_size: int, optimizer: str) -> float:
-        """One table alone on the kernel (cached by name and batch)."""
-        from shardwise.profiling.kernel import measure_shard
-
-        key = (table.name, batch_size)
-        if key not in self._single_ms:
-            timing = measure_shard([table], batch_size, device=self.device, protocol=self.protocol, optimizer=optimizer)  # type: ignore[arg-type]
-            self._single_ms[key] = timing.total_ms
-        return self._single_ms[key]
-
-    def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
-        """Measure each table alone (cached), then place greedily by the measured cost."""
-        from shardwise.search.report import finish_plan
-
-        started = time.perf_counter()
-        check_memory_bounds(task, column_split=False)
-        batch = self.batch_size or task.batch_size
-        cost = np.array([self.single_table_ms(t, batch, task.optimizer) for t in task.tables])
-        need = np.array([shard_state_bytes(t, task) for t in task.tables])
-        devices = self._place(task, np.argsort(-cost, kind="stable"), cost, need)
-        order = "measured cost"
-        if devices is None:
-            # costly-first can strand a large cheap table; placing the largest first (still balancing the
-            # measured cost) is the usual memory-feasible fallback
-            devices = self._place(task, np.argsort(-need, kind="stable"), cost, need)
-            order = "memory (cost order found no room)"
-        if devices is None:
-            raise PlanError(f"{self.name}: the tables fit on no device in either order (memory too tight)")
-        shards = tuple(Shard(table=t.name, col_offset=0, dim=t.dim, device=d) for t, d in zip(task.tables, devices))
-        plan = Plan(num_devices=task.num_devices, shards=shards, method=self.name)
-        return finish_plan(
-            plan, task, cost_model, planning_time_s=time.perf_counter() - started, seed=seed,
-            options={"key": "measured single-table fwd+bwd ms", "order": order, "batch_size": batch},
-        )
-
-    @staticmethod
-    def _place(task: ShardingTask, order: np.ndarray, cost: np.ndarray, need: np.ndarray) -> list[int] | None:
-        """Each table (in `order`) onto the least-loaded device with room; None when one fits nowhere."""
-        load = np.zeros(task.num_devices)
-        free = np.full(task.num_devices, task.device_memory_bytes, dtype=np.int64)
-        devices = [0] * len(task.tables)
-        for i in order:
-            fits = free >= need[i]
-            if not fits.any():
-                return None
-            d = int(np.argmin(np.where(fits, load, np.inf)))
-            devices[i] = d
-            load[d] += cost[i]
-            free[d] -= need[i]
-        return devices
 
 
 class PlanResult(BaseModel):
@@ -201,11 +121,16 @@ def throughput_ratio(results: Sequence[PlanResult], method: str, reference: str)
 
 
 def summarize(
-    results: Sequence[PlanResult], failures: Sequence[tuple[str, int, str, str]] = (), *, throughput: bool = False
+    results: Sequence[PlanResult],
+    failures: Sequence[tuple[str, int, str, str]] = (),
+    *,
+    learned: Collection[str] = (),
+    throughput: bool = False,
 ) -> list[dict[str, Any]]:
     """Per task set and method: mean measured cost, ratios to TorchRec and to the best baseline, and the rest.
 
-    Ratios compare the tasks both methods planned; `failures` are (task set, task, method, reason). With
+    Ratios compare the tasks both methods planned; `failures` are (task set, task, method, reason); the best
+    baseline is the cheapest method not in `learned` (those that learn from or search with a cost model). With
     `throughput`, each row also has the mean DLRM samples/s and its ratio to TorchRec's plan (tasks both trained)."""
     rows: list[dict[str, Any]] = []
     for task_set in dict.fromkeys([r.task_set for r in results] + [f[0] for f in failures]):
@@ -213,7 +138,7 @@ def summarize(
         methods = list(dict.fromkeys([r.method for r in in_set] + [f[2] for f in failures if f[0] == task_set]))
         planned = {m: [r for r in in_set if r.method == m] for m in methods}
         mean_cost = {m: statistics.fmean(r.measured_ms for r in rs) for m, rs in planned.items() if rs}
-        baselines = [m for m in mean_cost if m not in LEARNED_METHODS]
+        baselines = [m for m in mean_cost if m not in learned]
         best_baseline = min(baselines, key=mean_cost.__getitem__) if baselines else None
         for m in methods:
             mine = planned[m]
@@ -272,17 +197,6 @@ def format_summary(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _searcher(method: str, device: torch.device, protocol: TimingProtocol, batch_size: int | None, cache: dict):
-    from shardwise.search import make_searcher
-
-    if method == MEASURED_GREEDY:
-        # one instance per run: single-table measurements are shared across tasks drawn from the same pool
-        if MEASURED_GREEDY not in cache:
-            cache[MEASURED_GREEDY] = MeasuredCostGreedySearch(device=device, protocol=protocol, batch_size=batch_size)
-        return cache[MEASURED_GREEDY]
-    return make_searcher(method)
-
-
 def _train_dlrm(
     plans: Sequence[tuple[str, int, str, ShardingTask, Plan]],
     *,
@@ -296,8 +210,6 @@ def _train_dlrm(
 
     Plans come task by task, so a task's methods are trained back to back with the same settings. A plan
     the node refuses to train (fewer GPUs than devices) is reported and left out, not fatal."""
-    from .dlrm import measure_dlrm_throughput
-
     measured: dict[tuple[str, int, str], DLRMThroughput] = {}
     for set_name, k, method, task, plan in tqdm(plans, desc="train DLRM", unit="plan", disable=not plans):
         try:
@@ -310,17 +222,12 @@ def _train_dlrm(
 
 
 def run_benchmark(
-    task_sets: dict[str, list[ShardingTask]],
-    methods: Sequence[str],
+    task_sets: Mapping[str, Sequence[ShardingTask]],
+    searchers: Mapping[str, Searcher],
     *,
+    learned: Collection[str] = (),
     cost_model: CostModel | None = None,
-    device: str | torch.device | None = None,
-    protocol: TimingProtocol | None = None,
-    reference_ms: float | None = None,
-    batch_size: int | None = None,
-    compute_rounds: int = COMPUTE_ROUNDS,
-    comm_iters: int = COMM_ITERS,
-    comm_rounds: int = COMM_ROUNDS,
+    measurement: MeasurementSettings | None = None,
     seed: int = 0,
     out_dir: str | Path | None = None,
     plan_reports: bool = True,
@@ -328,42 +235,34 @@ def run_benchmark(
     throughput_iters: int = 20,
     throughput_warmup: int = 5,
 ) -> tuple[list[PlanResult], list[dict[str, Any]]]:
-    """Plan every task with every method, measure every plan; per-plan results and the summary rows.
+    """Plan every task with every searcher, measure every plan in one session; per-plan results and the summary.
 
-    Methods that need a cost model are skipped (with a note) when none is given. With `throughput_tasks` N > 0,
-    the TorchRec DLRM is also trained under every method's plan of the first N tasks of each set
+    `searchers` maps a method name to its searcher, one instance for the whole run (so what it caches, such as
+    the measured greedy's single-table timings, is shared by all tasks); `learned` names the methods that are
+    not baselines. With a cost model, plans are timed as its training data was (its reference_ms and batch
+    unless `measurement` sets them) and its predictions are reported. With `throughput_tasks` N > 0, the
+    TorchRec DLRM is also trained under every method's plan of the first N tasks of each set
     (`throughput_iters` timed iterations after `throughput_warmup`, as `shardwise validate` does) and the rows
     get samples/s and its ratio to TorchRec's plan. Plans, measurements and reports go under `out_dir` when given."""
-    from shardwise.search import MODEL_METHODS, simulate
-
-    from .report import write_benchmark_report, write_plan_report
-
     if throughput_tasks < 0:
         raise ValueError(f"throughput_tasks must be >= 0 (0 = no DLRM training), got {throughput_tasks}")
     if throughput_tasks and (throughput_iters < 1 or throughput_warmup < 0):
         raise ValueError(
             f"throughput_iters must be >= 1 and throughput_warmup >= 0 (got {throughput_iters}, {throughput_warmup})"
         )
-    dev = resolve_device(device)
-    if cost_model is not None and reference_ms is None:
-        reference_ms = getattr(cost_model, "reference_ms", None)  # time as the model's training data was
-    protocol = resolve_protocol(dev, protocol, reference_ms)
-    if cost_model is None:
-        skipped = [m for m in methods if m in MODEL_METHODS]
-        if skipped:
-            print(f"benchmark: no cost model, skipping {', '.join(skipped)}")
-        methods = [m for m in methods if m not in MODEL_METHODS]
+    measurement = measurement or MeasurementSettings()
+    if cost_model is not None:
+        measurement = measurement.for_cost_model(getattr(cost_model, "reference_ms", None), cost_model.batch_size)
+    device = resolve_device(measurement.device)
     out = Path(out_dir) if out_dir is not None else None
-    searchers: dict[str, Any] = {}
     failures: list[tuple[str, int, str, str]] = []
 
     planned: list[tuple[str, int, str, ShardingTask, Plan, float]] = []
-    total = sum(len(tasks) for tasks in task_sets.values()) * len(methods)
+    total = sum(len(tasks) for tasks in task_sets.values()) * len(searchers)
     with tqdm(total=total, desc="plan", unit="plan") as bar:
         for set_name, tasks in task_sets.items():
             for k, task in enumerate(tasks):
-                for method in methods:
-                    searcher = _searcher(method, dev, protocol, batch_size, searchers)
+                for method, searcher in searchers.items():
                     started = time.perf_counter()
                     try:
                         plan = searcher.search(task, cost_model, seed)
@@ -376,14 +275,11 @@ def run_benchmark(
                     planned.append((set_name, k, method, task, plan, planning_s))
                     bar.update()
 
-    measured = measure_plans(
-        [(task, plan) for _, _, _, task, plan, _ in planned],
-        device=dev, protocol=protocol, batch_size=batch_size, compute_rounds=compute_rounds, comm_iters=comm_iters,
-        comm_rounds=comm_rounds,
-    )
+    measured = measure_plans([(task, plan) for _, _, _, task, plan, _ in planned], measurement)
     throughput = _train_dlrm(
         [(set_name, k, method, task, plan) for set_name, k, method, task, plan, _ in planned if k < throughput_tasks],
-        iters=throughput_iters, warmup=throughput_warmup, batch_size=batch_size, device=dev, seed=seed,
+        iters=throughput_iters, warmup=throughput_warmup, batch_size=measurement.batch_size, device=device,
+        seed=seed,
     )
 
     results: list[PlanResult] = []
@@ -427,7 +323,7 @@ def run_benchmark(
         )
     for set_name, k, method, reason in failures:
         print(f"benchmark: {method} found no plan for {set_name} task {k}: {reason}")
-    rows = summarize(results, failures, throughput=throughput_tasks > 0)
+    rows = summarize(results, failures, learned=learned, throughput=throughput_tasks > 0)
     if out is not None:
         (out / "results.json").write_text(
             json.dumps(
@@ -438,8 +334,10 @@ def run_benchmark(
                         {"task_set": s, "task_index": k, "method": m, "reason": why} for s, k, m, why in failures
                     ],
                     "hardware_kind": measured[0].hardware_kind if measured else None,
-                    "reference_ms": protocol.reference_ms,
-                    "timing": protocol.model_dump(mode="json"),
+                    # as calibrated (or pinned) for this run, and the protocol and rounds every plan was timed with
+                    "reference_ms": measured[0].reference_ms if measured else measurement.reference_ms,
+                    "timing": measured[0].timing if measured else None,
+                    "measurement": measurement.model_dump(mode="json"),
                     "throughput": {"tasks": throughput_tasks, "iters": throughput_iters, "warmup": throughput_warmup},
                     "seed": seed,
                 },
@@ -448,26 +346,3 @@ def run_benchmark(
         )
         write_benchmark_report(rows, out, plan_reports=links)
     return results, rows
-
-
-def log_benchmark_to_mlflow(
-    rows: Sequence[dict[str, Any]], out_dir: str | Path, *, tracking_uri: str, params: dict[str, Any]
-) -> str:
-    """One MLflow run: a metric per task set x method x measure, the report and plans as artifacts; run id."""
-    import mlflow
-
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_experiment("shardwise-benchmark")
-    with mlflow.start_run(run_name="benchmark") as run:
-        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
-        metrics = {}
-        for r in rows:
-            for key in ("mean_cost_ms", "mean_compute_ms", "ratio_to_torchrec", "ratio_to_best_baseline", "imbalance",
-                        "memory_headroom", "planning_time_s", "prediction_error", "mean_samples_per_s",
-                        "throughput_ratio_to_torchrec"):
-                value = r.get(key)
-                if value is not None and math.isfinite(value):
-                    metrics[f"{r['task_set']}.{r['method']}.{key}"] = float(value)
-        mlflow.log_metrics(metrics)
-        mlflow.log_artifacts(str(out_dir), artifact_path="benchmark")
-        return run.info.run_id
