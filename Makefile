@@ -36,4 +36,4 @@ bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) runs mlflow.db mlartifacts
+	rm -rf $(VENV) runs mlflow.db mlartifacts mlruns

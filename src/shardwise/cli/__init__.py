@@ -74,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = [arg for arg in argv if arg not in ("--debug", "-v", "--verbose")]
     quiet_libraries(verbose)
     args = build_parser(_selected_verb(argv)).parse_args(argv)
+    args.verbose = verbose
     try:
         result = args.handler(args)
     except ShardwiseError as err:

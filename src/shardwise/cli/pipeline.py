@@ -76,7 +76,7 @@ def _run(args: argparse.Namespace) -> LocalRun:
 
     if not args.local:
         raise UsageError("only --local runs here; use `shardwise pipeline submit --host URL` for a cluster")
-    done = run.run_local(args.workdir, _params(args), tracking_uri=args.tracking_uri)
+    done = run.run_local(args.workdir, _params(args), tracking_uri=args.tracking_uri, verbose=args.verbose)
     return LocalRun(plan_path=str(done.plan_path), plan_text=format_plan(load_plan(done.plan_path)),
                     report_path=str(done.report_path), comparison=done.comparison)
 
@@ -114,7 +114,8 @@ def configure(verb: str, parser: argparse.ArgumentParser) -> None:
     run = actions.add_parser("run", help="run the pipeline through kfp.local in this environment (CPU)")
     run.add_argument("--local", action="store_true", help="execute with kfp.local (required)")
     run.add_argument("--workdir", default="runs/local", help="pipeline root, MLflow store and artifacts")
-    run.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite under --workdir)")
+    run.add_argument("--tracking-uri", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else "
+                     "sqlite:///mlflow.db: the store `shardwise plan` reads by default)")
     _parameters(run, "local")
     run.set_defaults(handler=_run)
 

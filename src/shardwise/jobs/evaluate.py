@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import html
 import os
 import re
@@ -146,23 +147,38 @@ def versus_baseline(evaluated: EvaluateResult, baseline: str) -> dict[str, float
 
 def comparison_page(method: str, figures: dict[str, float], evaluated: EvaluateResult) -> str:
     """A self-contained HTML page (what the pipeline hands the Kubeflow UI): the figures against TorchRec's
-    planner and each plan's measured per-device costs."""
-    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.4g}</td></tr>" for k, v in figures.items())
-    columns = ("device", "fwd_ms", "bwd_ms", "comm_fwd_ms", "comm_bwd_ms", "total_ms", "memory_bytes")
+    planner, the plots embedded as data URIs, each plan's measured per-device costs; numbers rounded, no paths."""
+    rows = "".join(f"<tr><td>{html.escape(k.replace('_', ' '))}</td><td>{_cell(v)}</td></tr>" for k, v in figures.items())
+    plots = "".join(
+        f"<img alt='{html.escape(Path(p).stem)}' src='data:image/png;base64,"
+        f"{base64.b64encode(Path(p).read_bytes()).decode()}'>"
+        for p in evaluated.paths if p.endswith(".png") and Path(p).is_file()
+    )
+    columns = ("device", "shards", "fwd_ms", "bwd_ms", "comm_fwd_ms", "comm_bwd_ms", "total_ms", "memory GiB")
+    head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in columns)
     per_plan = ""
     for name, cost in zip(evaluated.names, evaluated.costs):
         body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(_cell(device.get(c)))}</td>" for c in columns) + "</tr>"
-            for device in cost.to_json()["devices"]
+            "<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in (
+                d.device, len(d.shards), d.fwd_ms, d.bwd_ms, d.comm_fwd_ms, d.comm_bwd_ms, d.total_ms,
+                d.memory_bytes / 2**30)) + "</tr>"
+            for d in cost.devices
         )
-        head = "".join(f"<th>{c}</th>" for c in columns)
-        per_plan += f"<h2>{html.escape(name)}: per device (measured)</h2><table border='1'><tr>{head}</tr>{body}</table>"
+        per_plan += (f"<h2>{html.escape(name)}: measured per device (plan cost {cost.max_cost_ms:.3f} ms, "
+                     f"imbalance {cost.imbalance:.3f})</h2><table><tr>{head}</tr>{body}</table>")
+    style = ("body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}th{background:#eee}"
+             "td:first-child,th:first-child{text-align:left}img{max-width:48%;margin:0.5%}")
     return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>shardwise: measured comparison</title></head><body>"
-        f"<h1>{html.escape(method)} vs TorchRec's planner (measured)</h1>"
-        f"<table border='1'><tr><th>metric</th><th>value</th></tr>{rows}</table>{per_plan}</body></html>"
+        "<!doctype html><html><head><meta charset='utf-8'><title>shardwise: measured comparison</title>"
+        f"<style>{style}</style></head><body><h1>{html.escape(method)} vs TorchRec's planner (measured)</h1>"
+        "<p>Both plans were measured on this node in one session; plan cost is the slowest device's forward + "
+        "backward + all-to-all ms (lower is better); DLRM samples/s higher is better.</p>"
+        f"<table><tr><th>figure</th><th>value</th></tr>{rows}</table>{plots}{per_plan}</body></html>"
     )
 
 
 def _cell(value: object) -> str:
-    return f"{value:.3f}" if isinstance(value, float) else str(value if value is not None else "")
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3f}"
+    return html.escape(str(value))

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import re
+import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from kfp import Client, compiler, local
 
 from shardwise.errors import ShardwiseError
+from shardwise.integrations.mlflow import MlflowService
 
 from . import components
 from .params import PipelineParams
@@ -71,27 +76,116 @@ def _single(paths: list[Path], what: str, run_dir: Path) -> Path:
     return paths[0]
 
 
-def run_local(workdir: str | Path, params: PipelineParams, *, tracking_uri: str | None = None) -> LocalRunResult:
-    """Run the pipeline through kfp.local in this environment (CPU, embedded MLflow under `workdir`)."""
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: kfp.local's lines when a task starts and ends
+_TASK_EVENT = re.compile(r"(?:Executing task '([\w-]+)'|Task '([\w-]+)' finished with status (\w+))")
+_TAIL_LINES = 40
+
+
+class _StepConsole:
+    """Reads everything the run writes to fd 1 and 2 (this process and the steps' subprocesses) into the log file;
+    the terminal gets one line per step with its time, and on failure the last lines of the log."""
+
+    def __init__(self, log_path: Path, terminal: IO[str]) -> None:
+        self.log_path, self.terminal = log_path, terminal
+        self.started: dict[str, float] = {}
+        self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+
+    def pump(self, read_fd: int) -> None:
+        """Copy the pipe to the log until every writer has closed it, reporting task events."""
+        pending = ""
+        with open(read_fd, "rb", closefd=True) as pipe, self.log_path.open("ab") as log:
+            while chunk := pipe.read1(65536):
+                log.write(chunk)
+                log.flush()
+                pending += chunk.decode(errors="replace")
+                *lines, pending = re.split(r"[\r\n]", pending)
+                for line in lines:
+                    self.line(_ANSI.sub("", line))
+
+    def line(self, line: str) -> None:
+        """One line of output: remembered for a failure report; a task event becomes a progress line."""
+        if line.strip():
+            self.tail.append(line)
+        event = _TASK_EVENT.search(line)
+        if not event:
+            return
+        started, finished, status = event.groups()
+        if started:
+            self.started[started] = time.monotonic()
+            if self.terminal.isatty():  # a live line, completed in place when the step ends
+                self.terminal.write(f"{started:<22} running")
+                self.terminal.flush()
+            return
+        elapsed_s = time.monotonic() - self.started.get(finished, time.monotonic())
+        self.terminal.write(f"\r{finished:<22} {status.lower():<8} {elapsed_s:7.1f} s\n")
+        if status != "SUCCESS":
+            self.terminal.write("\n".join([f"--- last lines of {self.log_path}:", *self.tail, ""]))
+        self.terminal.flush()
+
+
+@contextlib.contextmanager
+def _console_to_log(log_path: Path) -> Iterator[None]:
+    """Send fd 1 and 2 to `log_path` (the steps inherit them), with a progress line per step on the terminal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    read_fd, write_fd = os.pipe()
+    os.dup2(write_fd, 1)
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    terminal = open(saved_out, "w", buffering=1, closefd=False)  # noqa: SIM115 - closed below
+    console = _StepConsole(log_path, terminal)
+    reader = threading.Thread(target=console.pump, args=(read_fd,), daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved_out, 1)  # drops the pipe's last write ends: the reader sees the end
+        os.dup2(saved_err, 2)
+        reader.join(timeout=60)
+        terminal.close()
+        os.close(saved_out)
+        os.close(saved_err)
+
+
+def local_tracking_uri(tracking_uri: str | None) -> str:
+    """The store a local run registers in: the one the CLI and the TorchRec planner use by default (so the next
+    `shardwise plan` finds the model), as an absolute URI (the steps run in other directories)."""
+    uri = MlflowService(tracking_uri).tracking_uri
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{Path(uri.removeprefix('sqlite:///')).resolve()}"
+    return uri
+
+
+def run_local(
+    workdir: str | Path, params: PipelineParams, *, tracking_uri: str | None = None, verbose: bool = False
+) -> LocalRunResult:
+    """Run the pipeline through kfp.local in this environment (CPU, the default embedded MLflow store); the steps'
+    output goes to `workdir/pipeline.log` (to the terminal with `verbose`)."""
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     args = params.model_dump()
     pipeline_root = workdir / "pipeline_root"
+    log_path = workdir / "pipeline.log"
     before = set(pipeline_root.glob("*")) if pipeline_root.exists() else set()
     # The steps run as subprocesses of this one and inherit its environment (kfp.local ignores the
-    # config-map/secret settings): point MLflow at a sqlite store in the workdir unless told otherwise.
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{workdir / 'mlflow.db'}"
+    # config-map/secret settings): point them at the store the next command will look in.
+    uri = local_tracking_uri(tracking_uri)
     saved = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = uri
+    console = contextlib.nullcontext() if verbose else _console_to_log(log_path)
     try:
-        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
-        # MLflow's default artifact root is relative to the working directory: keep it in the workdir
-        with _working_directory(workdir):
-            task = build_pipeline()(**args)
+        with console:
+            local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+            # MLflow's default artifact root is relative to the working directory: keep it in the workdir
+            with _working_directory(workdir):
+                task = build_pipeline()(**args)
     except RuntimeError as err:
-        # kfp.local colours its messages; the failing step's own log is printed above it
-        message = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
-        raise PipelineRunError(f"{message} (its log is above; outputs under {pipeline_root})") from err
+        where = "above" if verbose else f"in {log_path}"
+        raise PipelineRunError(f"{_ANSI.sub('', str(err))} (its log is {where}; outputs under {pipeline_root})") from err
     finally:
         if saved is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
