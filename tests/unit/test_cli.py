@@ -10,7 +10,17 @@ import pytest
 
 from shardwise.cli import VERBS, build_parser, main
 from shardwise.cli.options import flag
-from shardwise.jobs import benchmark, evaluate, plan, pretrain, profile, task, train_policy, validate, workload
+from shardwise.jobs import (
+    benchmark,
+    evaluate,
+    plan,
+    pretrain,
+    profile,
+    task,
+    train_policy,
+    validate,
+    workload,
+)
 from shardwise.profiling import MeasurementSettings
 
 #: (argv prefix, settings the verb builds, fields the verb fills in itself)

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
 
 from shardwise.jobs import benchmark, evaluate, validate
+from shardwise.jobs.base import JobResult
 
 from .options import add_config_option, add_settings_options, build_settings
 
 #: verb -> (settings, job)
-JOBS = {
+JOBS: dict[str, tuple[type[BaseModel], Callable[[Any], JobResult]]] = {
     "evaluate": (evaluate.EvaluateSettings, evaluate.run),
     "validate": (validate.ValidateSettings, validate.run),
     "benchmark": (benchmark.BenchmarkSettings, benchmark.run),

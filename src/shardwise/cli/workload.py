@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel
 
 from shardwise.jobs import workload as job
+from shardwise.jobs.base import JobResult
 
 from .options import add_config_option, add_settings_options, build_settings
 
 #: action -> (settings, job, help)
-ACTIONS = {
+ACTIONS: dict[str, tuple[type[BaseModel], Callable[[Any], JobResult], str]] = {
     "synth": (job.SynthSettings, job.synth, "tables with the DLRM 2021 dataset's statistics + their index data"),
     "split": (job.SplitSettings, job.split, "split a table file into train/holdout by source table"),
     "task": (job.TaskSettings, job.task, "sample a sharding task (shardwise.task/v1) from a table file"),
 }
 
 
-def _adapter(settings_type, run):  # type: ignore[no-untyped-def]
+def _adapter(settings_type: type[BaseModel], run: Callable[[Any], JobResult]) -> Callable[[argparse.Namespace], JobResult]:
     return lambda args: run(build_settings(settings_type, args))
 
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from shardwise.evaluation import TASK_SETS, format_summary, make_task_set, run_benchmark
+from shardwise.evaluation import TASK_SETS, TaskSetSpec, format_summary, make_task_set, run_benchmark
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import Searcher, get_method, method_names
@@ -79,7 +79,7 @@ class BenchmarkResult(JobResult):
 def run(settings: BenchmarkSettings, *, mlflow: MlflowService | None = None) -> BenchmarkResult:
     """Draw the task sets, build each method's searcher once, plan and measure everything."""
     pool = load_tables(settings.tables)
-    specs = TASK_SETS[settings.task_sets]
+    specs: tuple[TaskSetSpec, ...] = TASK_SETS[settings.task_sets]
     if settings.num_tasks:
         specs = tuple(s.model_copy(update={"num_tasks": settings.num_tasks}) for s in specs)
     try:

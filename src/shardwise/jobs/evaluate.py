@@ -116,7 +116,7 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
         raise SettingsError(str(err)) from None
     run_id = None
     if tracking or mlflow is not None:
-        metrics = {}
+        metrics: dict[str, float] = {}
         for name, cost in zip(names, costs):
             prefix = f"{name}_" if len(costs) > 1 else ""
             metrics |= {f"{prefix}max_cost_ms": cost.max_cost_ms, f"{prefix}imbalance": cost.imbalance,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
@@ -85,7 +86,7 @@ def run(settings: PretrainSettings, *, mlflow: MlflowService | None = None) -> P
     model, report = train_cost_model(costs, settings.seed, config)
     model.save(settings.out)
     report.evaluation.to_csv(Path(settings.out) / "evaluation.csv", index=False)
-    result = dict(
+    result: dict[str, Any] = dict(
         out=settings.out, hardware_kind=report.hardware_kind, batch_size=report.batch_size,
         train_shards=report.sizes["train"], heldout_sources=len(report.heldout_sources),
         metrics=report.metrics, evaluation_table=format_table(report.evaluation), notes=list(report.notes),

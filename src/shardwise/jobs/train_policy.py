@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -85,7 +86,7 @@ def run(settings: TrainPolicySettings, *, mlflow: MlflowService | None = None) -
     service = mlflow or MlflowService(settings.tracking_uri)
     cost_model, _ = load_cost_model(service, settings.model, device="cpu", required=True)
     assert cost_model is not None
-    shape = {"min_tables": settings.min_tables, "max_tables": settings.max_tables,
+    shape: dict[str, Any] = {"min_tables": settings.min_tables, "max_tables": settings.max_tables,
              "num_devices": settings.num_devices, "memory_slack": settings.memory_slack}
     tables = load_tables(settings.tables)
     try:
@@ -103,7 +104,7 @@ def run(settings: TrainPolicySettings, *, mlflow: MlflowService | None = None) -
     policy.save(policy_dir)
     (out / "history.json").write_text(json.dumps(history, indent=1))
     cost = mean_plan_cost(make_searcher(settings.method, policy=str(policy_dir)), validation, cost_model)
-    result = dict(method=settings.method, out=str(policy_dir), validation_cost=cost, validation_tasks=len(validation))
+    result: dict[str, Any] = dict(method=settings.method, out=str(policy_dir), validation_cost=cost, validation_tasks=len(validation))
 
     def champion_cost(uri: str) -> float | None:
         # the champion planned the same validation tasks; one that cannot (unreadable, other shape) yields

@@ -101,7 +101,9 @@ def pretrain_cost_model(
     from shardwise.jobs import pretrain as job
 
     settings = job.PretrainSettings(data=(costs.path,), holdout_tables=holdout_tables.path, out=model.path,
-                                    seed=seed, **({"epochs": epochs} if epochs > 0 else {}))
+                                    seed=seed)
+    if epochs > 0:  # 0: training's own default
+        settings = settings.model_copy(update={"epochs": epochs})
     result = job.run(settings)
     print(result.summary())
     for name, value in {"train_shards": result.train_shards, "heldout_sources": result.heldout_sources,
