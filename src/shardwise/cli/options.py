@@ -46,6 +46,8 @@ def _is_model(annotation: Any) -> bool:
 
 
 def _show_default(field: FieldInfo) -> str:
+    if field.is_required():
+        return " (required)"
     default = field.get_default(call_default_factory=True)
     if default is None or default is False or default == () or default == {}:
         return ""
@@ -80,10 +82,7 @@ def argument_kwargs(name: str, field: FieldInfo) -> dict[str, Any]:
             return kwargs | {"type": item, "nargs": extra["nargs"]}
         return kwargs | {"type": item, "action": "append"}
     if annotation in (int, float, str):
-        kwargs["type"] = annotation
-        if annotation is not str:
-            kwargs["metavar"] = name.upper()
-        return kwargs
+        return kwargs | {"type": annotation, "metavar": name.upper()}
     raise TypeError(f"settings field {name!r}: {field.annotation} has no command-line form")
 
 

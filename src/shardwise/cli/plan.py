@@ -46,7 +46,8 @@ def _plan(args: argparse.Namespace) -> job.PlanJobResult:
 def configure(verb: str, parser: argparse.ArgumentParser) -> None:
     """The plan settings' flags, then one group per set of methods sharing options."""
     methods = method_names()
-    parser.epilog = "methods: " + "; ".join(f"{m}: {get_method(m).description}" for m in methods)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # one method per line in the epilog
+    parser.epilog = "methods:\n" + "\n".join(f"  {m:<20} {get_method(m).description}" for m in methods)
     add_settings_options(parser, job.PlanSettings, skip=["options"], overrides={"method": {"choices": methods}})
     add_config_option(parser)
     groups: dict[str, argparse._ArgumentGroup] = {}
