@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from pydantic import Field
 
+from shardwise.search import MethodOptions, Plan, Shard, finish_plan
 from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
 
 
@@ -115,3 +117,24 @@ def heldout_tasks(num_tasks: int, num_tables: int, num_devices: int) -> list[Sha
     rng = np.random.default_rng(3)
     return [make_task([pool[j] for j in rng.choice(200, size=num_tables, replace=False)], num_devices)
             for _ in range(num_tasks)]
+
+
+class RoundRobinOptions(MethodOptions):
+    """The test method's one option."""
+
+    offset: int = Field(default=0, ge=0, description="device of the first table")
+
+
+class RoundRobinSearch:
+    """A test method: table i on device (i + offset) mod D."""
+
+    name = "round_robin"
+
+    def __init__(self, options: RoundRobinOptions) -> None:
+        self.offset = options.offset
+
+    def search(self, task, cost_model, seed) -> Plan:  # noqa: ANN001
+        shards = tuple(Shard(table=t.name, col_offset=0, dim=t.dim, device=(i + self.offset) % task.num_devices)
+                       for i, t in enumerate(task.tables))
+        plan = Plan(num_devices=task.num_devices, shards=shards, method=self.name)
+        return finish_plan(plan, task, cost_model, planning_time_s=0.0, seed=seed, options={"offset": self.offset})

@@ -1,4 +1,4 @@
-"""A method registered once is planned from the CLI (choices, its own option flags) and benchmarked: nothing else
+"""A method registered once (`round_robin`, tests/conftest.py) is planned from the CLI (choices, its own option flags) and benchmarked: nothing else
 lists the methods."""
 
 from __future__ import annotations
@@ -6,49 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from pydantic import Field
 from search_doubles import random_task
 
 from shardwise.cli import main
 from shardwise.jobs.benchmark import default_methods
-from shardwise.search import (
-    GreedySearch,
-    MethodOptions,
-    MethodSpec,
-    Plan,
-    register_method,
-    unregister_method,
-)
+from shardwise.search import GreedySearch
 from shardwise.workload import save_task
-
-
-class RoundRobinOptions(MethodOptions):
-    offset: int = Field(default=0, ge=0, description="device of the first table")
-
-
-class RoundRobinSearch:
-    """Table i on device (i + offset) mod D, or the size greedy's plan when that does not fit."""
-
-    name = "round_robin"
-
-    def __init__(self, options: RoundRobinOptions) -> None:
-        self.offset = options.offset
-
-    def search(self, task, cost_model, seed) -> Plan:  # noqa: ANN001
-        from shardwise.search import Shard, finish_plan
-
-        shards = tuple(Shard(table=t.name, col_offset=0, dim=t.dim, device=(i + self.offset) % task.num_devices)
-                       for i, t in enumerate(task.tables))
-        plan = Plan(num_devices=task.num_devices, shards=shards, method=self.name)
-        return finish_plan(plan, task, cost_model, planning_time_s=0.0, seed=seed, options={"offset": self.offset})
-
-
-@pytest.fixture()
-def round_robin():
-    register_method(MethodSpec(name="round_robin", factory=RoundRobinSearch, options=RoundRobinOptions,
-                               description="table i on device i + offset (a test method)"))
-    yield
-    unregister_method("round_robin")
 
 
 def test_a_registered_method_is_a_plan_choice_with_its_own_flags(round_robin, tmp_path, monkeypatch, capsys):
