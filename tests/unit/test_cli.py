@@ -130,3 +130,19 @@ def test_help_and_task_check_do_not_import_torch(argv, tmp_path):
 
 def test_flags_follow_field_names():
     assert flag("num_devices") == "--num-devices"
+
+
+def test_credentials_in_a_tracking_uri_never_reach_the_terminal(tmp_path, monkeypatch, capsys):
+    from search_doubles import random_task
+
+    from shardwise.workload import save_task
+
+    monkeypatch.chdir(tmp_path)
+    save_task(random_task(0, 6, 2), "task.json")
+    uri = "sqlite:///nowhere/s3cret.db"  # a store that does not exist: the message names it
+    assert main(["plan", "--task", "task.json", "--tracking-uri", uri, "--out", "p.json"]) == 2
+    assert "nowhere/s3cret.db" in capsys.readouterr().err
+    from shardwise.integrations.mlflow import MlflowService, redacted
+
+    assert redacted("https://user:hunter2@mlflow.example/") == "https://***@mlflow.example/"
+    assert "hunter2" not in repr(MlflowService("https://user:hunter2@mlflow.example/"))

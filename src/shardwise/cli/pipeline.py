@@ -4,6 +4,7 @@ values come from a preset of presets.yaml, then `--config FILE.yaml`, then `--ar
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from shardwise.jobs.base import JobResult
@@ -31,6 +32,7 @@ class LocalRun(JobResult):
     plan_text: str
     report_path: str
     comparison: dict[str, float]
+    elapsed_s: float
 
     def summary(self) -> str:
         """The plan, the report's path, measured cost and DLRM throughput against TorchRec's planner."""
@@ -38,6 +40,9 @@ class LocalRun(JobResult):
         lines = [
             f"\nplan ({self.plan_path}):\n{self.plan_text}",
             f"report: {self.report_path}",
+            f"cost model on shards of held-out tables: MAPE {c.get('neural_heldout_tables_total_mape_pct', float('nan')):.2f}%, "
+            f"Spearman {c.get('neural_heldout_tables_total_spearman', float('nan')):.3f} "
+            f"({c.get('train_shards', float('nan')):.0f} training shards)",
             f"measured vs TorchRec's planner: {c.get('method_max_cost_ms', float('nan')):.3f} ms vs "
             f"{c.get('torchrec_max_cost_ms', float('nan')):.3f} ms per iteration "
             f"(ratio {c.get('ratio_to_torchrec', float('nan')):.3f}; below 1 is better)",
@@ -48,6 +53,7 @@ class LocalRun(JobResult):
                 f"{c['torchrec_samples_per_s']:,.0f} samples/s (ratio {c['throughput_ratio_to_torchrec']:.3f}; "
                 "above 1 is better)"
             )
+        lines.append(f"the whole run: {self.elapsed_s / 60:.1f} min")
         return "\n".join(lines)
 
 
@@ -76,9 +82,11 @@ def _run(args: argparse.Namespace) -> LocalRun:
 
     if not args.local:
         raise UsageError("only --local runs here; use `shardwise pipeline submit --host URL` for a cluster")
+    started = time.monotonic()
     done = run.run_local(args.workdir, _params(args), tracking_uri=args.tracking_uri, verbose=args.verbose)
     return LocalRun(plan_path=str(done.plan_path), plan_text=format_plan(load_plan(done.plan_path)),
-                    report_path=str(done.report_path), comparison=done.comparison)
+                    report_path=str(done.report_path), comparison=done.comparison,
+                    elapsed_s=time.monotonic() - started)
 
 
 def _submit(args: argparse.Namespace) -> Submitted:

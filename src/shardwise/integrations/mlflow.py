@@ -103,6 +103,14 @@ class LoggedRun:
     promotion: Promotion | None
 
 
+_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def redacted(uri: str) -> str:
+    """`uri` with any user:password@ removed, for messages and logs (secrets never appear in output)."""
+    return _CREDENTIALS.sub("***@", uri)
+
+
 def _how_to_register(name: str | None) -> str:
     if name and name.startswith("shardwise-policy-"):
         method = name.removeprefix("shardwise-policy-").split("-", 1)[0]
@@ -175,12 +183,12 @@ class MlflowService:
         self.registry_uri: str = registry_uri or os.environ.get("MLFLOW_REGISTRY_URI") or self.tracking_uri
 
     def __repr__(self) -> str:
-        return f"MlflowService(tracking_uri={self.tracking_uri!r}, registry_uri={self.registry_uri!r})"
+        return f"MlflowService(tracking_uri={redacted(self.tracking_uri)!r}, registry_uri={redacted(self.registry_uri)!r})"
 
     def _stores(self) -> str:
         if self.registry_uri == self.tracking_uri:
-            return self.tracking_uri
-        return f"{self.tracking_uri} (registry {self.registry_uri})"
+            return redacted(self.tracking_uri)
+        return f"{redacted(self.tracking_uri)} (registry {redacted(self.registry_uri)})"
 
     def store_exists(self) -> bool:
         """False when the tracking or registry store is an embedded sqlite file (or file store) that does not

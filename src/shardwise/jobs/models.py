@@ -14,6 +14,7 @@ from shardwise.integrations.mlflow import (
     champion_uri,
     cost_model_name,
     policy_name,
+    redacted,
 )
 from shardwise.profiling import hardware_kind
 
@@ -37,7 +38,7 @@ def load_cost_model(
         except (RegistryError, OSError, ValueError) as err:
             raise ShardwiseError(f"--model {uri}: cannot load the cost model: {err}") from None
     default = champion_uri(cost_model_name(hardware_kind(device)))
-    how = f"no cost model: {default} is not in the registry at {mlflow.registry_uri}. {HOW_TO_GET_A_MODEL}"
+    how = f"no cost model: {default} is not in the registry at {redacted(mlflow.registry_uri)}. {HOW_TO_GET_A_MODEL}"
     if not mlflow.store_exists():
         if required:
             raise ShardwiseError(how)

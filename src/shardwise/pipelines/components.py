@@ -70,6 +70,7 @@ def profile_costs(
     comm_layouts: int,
     max_tables: int,
     repeats: int,
+    timing_iters: int,
     seed: int,
     device: str,
     costs: Output[Dataset],
@@ -79,8 +80,8 @@ def profile_costs(
     from shardwise.jobs import profile as job
 
     settings = job.ProfileJobSettings(tables=tables.path, out=costs.path, num_shards=num_shards,
-                                      comm_layouts=comm_layouts, max_tables=max_tables, repeats=repeats, seed=seed,
-                                      device=device)
+                                      comm_layouts=comm_layouts, max_tables=max_tables, repeats=repeats,
+                                      timing_iters=timing_iters, seed=seed, device=device)
     result = job.run_apart(settings, holdout_tables.path, holdout_shards)
     print(result.summary())
     costs.metadata["hardware_kind"] = result.hardware_kind

@@ -39,6 +39,7 @@ class PipelineParams(BaseModel):
     profile_comm_layouts: int = Field(ge=0, description="all-to-all layouts to profile")
     profile_max_tables: int = Field(ge=1, description="most tables in one profiled shard")
     profile_repeats: int = Field(ge=0, description="re-measure some shards this many more times (noise floor)")
+    profile_timing_iters: int = Field(ge=1, description="timed kernel iterations per profiled shard (their median)")
     pretrain_epochs: int = Field(ge=0, description="maximum training epochs (0: training's default)")
     search_method: str = Field(description="search method of the plan compared with TorchRec's")
     model_alias: str = Field(description="plan with shardwise-cost-<hardware>@ALIAS; '' = this run's model")

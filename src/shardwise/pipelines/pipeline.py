@@ -89,6 +89,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
         profile_comm_layouts: int = DEFAULTS.profile_comm_layouts,
         profile_max_tables: int = DEFAULTS.profile_max_tables,
         profile_repeats: int = DEFAULTS.profile_repeats,
+        profile_timing_iters: int = DEFAULTS.profile_timing_iters,
         pretrain_epochs: int = DEFAULTS.pretrain_epochs,
         search_method: str = DEFAULTS.search_method,
         model_alias: str = DEFAULTS.model_alias,
@@ -119,6 +120,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                     comm_layouts=profile_comm_layouts,
                     max_tables=profile_max_tables,
                     repeats=profile_repeats,
+                    timing_iters=profile_timing_iters,
                     seed=seed,
                     device=device,
                 )

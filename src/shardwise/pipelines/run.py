@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import re
 import sys
@@ -68,6 +69,20 @@ class LocalRunResult:
     baseline_plan_path: Path
     report_path: Path
     comparison: dict[str, float]
+
+
+#: the pretrain step's figures a local run prints: held-out-table accuracy and training size
+_COST_MODEL_FIGURES = ("neural_heldout_tables_total_mape_pct", "neural_heldout_tables_total_spearman", "train_shards")
+
+
+def _cost_model_figures(run_dir: Path) -> dict[str, float]:
+    """The pretrain step's logged metrics that say how good the cost model is (empty if it logged none)."""
+    path = run_dir / "pretrain-cost-model" / "executor_output.json"
+    try:
+        (metrics,) = json.loads(path.read_text())["artifacts"]["metrics"]["artifacts"]
+    except (OSError, KeyError, ValueError):
+        return {}
+    return {k: float(metrics["metadata"][k]) for k in _COST_MODEL_FIGURES if k in metrics.get("metadata", {})}
 
 
 def _single(paths: list[Path], what: str, run_dir: Path) -> Path:
@@ -194,6 +209,7 @@ def run_local(
     run_dirs = sorted(set(pipeline_root.glob("*")) - before)
     run_dir = _single(run_dirs, "new run directory", pipeline_root)
     comparison = {k: float(v) for k, v in task.output.metadata.items() if isinstance(v, int | float)}
+    comparison |= _cost_model_figures(run_dir)
     return LocalRunResult(
         run_dir=run_dir,
         plan_path=_single(list(run_dir.glob("search-plan/plan")), "plan", run_dir),
