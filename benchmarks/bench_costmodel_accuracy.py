@@ -8,6 +8,7 @@ within 1.5x the noise floor, better than both baselines.
 
     python benchmarks/bench_costmodel_accuracy.py                       # ~2,800 shards, ~15-20 min here
     python benchmarks/bench_costmodel_accuracy.py --small               # a few minutes, proves the path
+    python benchmarks/bench_costmodel_accuracy.py --record              # + results/costmodel_accuracy.json
     python benchmarks/bench_costmodel_accuracy.py --data runs/bench/costs.parquet --holdout-tables runs/bench/holdout.json
 """
 
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from record import record
 
 from shardwise.costmodel import TrainConfig, format_table, train_cost_model
 from shardwise.profiling.dataset import load_costs
@@ -51,6 +53,28 @@ def _profile(args: argparse.Namespace, out: Path) -> tuple[Path, TableSet]:
     return costs, holdout
 
 
+def _record(args: argparse.Namespace, report, ok: bool) -> None:  # type: ignore[no-untyped-def]
+    """The held-out-table figures (fwd+bwd) of every predictor next to the neural model's."""
+    m = report.metrics
+    predictors = (("neural cost model", "neural_heldout_tables_total"),
+                  ("TorchRec estimator (scaled)", "torchrec_estimator_heldout_tables_total"),
+                  ("additive baseline", "additive_heldout_tables_total"),
+                  ("noise floor (repeats vs first measurement)", "noise_floor_repeats_total"))
+    neural = m["neural_heldout_tables_total_mape_pct"]
+    rows = []
+    for name, stem in predictors:
+        mape, rho = m.get(f"{stem}_mape_pct"), m.get(f"{stem}_spearman")
+        rows.append({"predictor": name, "mape_pct": None if mape is None else round(mape, 2),
+                     "spearman": None if rho is None else round(rho, 4),
+                     "neural_mape_over_this": None if not mape else round(neural / mape, 2)})
+    record("costmodel_accuracy_small" if args.small else "costmodel_accuracy",
+           "Cost-model accuracy on shards of held-out tables (fwd+bwd)", rows,
+           notes=f"{report.hardware_kind}, batch {report.batch_size}, shards {report.sizes}; targets "
+                 f"(neural MAPE <= {TARGET_MAPE_PCT}%, Spearman >= {TARGET_SPEARMAN}, MAPE / noise floor <= "
+                 f"{TARGET_NOISE_RATIO}, below both baselines) {'met' if ok else 'not met'}"
+                 + ("; --small proves the path, its figures are rough" if args.small else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", action="append", help="existing cost dataset(s) instead of profiling")
@@ -71,6 +95,8 @@ def main() -> None:
     parser.add_argument("--weight-decay", type=float, default=TrainConfig().weight_decay)
     parser.add_argument("--hidden", type=int, default=TrainConfig().hidden, help="width of the networks")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--record", action="store_true",
+                        help="write benchmarks/results/costmodel_accuracy.json (with --small: *_small.json)")
     args = parser.parse_args()
     if args.small:
         args.num_tables, args.train_shards, args.holdout_shards = 20, 150, 50
@@ -111,6 +137,8 @@ def main() -> None:
     print(f"  vs noise floor {noise:.2f}%: ratio {mape / noise:.2f} (target <= {TARGET_NOISE_RATIO})")
     ok = mape <= TARGET_MAPE_PCT and rho >= TARGET_SPEARMAN and mape / noise <= TARGET_NOISE_RATIO and mape < min(torchrec, additive)
     print(f"targets met: {'yes' if ok else 'no'}   (evaluation: {out / 'evaluation.csv'}, model: {out / 'model'})")
+    if args.record:
+        _record(args, report, ok)
 
 
 if __name__ == "__main__":

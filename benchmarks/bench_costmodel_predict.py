@@ -6,6 +6,7 @@ normaliser is fitted on the benchmark's own tables).
 
     python benchmarks/bench_costmodel_predict.py                      # 10,000 shards of 1-15 tables
     python benchmarks/bench_costmodel_predict.py --model models:/shardwise-cost-cpu-x86_64-2c@champion
+    python benchmarks/bench_costmodel_predict.py --record             # + results/costmodel_predict.json
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 
 import numpy as np
 import torch
+from record import record
 
 from shardwise.costmodel import ModelMeta, NetworkConfig, NeuralCostModel
 from shardwise.costmodel.features import TABLE_FEATURE_NAMES, FeatureNormaliser, TableFeatureCache
@@ -40,6 +42,8 @@ def main() -> None:
     parser.add_argument("--max-tables", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--record", action="store_true",
+                        help="write benchmarks/results/costmodel_predict.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -79,6 +83,17 @@ def main() -> None:
     print(f"per-shard loop          : {loop_rate:12,.0f} shards/s ({len(loop)} shards)")
     print(f"compute_from_embeddings : {len(shards) / head_s:12,.0f} shards/s (head only, summed embeddings given)")
     print(f"batched / loop          : {batched_rate / loop_rate:12.1f}x")
+    if args.record:
+        timed = (("batched predict_compute", len(shards), batched_s),
+                 ("per-shard loop", len(loop), loop_s),
+                 ("compute_from_embeddings (head only)", len(shards), head_s))
+        rows = [{"path": path, "shards": n, "seconds": round(s, 4), "shards_per_s": round(n / s),
+                 "vs_per_shard_loop": round(n / s / loop_rate, 1)} for path, n, s in timed]
+        model_note = args.model or "untrained (throughput does not depend on the weights)"
+        record("costmodel_predict", "Batched cost-model prediction", rows,
+               notes=f"{len(shards)} shards of 1-{args.max_tables} tables (mean {mean_tables:.1f}), "
+                     f"{args.threads} thread(s), model {model_note}; batched and head-only: best of 3 calls, "
+                     f"per-shard loop: one pass over {len(loop)} shards")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ with) against the `--rounds` median.
         --num-tasks 8 --out runs/bench_pq                                  # writes the plans and task.json files
     python benchmarks/bench_device_accuracy.py --plans runs/bench_pq/8dev-80to120 \\
         --models runs/model400,runs/model400x                               # ~1 min per round on 2 cores
+    (--record also writes benchmarks/results/device_accuracy.json)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from record import record
 
 from shardwise.evaluation import KernelShard, resolve_timing, time_shards_in_rounds
 from shardwise.integrations.mlflow import MlflowService
@@ -61,6 +63,7 @@ def main() -> None:
     parser.add_argument("--models", required=True, help="comma-separated cost model dirs or MLflow URIs")
     parser.add_argument("--methods", default="neuroshard,torchrec", help="whose plans' device shards to measure")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement rounds (median = reference)")
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/device_accuracy.json")
     args = parser.parse_args()
     if args.rounds < COMPUTE_ROUNDS:
         parser.error(f"--rounds must be >= {COMPUTE_ROUNDS}")
@@ -88,6 +91,7 @@ def main() -> None:
     plan_index = {label: i for i, label in enumerate(dict.fromkeys(labels))}
     plan_of = np.array([plan_index[label] for label in labels])
     print(f"{'model':40s} {'bias':>6s} {'MAE':>7s} {'within-plan MAE':>16s} {'within-plan std':>16s}")
+    rows = []
     for path, model in models.items():
         ratio = np.asarray(model.predict_compute([s.tables for s in shards]), dtype=np.float64).sum(axis=1) / measured
         bias = ratio.mean()
@@ -95,7 +99,18 @@ def main() -> None:
         within = ratio / plan_mean - 1  # what balancing the predictions leaves between a plan's devices
         print(f"{path:40s} {bias:6.3f} {np.abs(ratio / bias - 1).mean():7.2%} {np.abs(within).mean():16.2%} "
               f"{within.std():16.2%}")
+        rows.append({"model": path, "bias": round(float(bias), 3),
+                     "mae_pct": round(100 * float(np.abs(ratio / bias - 1).mean()), 2),
+                     "within_plan_mae_pct": round(100 * float(np.abs(within).mean()), 2),
+                     "within_plan_std_pct": round(100 * float(within.std()), 2)})
     print(f"({time.perf_counter() - started:.0f} s)")
+    if args.record:
+        what = (f"{len(shards)} device shards of {len(set(labels))} plans ({args.methods}) under "
+                f"{args.plans}, each the median of {args.rounds} rounds")
+        record("device_accuracy", "Cost-model error on the device shards that plans produce", rows,
+               notes=f"{what}; prediction / measured: bias, MAE once the bias is removed, spread within a "
+                     f"plan (what balance depends on); median of {COMPUTE_ROUNDS} rounds vs of "
+                     f"{args.rounds}: {np.mean(noise):.2%} mean abs")
 
 
 if __name__ == "__main__":

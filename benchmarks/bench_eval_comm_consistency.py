@@ -6,7 +6,7 @@ ratio between the two copies of the plan and the max/min across the symmetric pl
 for the old setting (3 rounds x 5 exchanges) against the current default (MeasurementSettings' comm_rounds x
 comm_iters).
 
-    .venv/bin/python benchmarks/bench_eval_comm_consistency.py [--devices 4] [--batch-size 2048]
+    .venv/bin/python benchmarks/bench_eval_comm_consistency.py [--devices 4] [--batch-size 2048] [--record]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import time
 
 import torch
+from record import record
 
 from shardwise.evaluation import measure_plans
 from shardwise.profiling import MeasurementSettings
@@ -30,6 +31,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=2048)
+    parser.add_argument("--record", action="store_true",
+                        help="write benchmarks/results/eval_comm_consistency.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     d = args.devices
@@ -51,6 +54,7 @@ def main() -> None:
           f"{'sym spread fwd':>14} {'sym spread bwd':>14} {'seconds':>8}")
     settings = (("old: 3 rounds x 5", 5, 3),
                 (f"now: {default.comm_rounds} rounds x {default.comm_iters}", default.comm_iters, default.comm_rounds))
+    rows = []
     for label, iters, rounds in settings:
         started = time.perf_counter()
         a, b, sym = measure_plans([(task, uneven), (task, uneven), (task, symmetric)],
@@ -61,9 +65,18 @@ def main() -> None:
         sym_fwd = _spread([x.comm_fwd_ms for x in sym.devices])
         sym_bwd = _spread([x.comm_bwd_ms for x in sym.devices])
         print(f"{label:<22} {copy_fwd:>20.3f} {copy_bwd:>20.3f} {sym_fwd:>14.3f} {sym_bwd:>14.3f} {elapsed:>8.1f}")
+        rows.append({"setting": label, "copy_ratio_fwd_max": round(copy_fwd, 3),
+                     "copy_ratio_bwd_max": round(copy_bwd, 3), "symmetric_spread_fwd": round(sym_fwd, 3),
+                     "symmetric_spread_bwd": round(sym_bwd, 3), "seconds": round(elapsed, 1)})
         print("  per device a2a fwd/bwd ms, copy 1:", [(round(x.comm_fwd_ms, 3), round(x.comm_bwd_ms, 3)) for x in a.devices])
         print("  per device a2a fwd/bwd ms, copy 2:", [(round(x.comm_fwd_ms, 3), round(x.comm_bwd_ms, 3)) for x in b.devices])
         print("  symmetric:                        ", [(round(x.comm_fwd_ms, 3), round(x.comm_bwd_ms, 3)) for x in sym.devices])
+
+    if args.record:
+        record("eval_comm_consistency", "All-to-all timing: reproducibility within one evaluation session",
+               rows, notes=f"{d} devices, batch {args.batch_size}; copy ratio: max over devices of max/min "
+                           "between two copies of the same plan; symmetric spread: max/min over the devices "
+                           "of a plan whose devices all exchange the same widths (1.000 is perfect)")
 
 
 if __name__ == "__main__":

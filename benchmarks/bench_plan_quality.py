@@ -12,19 +12,23 @@ is better) to the table. Off by default: on CPU each plan costs a training run o
     python benchmarks/bench_plan_quality.py --model models:/shardwise-cost-cpu-x86_64-2c@champion
     python benchmarks/bench_plan_quality.py --small        # a minute-scale smoke run, no cost model
     python benchmarks/bench_plan_quality.py --small --throughput-tasks 1   # + end-to-end DLRM samples/s
+    (--record also writes benchmarks/results/plan_quality.json; with --small, plan_quality_small.json)
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import torch
+from record import record
 
 from shardwise.costmodel.types import CostModel
 from shardwise.evaluation import (
     PAPER_TASK_SETS,
     SMALL_TASK_SETS,
+    TaskSetSpec,
     cost_ratio,
     format_summary,
     make_task_set,
@@ -38,6 +42,11 @@ from shardwise.workload.synthetic import synthesize_tables
 from shardwise.workload.tableset import load_tables, split_tables
 
 MEASURED_GREEDY = "measured_greedy"
+#: the columns of the printed summary table, as recorded (the throughput ones only when measured)
+RECORDED_COLUMNS = ("task_set", "method", "tasks", "failed", "mean_cost_ms", "mean_compute_ms",
+                    "ratio_to_torchrec", "ratio_to_best_baseline", "imbalance", "memory_headroom",
+                    "planning_time_s", "prediction_error")
+THROUGHPUT_COLUMNS = ("mean_samples_per_s", "throughput_ratio_to_torchrec")
 
 
 def default_methods() -> tuple[str, ...]:
@@ -62,6 +71,28 @@ def build_searchers(
     return searchers
 
 
+def _record(args: argparse.Namespace, specs: tuple[TaskSetSpec, ...], rows: list[dict[str, Any]],
+            headlines: list[str], num_methods: int, elapsed_s: float) -> None:
+    """The printed summary table as rows, the headline ratio lines as notes."""
+    columns = RECORDED_COLUMNS + (THROUGHPUT_COLUMNS if args.throughput_tasks else ())
+    recorded = [{c: round(v, 4) if isinstance(v, float) else v for c, v in ((c, r.get(c)) for c in columns)}
+                for r in rows]
+    best = {r["task_set"]: r["best_baseline"] for r in rows}
+    sets = ", ".join(f"{s.name} ({s.num_tasks} tasks)" for s in specs)
+    notes = [
+        f"{num_methods} methods on {sets}, measured on this machine's kernels and all-to-alls "
+        f"({elapsed_s:.0f} s); ratios < 1: cheaper than the reference; memory_headroom and prediction_error "
+        "are fractions",
+        "best baseline: " + ", ".join(f"{k}: {v}" for k, v in best.items()),
+        *headlines,
+    ]
+    if args.small:
+        notes.append("--small: proves the pipeline, its figures are rough")
+    record("plan_quality_small" if args.small else "plan_quality",
+           "Measured plan cost: NeuroShard, TorchRec's planner and the greedy baselines", recorded,
+           notes="; ".join(notes))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="cost model URI (models:/..., runs:/..., or a directory)")
@@ -82,6 +113,8 @@ def main() -> None:
                         help="warm-up training iterations per plan (default 5, --small 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench_plan_quality")
+    parser.add_argument("--record", action="store_true",
+                        help="write benchmarks/results/plan_quality.json (with --small: *_small.json)")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -113,6 +146,12 @@ def main() -> None:
         throughput_warmup=args.throughput_warmup if args.throughput_warmup is not None else (2 if args.small else 5),
     )
     print(format_summary(rows))
+    headlines: list[str] = []  # the lines below, kept for --record
+
+    def say(line: str) -> None:
+        print(line)
+        headlines.append(line)
+
     # the headline ratios, each over the tasks both methods planned
     for spec in specs:
         in_set = [r for r in results if r.task_set == spec.name]
@@ -126,7 +165,7 @@ def main() -> None:
                 if ref and ref != name and (ratio := cost_ratio(in_set, name, ref)) is not None
             ]
             if parts:
-                print(f"{spec.name}: {name} " + ", ".join(parts))
+                say(f"{spec.name}: {name} " + ", ".join(parts))
         # what balance alone can buy: the max/mean split of the ratio to TorchRec's plan
         mean_ms = {(r.method, r.task_index): r.measured_ms / r.imbalance for r in in_set}
         max_ms = {(r.method, r.task_index): r.measured_ms for r in in_set}
@@ -134,12 +173,15 @@ def main() -> None:
         if both:
             torchrec_mean = sum(mean_ms["torchrec", k] for k in both)
             torchrec_max = sum(max_ms["torchrec", k] for k in both)
-            print(f"{spec.name}: mean device cost neuroshard / torchrec = "
+            say(f"{spec.name}: mean device cost neuroshard / torchrec = "
                   f"{sum(mean_ms['neuroshard', k] for k in both) / torchrec_mean:.3f}; a perfectly balanced plan at "
                   f"TorchRec's mean device cost would be {torchrec_mean / torchrec_max:.3f} of TorchRec's plan cost")
         if args.throughput_tasks and (thru := throughput_ratio(in_set, "neuroshard", "torchrec")) is not None:
-            print(f"{spec.name}: neuroshard DLRM samples/s / torchrec's = {thru:.3f} (higher is better)")
-    print(f"report: {args.out}/benchmark.html ({time.perf_counter() - started:.0f} s)")
+            say(f"{spec.name}: neuroshard DLRM samples/s / torchrec's = {thru:.3f} (higher is better)")
+    elapsed_s = time.perf_counter() - started
+    print(f"report: {args.out}/benchmark.html ({elapsed_s:.0f} s)")
+    if args.record:
+        _record(args, specs, rows, headlines, len(searchers), elapsed_s)
 
 
 if __name__ == "__main__":

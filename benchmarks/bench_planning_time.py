@@ -5,6 +5,7 @@ under 60 s. Tables are synthetic DLRM tables at full size; memory per device is 
 
     python benchmarks/bench_planning_time.py                       # champion cost model, else an untrained one
     python benchmarks/bench_planning_time.py --model MODEL_DIR --with-cw
+    python benchmarks/bench_planning_time.py --record               # + benchmarks/results/planning_time.json
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import time
 
 import numpy as np
+from record import record
 
 from shardwise.search import PlanError, make_searcher
 from shardwise.workload.synthetic import synthesize_tables
@@ -79,6 +81,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="100x8,1000x64", help="tables x devices, comma separated")
     parser.add_argument("--batch-size", type=int, default=4096, help="the tasks' batch size (reuse bins are "
                         "measured at it: larger batches make synthesizing 1,000 tables slow, not planning)")
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/planning_time.json")
     args = parser.parse_args()
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
 
@@ -89,6 +92,7 @@ def main() -> None:
     baselines = ["torchrec", "torchrec_cw"] if args.with_cw else ["torchrec"]
     header = f"{'task':>12}  {'neuroshard s':>12}  {'(cpu s)':>8}  " + "  ".join(f"{b + ' s':>14}  {'ratio':>6}" for b in baselines)
     print(header + f"  {'target':>8}")
+    rows = []
     for num_tables, num_devices in sizes:
         task = sample_task(tableset, num_tables, num_devices, seed=args.seed)
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -96,23 +100,36 @@ def main() -> None:
         neuro_s = time.perf_counter() - started
         neuro_cpu_s = time.process_time() - cpu_started
         cells = []
+        row = {"task": f"{num_tables}x{num_devices}", "neuroshard_s": round(neuro_s, 2),
+               "neuroshard_cpu_s": round(neuro_cpu_s, 2)}
         for method in baselines:
             started = time.perf_counter()
             try:
                 make_searcher(method).search(task, None, args.seed)
                 base_s = time.perf_counter() - started
                 cells.append(f"{base_s:>14.2f}  {base_s / neuro_s:>5.2f}x")
+                row |= {f"{method}_s": round(base_s, 2),
+                        f"{method}_over_neuroshard": round(base_s / neuro_s, 2)}
             except PlanError as err:
                 cells.append(f"{'failed':>14}  {'-':>6}")
+                row |= {f"{method}_s": "failed", f"{method}_over_neuroshard": None}
                 print(f"  {method}: {err}")
         target = TARGET_S.get((num_tables, num_devices))
         verdict = "" if target is None else f"{'<' if neuro_s < target else '>='} {target:.0f} s"
+        within = None if target is None else neuro_s < target
+        rows.append(row | {"target_s": target, "neuroshard_within_target": within})
         print(
             f"{f'{num_tables}x{num_devices}':>12}  {neuro_s:>12.2f}  {neuro_cpu_s:>8.2f}  " + "  ".join(cells)
             + f"  {verdict:>8}"
         )
     print("ratio = TorchRec's planner time / NeuroShard's time on the same task (same process, same run);")
     print("cpu s = NeuroShard's process CPU time: far below wall time means the machine was busy with others")
+    if args.record:
+        record("planning_time", "Planning time: NeuroShard next to TorchRec's planner", rows,
+               notes=f"cost model: {source}; synthetic DLRM tables at full size, batch {batch_size}, memory "
+                     "per device 1.5x an even share; *_over_neuroshard = TorchRec's time / NeuroShard's on "
+                     "the same task; neuroshard_cpu_s = NeuroShard's process CPU time (far below wall time: "
+                     "the machine was busy with others)")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ then the issue's two checks: within 5% of NeuroShard and below every greedy base
 planning 100 tables on 8 devices in under 1 s.
 
     python benchmarks/bench_rl_policies.py --model runs/cost_model --tables runs/split/train.json \\
-        --holdout runs/split/holdout.json
+        --holdout runs/split/holdout.json     # --record: also write benchmarks/results/rl_policies.json
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from record import record
 
 from shardwise.costmodel.types import CostModel
 from shardwise.integrations.mlflow import MlflowService
@@ -69,6 +70,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16, help="sampled rollouts for the best-of-k variants")
     parser.add_argument("--torchrec", action="store_true", help="also plan with TorchRec's planner (table-wise)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/rl_policies.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -139,14 +141,38 @@ def main() -> None:
             print(f"  {name:<22} {timing[name]:.3f} s")
 
     print("\nchecks (mean over test tasks of per-task ratios):")
+    checks: list[str] = []
     for method in policies:
         for name in (method, f"{method}+best{args.samples}"):
             c = np.array(results[name][0])
             vs_neuro = float(np.nanmean(c / reference))
             worst_greedy = max(float(np.nanmean(c / greedy_costs[g])) for g in GREEDY)
+            checks.append(f"{name}: {'ok' if vs_neuro <= 1.05 else 'MISSED'} / neuroshard <= 1.05, "
+                          f"{'ok' if worst_greedy < 1.0 else 'MISSED'} / every greedy < 1, "
+                          f"{'ok' if timing[name] < 1.0 else 'MISSED'} 100x8 planning < 1 s")
             print(f"  {name:<22} / neuroshard {vs_neuro:.3f} ({'ok' if vs_neuro <= 1.05 else 'MISSED'} <= 1.05), "
                   f"/ every greedy (max ratio) {worst_greedy:.3f} ({'ok' if worst_greedy < 1.0 else 'MISSED'} < 1), "
                   f"100x8 planning {timing[name]:.3f} s ({'ok' if timing[name] < 1.0 else 'MISSED'} < 1 s)")
+
+    if args.record:
+        rows = []
+        for name, (costs, times) in results.items():
+            c = np.array(costs)
+            policy = name.split("+")[0] in policies
+            rows.append({
+                "method": name, "mean_cost_ms": round(float(np.nanmean(c)), 3),
+                "over_neuroshard": round(float(np.nanmean(c / reference)), 3),
+                f"over_{best_greedy}": round(float(np.nanmean(c / greedy_costs[best_greedy])), 3),
+                "max_over_every_greedy": round(max(float(np.nanmean(c / greedy_costs[g])) for g in GREEDY), 3)
+                if policy else None,
+                "plan_s": round(float(np.nanmean(times)), 3), "plan_100x8_s": round(timing[name], 3),
+            })
+        record("rl_policies", "Learned policies on larger unseen tasks", rows,
+               notes=f"trained on {len(train_tasks)} tasks of 20-60 tables / 4 devices "
+                     f"({args.episodes} episodes), tested on {len(test_tasks)} tasks of 80-120 held-out "
+                     f"tables / 8 devices; cost model {args.model}; ratios: mean over test tasks of per-task "
+                     "predicted plan cost ratios; plan_s: mean over test tasks; plan_100x8_s: median of 3 on "
+                     "100 held-out tables / 8 devices; checks: " + "; ".join(checks))
 
 
 if __name__ == "__main__":

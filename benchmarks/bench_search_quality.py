@@ -6,6 +6,7 @@ DLRM tables. Every plan is scored by the same cost model; ratios are to NeuroSha
 quality is benchmarks/bench_plan_quality.py.
 
     python benchmarks/bench_search_quality.py --model models:/shardwise-cost-cpu-x86_64-2c@champion
+    (--record also writes benchmarks/results/search_quality.json)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from record import record
 from tqdm.auto import tqdm
 
 from shardwise.search import PlanError, get_method, make_searcher, method_names
@@ -31,6 +33,7 @@ def main() -> None:
     parser.add_argument("--row-scale", type=float, default=0.01, help="table rows x this (CPU-sized tables)")
     parser.add_argument("--memory-slack", type=float, default=1.5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/search_quality.json")
     args = parser.parse_args()
 
     from shardwise.integrations.mlflow import MlflowService, champion_uri, cost_model_name
@@ -47,6 +50,7 @@ def main() -> None:
     print(f"cost model: {uri} ({model.hardware_kind}, batch {model.batch_size})")
     tableset = synthesize_tables(300, seed=args.seed, row_scale=args.row_scale, batch_size=model.batch_size)
     rng = np.random.default_rng(args.seed)
+    rows = []
     for set_name, (lo, hi, num_devices) in TASK_SETS.items():
         costs: dict[str, list[float]] = {m: [] for m in METHODS}
         failures = dict.fromkeys(METHODS, 0)
@@ -68,6 +72,13 @@ def main() -> None:
         for method in METHODS:
             mean = float(np.mean(costs[method])) if costs[method] else float("nan")
             print(f"{method:>20}  {mean:>12.3f}  {mean / reference:>12.3f}x  {failures[method]:>6}")
+            rows.append({"task_set": set_name, "method": method, "mean_cost_ms": round(mean, 3),
+                         "vs_neuroshard": round(mean / reference, 3), "failed": failures[method]})
+    if args.record:
+        record("search_quality", "Predicted plan cost per method (cost model's slowest device)", rows,
+               notes=f"cost model {uri}; {args.tasks} tasks per set, memory slack {args.memory_slack}, "
+                     f"synthetic tables at row scale {args.row_scale}; vs_neuroshard > 1: worse; a failed "
+                     "plan (no plan within memory) is counted, never scored")
 
 
 if __name__ == "__main__":

@@ -3,15 +3,17 @@
 For each (row_scale, batch_size) it prints pooling/rows moments, the mean reuse shares over non-empty tables
 (measured on the sampled batches) next to the targets, the largest per-bin gap, and the same gap when every
 table gets one shared alpha (the best single alpha for the population) as the comparison.
-Usage: python benchmarks/bench_workload_synthetic.py [--full]   (--full adds row_scale 1.0, batch 65536: ~3 min)
+Usage: python benchmarks/bench_workload_synthetic.py [--full] [--record]
+(--full adds row_scale 1.0, batch 65536: ~3 min; --record writes benchmarks/results/workload_synthetic.json)
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 
 import numpy as np
+from record import record
 
 from shardwise.workload import index_seed, reuse_histogram, sample_batch
 from shardwise.workload.synthetic import (
@@ -24,9 +26,15 @@ from shardwise.workload.synthetic import (
 
 
 def main() -> None:
-    configs = [(0.001, 512), (0.01, 2048)] + ([(1.0, 65536)] if "--full" in sys.argv else [])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="add row_scale 1.0, batch 65536 (~3 min)")
+    parser.add_argument("--record", action="store_true",
+                        help="write benchmarks/results/workload_synthetic.json")
+    args = parser.parse_args()
+    configs = [(0.001, 512), (0.01, 2048)] + ([(1.0, 65536)] if args.full else [])
     target = target_reuse_shares()
     print("targets (0,1] (1,2] (2,4] (4,8] (8,16] (16,32] >32:", np.round(target, 3))
+    records = []
     for row_scale, batch in configs:
         start = time.perf_counter()
         ts = synthesize_tables(856, seed=0, row_scale=row_scale, batch_size=batch, progress=False)
@@ -54,6 +62,23 @@ def main() -> None:
         print(f"  per-table alphas: shares {np.round(shares, 3)} max gap {gap:.3f}")
         print(f"  one alpha {best:.1f}:    shares {np.round(single_shares, 3)} max gap {single_gap:.3f}")
         print(f"  gap ratio (one alpha / per-table alphas): {single_gap / gap:.2f}x")
+        records.append({
+            "row_scale": row_scale, "batch": batch, "seconds": round(seconds, 1),
+            "pooling_mean": round(float(pooling.mean()), 1), "pooling_sd": round(float(pooling.std()), 1),
+            "empty_pct": round(100 * float((pooling == 0).mean()), 1),
+            "rows_over_scale_mean_m": round(float(rows.mean()) / 1e6, 2),
+            "rows_over_scale_sd_m": round(float(rows.std()) / 1e6, 2),
+            "reuse_max_gap": round(float(gap), 3), "one_alpha": round(best, 1),
+            "one_alpha_max_gap": round(float(single_gap), 3), "gap_ratio": round(float(single_gap / gap), 2),
+        })
+    if args.record:
+        targets = [round(float(x), 3) for x in target]
+        record("workload_synthetic", "Synthetic DLRM tables against the DLRM 2021 dataset statistics",
+               records, notes="856 tables, seed 0; reuse_max_gap: largest per-bin gap between the mean reuse "
+                              "shares (non-empty tables, measured on sampled batches) and the targets "
+                              f"{targets} (bins (0,1] (1,2] (2,4] (4,8] (8,16] (16,32] >32); "
+                              "one_alpha_max_gap: the same with the one alpha that fits the population best; "
+                              "gap_ratio = one_alpha_max_gap / reuse_max_gap")
 
 
 if __name__ == "__main__":
