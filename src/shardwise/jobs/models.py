@@ -4,6 +4,7 @@ the registry. Shared by plan, evaluate, benchmark and train-policy."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from shardwise.costmodel import NeuralCostModel
@@ -24,6 +25,20 @@ HOW_TO_GET_A_MODEL = (
     "Get one with `make run` (the local pipeline) or `shardwise profile ... && shardwise pretrain --data "
     "costs.parquet --out MODEL_DIR`, then pass --model MODEL_DIR or models:/<name>@champion"
 )
+
+
+def registered_model_uri(hardware_kind: str, alias: str) -> str:
+    """`models:/shardwise-cost-<hardware kind>@<alias>`: the registered cost model a pipeline step uses."""
+    return f"models:/{cost_model_name(hardware_kind)}@{alias}"
+
+
+def store_uri(tracking_uri: str | None = None) -> str:
+    """The MLflow store a job logs to: `tracking_uri`, else $MLFLOW_TRACKING_URI, else the default embedded
+    store; a relative sqlite path made absolute (a pipeline's steps run in other directories)."""
+    uri = MlflowService(tracking_uri).tracking_uri
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{Path(uri.removeprefix('sqlite:///')).resolve()}"
+    return uri
 
 
 def load_cost_model(

@@ -140,10 +140,10 @@ def search_plan(
     model: Input[Model] = None,
 ):
     """Search a plan; with a model alias the registered model `shardwise-cost-<hardware>@alias` is used."""
-    from shardwise.integrations.mlflow import cost_model_name
     from shardwise.jobs import plan as job
+    from shardwise.jobs.models import registered_model_uri
 
-    uri = f"models:/{cost_model_name(hardware_kind)}@{model_alias}" if model_alias else (
+    uri = registered_model_uri(hardware_kind, model_alias) if model_alias else (
         model.path if model is not None else None)
     result = job.run(job.PlanSettings(task=task.path, method=method, model=uri, out=plan.path))
     print(result.summary())
@@ -169,14 +169,14 @@ def evaluate_plans(
     import json
     import os
 
-    from shardwise.integrations.mlflow import cost_model_name
     from shardwise.jobs import evaluate, validate
+    from shardwise.jobs.models import registered_model_uri
     from shardwise.profiling import MeasurementSettings
 
     method = plan.metadata.get("method", "plan")
     names = (method, "torchrec") if method != "torchrec" else (method, "torchrec-baseline")
     # the model's reference timing and batch: measure the way the profiler did
-    uri = f"models:/{cost_model_name(hardware_kind)}@{model_alias}" if model_alias else model.path
+    uri = registered_model_uri(hardware_kind, model_alias) if model_alias else model.path
     evaluated = evaluate.run(evaluate.EvaluateSettings(
         task=task.path, plan=(plan.path, baseline_plan.path), name=names, out=evaluation.path, model=uri,
         measurement=MeasurementSettings(device=device),

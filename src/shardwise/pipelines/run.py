@@ -19,7 +19,7 @@ from typing import IO, Any
 from kfp import Client, compiler, local
 
 from shardwise.errors import ShardwiseError
-from shardwise.integrations.mlflow import MlflowService
+from shardwise.jobs.models import store_uri
 
 from . import components
 from .params import PipelineParams
@@ -166,15 +166,6 @@ def _console_to_log(log_path: Path) -> Iterator[None]:
         os.close(saved_err)
 
 
-def local_tracking_uri(tracking_uri: str | None) -> str:
-    """The store a local run registers in: the one the CLI and the TorchRec planner use by default (so the next
-    `shardwise plan` finds the model), as an absolute URI (the steps run in other directories)."""
-    uri = MlflowService(tracking_uri).tracking_uri
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return f"sqlite:///{Path(uri.removeprefix('sqlite:///')).resolve()}"
-    return uri
-
-
 def run_local(
     workdir: str | Path, params: PipelineParams, *, tracking_uri: str | None = None, verbose: bool = False
 ) -> LocalRunResult:
@@ -188,7 +179,8 @@ def run_local(
     before = set(pipeline_root.glob("*")) if pipeline_root.exists() else set()
     # The steps run as subprocesses of this one and inherit its environment (kfp.local ignores the
     # config-map/secret settings): point them at the store the next command will look in.
-    uri = local_tracking_uri(tracking_uri)
+    # the store the CLI and the TorchRec planner read by default: the next `shardwise plan` finds the model
+    uri = store_uri(tracking_uri)
     saved = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = uri
     console = contextlib.nullcontext() if verbose else _console_to_log(log_path)
