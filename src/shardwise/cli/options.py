@@ -171,11 +171,14 @@ def build_settings(settings_type: type[S], args: argparse.Namespace, **fixed: An
 def _describe(error: Any) -> str:
     """`--num-devices: Input should be greater than or equal to 1` from one pydantic error."""
     names = [str(p) for p in error["loc"] if not isinstance(p, int)]
-    where = flag(names[-1]) if names else "settings"
+    message = error["msg"].removeprefix("Value error, ")
+    if not names:  # a check across fields: its message names them
+        return message
+    where = flag(names[-1])
     given = error.get("input")
-    if isinstance(given, int | float | str) and names:
+    if isinstance(given, int | float | str):
         where += f" {given}"
-    return f"{where}: {error['msg'].removeprefix('Value error, ')}"
+    return f"{where}: {message}"
 
 
 Handler = Callable[[argparse.Namespace], Any]
