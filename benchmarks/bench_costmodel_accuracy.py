@@ -22,6 +22,7 @@ import torch
 from record import record
 
 from shardwise.costmodel import TrainConfig, format_table, train_cost_model
+from shardwise.costmodel.train import TrainingReport
 from shardwise.profiling.dataset import load_costs
 from shardwise.profiling.runner import ProfileSettings, profile
 from shardwise.workload.augment import augment_tables
@@ -53,7 +54,7 @@ def _profile(args: argparse.Namespace, out: Path) -> tuple[Path, TableSet]:
     return costs, holdout
 
 
-def _record(args: argparse.Namespace, report, ok: bool) -> None:  # type: ignore[no-untyped-def]
+def _record(args: argparse.Namespace, report: TrainingReport, ok: bool) -> None:
     """The held-out-table figures (fwd+bwd) of every predictor next to the neural model's."""
     m = report.metrics
     predictors = (("neural cost model", "neural_heldout_tables_total"),
@@ -68,7 +69,8 @@ def _record(args: argparse.Namespace, report, ok: bool) -> None:  # type: ignore
                      "spearman": None if rho is None else round(rho, 4),
                      "neural_mape_over_this": None if not mape else round(neural / mape, 2)})
     record("costmodel_accuracy_small" if args.small else "costmodel_accuracy",
-           "Cost-model accuracy on shards of held-out tables (fwd+bwd)", rows,
+           "Cost-model accuracy on shards of held-out tables (fwd+bwd)"
+           + (", --small smoke run" if args.small else ""), rows,
            notes=f"{report.hardware_kind}, batch {report.batch_size}, shards {report.sizes}; targets "
                  f"(neural MAPE <= {TARGET_MAPE_PCT}%, Spearman >= {TARGET_SPEARMAN}, MAPE / noise floor <= "
                  f"{TARGET_NOISE_RATIO}, below both baselines) {'met' if ok else 'not met'}"

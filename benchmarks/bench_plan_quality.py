@@ -89,7 +89,8 @@ def _record(args: argparse.Namespace, specs: tuple[TaskSetSpec, ...], rows: list
     if args.small:
         notes.append("--small: proves the pipeline, its figures are rough")
     record("plan_quality_small" if args.small else "plan_quality",
-           "Measured plan cost: NeuroShard, TorchRec's planner and the greedy baselines", recorded,
+           "Measured plan cost: NeuroShard, TorchRec's planner and the greedy baselines"
+           + (", --small smoke run" if args.small else ""), recorded,
            notes="; ".join(notes))
 
 
@@ -174,8 +175,8 @@ def main() -> None:
             torchrec_mean = sum(mean_ms["torchrec", k] for k in both)
             torchrec_max = sum(max_ms["torchrec", k] for k in both)
             say(f"{spec.name}: mean device cost neuroshard / torchrec = "
-                  f"{sum(mean_ms['neuroshard', k] for k in both) / torchrec_mean:.3f}; a perfectly balanced plan at "
-                  f"TorchRec's mean device cost would be {torchrec_mean / torchrec_max:.3f} of TorchRec's plan cost")
+                f"{sum(mean_ms['neuroshard', k] for k in both) / torchrec_mean:.3f}; a perfectly balanced plan at "
+                f"TorchRec's mean device cost would be {torchrec_mean / torchrec_max:.3f} of TorchRec's plan cost")
         if args.throughput_tasks and (thru := throughput_ratio(in_set, "neuroshard", "torchrec")) is not None:
             say(f"{spec.name}: neuroshard DLRM samples/s / torchrec's = {thru:.3f} (higher is better)")
     elapsed_s = time.perf_counter() - started

@@ -155,17 +155,20 @@ def main() -> None:
                   f"100x8 planning {timing[name]:.3f} s ({'ok' if timing[name] < 1.0 else 'MISSED'} < 1 s)")
 
     if args.record:
+        def figure(value: float) -> float | None:  # NaN (no plan) is no figure
+            return round(float(value), 3) if np.isfinite(value) else None
+
         rows = []
         for name, (costs, times) in results.items():
             c = np.array(costs)
             policy = name.split("+")[0] in policies
             rows.append({
-                "method": name, "mean_cost_ms": round(float(np.nanmean(c)), 3),
-                "over_neuroshard": round(float(np.nanmean(c / reference)), 3),
-                f"over_{best_greedy}": round(float(np.nanmean(c / greedy_costs[best_greedy])), 3),
-                "max_over_every_greedy": round(max(float(np.nanmean(c / greedy_costs[g])) for g in GREEDY), 3)
+                "method": name, "mean_cost_ms": figure(np.nanmean(c)),
+                "over_neuroshard": figure(np.nanmean(c / reference)),
+                f"over_{best_greedy}": figure(np.nanmean(c / greedy_costs[best_greedy])),
+                "max_over_every_greedy": figure(max(np.nanmean(c / greedy_costs[g]) for g in GREEDY))
                 if policy else None,
-                "plan_s": round(float(np.nanmean(times)), 3), "plan_100x8_s": round(timing[name], 3),
+                "plan_s": figure(np.nanmean(times)), "plan_100x8_s": figure(timing[name]),
             })
         record("rl_policies", "Learned policies on larger unseen tasks", rows,
                notes=f"trained on {len(train_tasks)} tasks of 20-60 tables / 4 devices "

@@ -72,8 +72,11 @@ def main() -> None:
         for method in METHODS:
             mean = float(np.mean(costs[method])) if costs[method] else float("nan")
             print(f"{method:>20}  {mean:>12.3f}  {mean / reference:>12.3f}x  {failures[method]:>6}")
-            rows.append({"task_set": set_name, "method": method, "mean_cost_ms": round(mean, 3),
-                         "vs_neuroshard": round(mean / reference, 3), "failed": failures[method]})
+            ratio = mean / reference
+            rows.append({"task_set": set_name, "method": method,
+                         "mean_cost_ms": round(mean, 3) if np.isfinite(mean) else None,
+                         "vs_neuroshard": round(ratio, 3) if np.isfinite(ratio) else None,
+                         "failed": failures[method]})
     if args.record:
         record("search_quality", "Predicted plan cost per method (cost model's slowest device)", rows,
                notes=f"cost model {uri}; {args.tasks} tasks per set, memory slack {args.memory_slack}, "
