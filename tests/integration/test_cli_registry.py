@@ -52,3 +52,17 @@ def test_plan_finds_the_champion_in_the_store_named_by_tracking_uri(tmp_path, mo
     err = capsys.readouterr().err
     assert "make run" in err and err.count("\n") == 1
     assert not (tmp_path / "empty.db").exists()
+
+
+def test_a_model_directory_holding_two_models_is_refused_not_guessed(tmp_path, monkeypatch, capsys):
+    from costmodel_synthetic import cost_frame, synthetic_tables
+
+    monkeypatch.chdir(tmp_path)
+    df = cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 40}, 0)
+    model, _ = train_cost_model(df, 0, TrainConfig(epochs=3, comm_epochs=3, progress=False))
+    model.save(tmp_path / "models" / "one")
+    model.save(tmp_path / "models" / "two")
+    save_task(random_task(0, 6, 2), "task.json")
+    assert main(["plan", "--task", "task.json", "--model", str(tmp_path / "models"), "--out", "p.json"]) == 2
+    assert "2 cost models inside (one, two)" in capsys.readouterr().err
+    assert main(["plan", "--task", "task.json", "--model", str(tmp_path / "models" / "one"), "--out", "p.json"]) == 0

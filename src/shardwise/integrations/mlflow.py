@@ -502,6 +502,9 @@ def _find_cost_model_dir(root: Path) -> Path:
     found = sorted(root.rglob(CONFIG_FILE))
     if not found:
         raise FileNotFoundError(f"{root}: no {CONFIG_FILE} found (not a shardwise cost model)")
+    if len(found) > 1:  # never pick one silently
+        dirs = ", ".join(str(f.parent.relative_to(root)) for f in found[:4])
+        raise RegistryError(f"{root}: {len(found)} cost models inside ({dirs}); pass the one you mean")
     return found[0].parent
 
 
