@@ -186,8 +186,12 @@ def test_sigint_during_the_all_to_alls_keeps_rows_and_says_so(tmp_path: Path) ->
     # the all-to-alls have begun once the profiler has spawned processes (a resource tracker, then the ranks)
     _wait_for(lambda: len(children.read_text().split()) >= 2, "the all-to-all ranks")
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    _, err = proc.communicate(timeout=600)  # a hang guard: the group in flight finishes first
+    if proc.returncode == 0 and "waiting for the" not in err:
+        # on a slow or busy machine the signal can land after the group ended (the ranks are reaped but still
+        # listed): nothing was interrupted, so there is nothing to check here
+        pytest.skip("the signal arrived after the all-to-alls had finished (machine too slow for the window)")
+    assert proc.returncode == 130, err
     assert "converted the single-file cost dataset" in err
     # cutting a group short would leave spawned ranks waiting for a peer: the group in flight finishes first
     assert "waiting for the 2 all-to-all layout(s) in flight" in err
