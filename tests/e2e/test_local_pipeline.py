@@ -54,7 +54,9 @@ def test_local_pipeline_then_the_next_commands(tmp_path):
     report = Path(re.search(r"^report: (.+)$", out, re.M).group(1))
     page = report.read_text()
     assert "TorchRec" in page and "data:image/png;base64," in page and str(tmp_path) not in page
-    comparison = json.loads((report.parent / "evaluation" / "comparison.json").read_text())
+    assert report == tmp_path / "runs/local/report.html"
+    (comparison_path,) = (tmp_path / "runs/local/pipeline_root").glob("*/evaluate-plans/evaluation/comparison.json")
+    comparison = json.loads(comparison_path.read_text())
     assert comparison["format"] == "shardwise.comparison/v1"
     assert [p["name"] for p in comparison["plans"]] == [plan["method"], "torchrec"]
     assert comparison["plans"][0]["max_cost_ms"] == pytest.approx(method_ms, rel=1e-3)

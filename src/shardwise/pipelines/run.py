@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -83,6 +84,13 @@ def _cost_model_figures(run_dir: Path) -> dict[str, float]:
     except (OSError, KeyError, ValueError):
         return {}
     return {k: float(metrics["metadata"][k]) for k in _COST_MODEL_FIGURES if k in metrics.get("metadata", {})}
+
+
+def _latest_report(report: Path, workdir: Path) -> Path:
+    """The run's HTML report, copied to `workdir/report.html` (a name a browser opens as a page)."""
+    latest = workdir / "report.html"
+    shutil.copyfile(report, latest)
+    return latest
 
 
 def _single(paths: list[Path], what: str, run_dir: Path) -> Path:
@@ -206,7 +214,7 @@ def run_local(
         run_dir=run_dir,
         plan_path=_single(list(run_dir.glob("search-plan/plan")), "plan", run_dir),
         baseline_plan_path=_single(list(run_dir.glob("search-plan-2/plan")), "baseline plan", run_dir),
-        report_path=_single(list(run_dir.glob("evaluate-plans/report")), "report", run_dir),
+        report_path=_latest_report(_single(list(run_dir.glob("evaluate-plans/report")), "report", run_dir), workdir),
         comparison=comparison,
     )
 
