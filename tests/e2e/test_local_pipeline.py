@@ -39,6 +39,7 @@ def test_local_pipeline_then_the_next_commands(tmp_path):
     assert len(steps) == 8, out
     assert len(out.splitlines()) < 60 and "INFO" not in out
     assert (tmp_path / "runs/local/pipeline.log").stat().st_size > 10_000
+    assert {p.stem for p in (tmp_path / "runs/local/logs").glob("*.log")} == set(steps)  # a log per step
 
     plan_path = Path(re.search(r"^plan \((.+)\):$", out, re.M).group(1))
     plan = json.loads(plan_path.read_text())

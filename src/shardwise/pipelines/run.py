@@ -106,11 +106,14 @@ _TAIL_LINES = 40
 
 
 class _StepConsole:
-    """Reads everything the run writes to fd 1 and 2 (this process and the steps' subprocesses) into the log file;
-    the terminal gets one line per step with its time, and on failure the last lines of the log."""
+    """Reads everything the run writes to fd 1 and 2 (this process and the steps' subprocesses) into the log file
+    (and each step's lines into logs/<step>.log); the terminal gets one line per step with its time, and on
+    failure the last lines of the log."""
 
     def __init__(self, log_path: Path, terminal: IO[str]) -> None:
         self.log_path, self.terminal = log_path, terminal
+        self.step_logs = log_path.with_name("logs")  # one file per step beside the whole run's log
+        self.step: str | None = None
         self.started: dict[str, float] = {}
         self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
 
@@ -131,10 +134,15 @@ class _StepConsole:
         if line.strip():
             self.tail.append(line)
         event = _TASK_EVENT.search(line)
+        if self.step is not None:
+            with (self.step_logs / f"{self.step}.log").open("a") as log:
+                log.write(line + "\n")
         if not event:
             return
         started, finished, status = event.groups()
+        self.step = started
         if started:
+            self.step_logs.mkdir(parents=True, exist_ok=True)
             self.started[started] = time.monotonic()
             if self.terminal.isatty():  # a live line, completed in place when the step ends
                 self.terminal.write(f"{started:<22} running")
