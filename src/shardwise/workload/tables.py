@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from functools import lru_cache
 from typing import Any
@@ -138,8 +139,6 @@ def sample_batch(table: TableSpec, batch_size: int, seed: int) -> tuple[np.ndarr
 
 def stable_seed(*parts: object) -> int:
     """A seed derived from names and numbers, equal across processes and runs (unlike `hash`)."""
-    import hashlib
-
     digest = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
