@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import shardwise.search.baselines as baselines
-from shardwise.profiling import MeasurementSettings
+from shardwise.profiling import MeasurementSettings, kernel
 from shardwise.search import GreedySearch, RandomSearch, make_searcher, validate_plan
 from shardwise.workload import ShardingTask, TableSpec
 
@@ -74,8 +73,8 @@ def test_the_plan_balances_measured_costs_better_than_random():
 
 def test_tables_are_measured_once_and_the_reference_calibrated_once(monkeypatch):
     calibrations = []
-    calibrate = baselines.calibrate_reference
-    monkeypatch.setattr(baselines, "calibrate_reference",
+    calibrate = kernel.calibrate_reference
+    monkeypatch.setattr(kernel, "calibrate_reference",
                         lambda device, protocol: calibrations.append(device) or calibrate(device, protocol))
     searcher = GreedySearch("measured", measurement=FAST)
     assert searcher.timings is not None and searcher.timings.measured == 0  # building measures nothing

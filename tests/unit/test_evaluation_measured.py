@@ -16,7 +16,7 @@ from shardwise.evaluation.measured import (
     measure_plan,
     measure_plans,
 )
-from shardwise.profiling import MeasurementSettings
+from shardwise.profiling import MeasurementSettings, kernel
 from shardwise.profiling.comm import CommTiming
 from shardwise.profiling.kernel import ShardTiming
 from shardwise.search.plan import Plan, PlanError, Shard, save_plan
@@ -141,7 +141,7 @@ class _Kernels:
         self.calibrations = 0
         monkeypatch.setattr(measured, "measure_shard", self.measure_shard)
         monkeypatch.setattr(measured, "measure_all_to_all_many", self.measure_all_to_all_many)
-        monkeypatch.setattr(measured, "calibrate_reference", self.calibrate_reference)
+        monkeypatch.setattr(kernel, "calibrate_reference", self.calibrate_reference)  # what resolve_timing calls
 
     def measure_shard(self, tables, batch_size, *, device, protocol, optimizer, weights_precision) -> ShardTiming:
         self.shards.append((tuple(t.name for t in tables), batch_size, protocol.reference_ms))

@@ -43,7 +43,7 @@ def page(tmp_path) -> str:
 def test_page_is_self_contained_and_rounded(page):
     assert page.count("data:image/png;base64,") == 3
     assert not re.search(r"\d\.\d{5,}", page.split("data:image")[0])  # no 16-digit floats in the tables
-    assert "17,395" in page and "neuroshard vs TorchRec" in page
+    assert "17395.123" in page and "neuroshard vs TorchRec" in page
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium not installed")

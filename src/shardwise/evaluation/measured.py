@@ -16,11 +16,10 @@ from shardwise.profiling import (
     MeasurementSettings,
     ShardTiming,
     TimingProtocol,
-    calibrate_reference,
     hardware_kind,
     measure_all_to_all_many,
     measure_shard,
-    resolve_device,
+    resolve_timing,
 )
 from shardwise.profiling.comm import default_backend
 from shardwise.search.plan import Plan, device_specs, plan_memory_bytes, validate_plan
@@ -156,17 +155,6 @@ class KernelShard(NamedTuple):
     batch_size: int
     optimizer: Optimizer = "rowwise_adagrad"
     weights_precision: WeightsPrecision = "fp32"
-
-
-def resolve_timing(measurement: MeasurementSettings) -> tuple[torch.device, TimingProtocol]:
-    """The device `measurement` names and its protocol decided for that device, with the reference kernel
-    pinned to `measurement.reference_ms` or else calibrated once (when timings are normalised), so every shard
-    timed with it is scaled by the same reference."""
-    device = resolve_device(measurement.device)
-    protocol = measurement.protocol().for_device(device)
-    if protocol.reference_normalised and protocol.reference_ms is None:
-        protocol = protocol.model_copy(update={"reference_ms": calibrate_reference(device, protocol)})
-    return device, protocol
 
 
 def timing_document(protocol: TimingProtocol, measurement: MeasurementSettings) -> dict[str, Any]:

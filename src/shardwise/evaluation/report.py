@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,29 @@ def device_rows(cost: MeasuredPlanCost, predicted_total_ms: Sequence[float] | No
 DEVICE_HEADER = (
     "device", "shards", "width", "fwd ms", "bwd ms", "a2a fwd ms", "a2a bwd ms", "total ms", "memory MiB"
 )
+
+
+def summary_page(
+    title: str,
+    intro: str,
+    figures: Mapping[str, float],
+    named_costs: Sequence[tuple[str, MeasuredPlanCost]],
+    images: Sequence[str | Path],
+) -> str:
+    """A self-contained page (what the pipeline hands the Kubeflow UI): the figures, the plots embedded as data
+    URIs, and each plan's per-device table; numbers rounded, no file paths."""
+    plots = "".join(
+        f"<img alt='{html.escape(Path(p).stem)}' src='data:image/png;base64,"
+        f"{base64.b64encode(Path(p).read_bytes()).decode()}'>"
+        for p in images
+    )
+    per_plan = "".join(
+        f"<h2>{html.escape(name)}: measured per device (plan cost {cost.max_cost_ms:.3f} ms, "
+        f"imbalance {cost.imbalance:.3f})</h2>" + _table(DEVICE_HEADER, device_rows(cost))
+        for name, cost in named_costs
+    )
+    rows = [[key.replace("_", " "), value] for key, value in figures.items()]
+    return _page(title, f"<p>{html.escape(intro)}</p>" + _table(("figure", "value"), rows) + plots + per_plan)
 
 
 def write_plan_report(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import html
 import os
 import re
 from pathlib import Path
@@ -11,6 +9,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from shardwise.evaluation import MeasuredPlanCost, PlanComparison, evaluate_plans
+from shardwise.evaluation.report import summary_page
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import Plan, PlanError, load_plan, validate_plan
@@ -146,39 +145,13 @@ def versus_baseline(evaluated: EvaluateResult, baseline: str) -> dict[str, float
 
 
 def comparison_page(method: str, figures: dict[str, float], evaluated: EvaluateResult) -> str:
-    """A self-contained HTML page (what the pipeline hands the Kubeflow UI): the figures against TorchRec's
-    planner, the plots embedded as data URIs, each plan's measured per-device costs; numbers rounded, no paths."""
-    rows = "".join(f"<tr><td>{html.escape(k.replace('_', ' '))}</td><td>{_cell(v)}</td></tr>" for k, v in figures.items())
-    plots = "".join(
-        f"<img alt='{html.escape(Path(p).stem)}' src='data:image/png;base64,"
-        f"{base64.b64encode(Path(p).read_bytes()).decode()}'>"
-        for p in evaluated.paths if p.endswith(".png") and Path(p).is_file()
+    """The page the pipeline hands the Kubeflow UI: the figures against TorchRec's planner, the plots the
+    evaluation drew, each plan's measured per-device costs."""
+    return summary_page(
+        f"{method} vs TorchRec's planner (measured)",
+        "Both plans were measured on this node in one session; plan cost is the slowest device's forward + "
+        "backward + all-to-all ms (lower is better); DLRM samples/s higher is better.",
+        figures,
+        list(zip(evaluated.names, evaluated.costs)),
+        [p for p in evaluated.paths if p.endswith(".png") and Path(p).is_file()],
     )
-    columns = ("device", "shards", "fwd_ms", "bwd_ms", "comm_fwd_ms", "comm_bwd_ms", "total_ms", "memory GiB")
-    head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in columns)
-    per_plan = ""
-    for name, cost in zip(evaluated.names, evaluated.costs):
-        body = "".join(
-            "<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in (
-                d.device, len(d.shards), d.fwd_ms, d.bwd_ms, d.comm_fwd_ms, d.comm_bwd_ms, d.total_ms,
-                d.memory_bytes / 2**30)) + "</tr>"
-            for d in cost.devices
-        )
-        per_plan += (f"<h2>{html.escape(name)}: measured per device (plan cost {cost.max_cost_ms:.3f} ms, "
-                     f"imbalance {cost.imbalance:.3f})</h2><table><tr>{head}</tr>{body}</table>")
-    style = ("body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}"
-             "td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}th{background:#eee}"
-             "td:first-child,th:first-child{text-align:left}img{max-width:48%;margin:0.5%}")
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>shardwise: measured comparison</title>"
-        f"<style>{style}</style></head><body><h1>{html.escape(method)} vs TorchRec's planner (measured)</h1>"
-        "<p>Both plans were measured on this node in one session; plan cost is the slowest device's forward + "
-        "backward + all-to-all ms (lower is better); DLRM samples/s higher is better.</p>"
-        f"<table><tr><th>figure</th><th>value</th></tr>{rows}</table>{plots}{per_plan}</body></html>"
-    )
-
-
-def _cell(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3f}"
-    return html.escape(str(value))

@@ -242,6 +242,20 @@ class Submitted:
     run_id: str
 
 
+def _experiment(host: str, namespace: str | None, token: str | None, name: str) -> tuple[Any, str]:
+    """A client of the KFP API at `host` and the id of experiment `name` (created if absent)."""
+    client = _client(host, namespace, token)
+    # create_experiment returns the existing experiment of that name, if any
+    return client, str(client.create_experiment(name=name, namespace=namespace).experiment_id)
+
+
+@contextlib.contextmanager
+def _package(gpu_product: str | None) -> Iterator[str]:
+    """The pipeline compiled into a temporary file, for the API to upload."""
+    with tempfile.TemporaryDirectory() as tmp:
+        yield str(compile_pipeline(Path(tmp) / "shardwise_pipeline.yaml", gpu_product=gpu_product))
+
+
 def submit(
     host: str,
     params: PipelineParams,
@@ -254,20 +268,16 @@ def submit(
     existing_token: str | None = None,
 ) -> Submitted:
     """Compile the pipeline and start one run of it on the Kubeflow Pipelines API at `host`."""
-    args = params.model_dump()
-    client = _client(host, namespace, existing_token)
-    # create_experiment returns the existing experiment of that name, if any
-    exp = client.create_experiment(name=experiment, namespace=namespace)
-    with tempfile.TemporaryDirectory() as tmp:
-        package = compile_pipeline(Path(tmp) / "shardwise_pipeline.yaml", gpu_product=gpu_product)
+    client, experiment_id = _experiment(host, namespace, existing_token, experiment)
+    with _package(gpu_product) as package:
         run = client.run_pipeline(
-            experiment_id=exp.experiment_id,
+            experiment_id=experiment_id,
             job_name=run_name,
-            pipeline_package_path=str(package),
-            params=args,
+            pipeline_package_path=package,
+            params=params.model_dump(),
             service_account=service_account,
         )
-    return Submitted(experiment_id=str(exp.experiment_id), run_id=str(run.run_id))
+    return Submitted(experiment_id=experiment_id, run_id=str(run.run_id))
 
 
 def schedule(
@@ -290,19 +300,16 @@ def schedule(
     if len(fields) == 5:
         # KFP's scheduler reads seconds first; a standard 5-field cron runs at second 0
         cron = "0 " + cron
-    args = params.model_dump()
-    client = _client(host, namespace, existing_token)
-    exp = client.create_experiment(name=experiment, namespace=namespace)
-    with tempfile.TemporaryDirectory() as tmp:
-        package = compile_pipeline(Path(tmp) / "shardwise_pipeline.yaml", gpu_product=gpu_product)
+    client, experiment_id = _experiment(host, namespace, existing_token, experiment)
+    with _package(gpu_product) as package:
         job = client.create_recurring_run(
-            experiment_id=exp.experiment_id,
+            experiment_id=experiment_id,
             job_name=job_name,
             cron_expression=cron,
             max_concurrency=max_concurrency,
             no_catchup=True,
-            params=args,
-            pipeline_package_path=str(package),
+            params=params.model_dump(),
+            pipeline_package_path=package,
             service_account=service_account,
         )
-    return Submitted(experiment_id=str(exp.experiment_id), run_id=str(job.recurring_run_id))
+    return Submitted(experiment_id=experiment_id, run_id=str(job.recurring_run_id))

@@ -24,7 +24,7 @@ import torch
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision, sample_batch, stable_seed
 
 from .hardware import resolve_device
-from .protocol import TimingProtocol
+from .protocol import MeasurementSettings, TimingProtocol
 
 #: per source table: (lengths [B], indices [sum(lengths)]) int64 arrays
 IndexData = Mapping[str, tuple[np.ndarray, np.ndarray]]
@@ -276,6 +276,17 @@ def time_kernel(kernel: ShardKernel, device: torch.device, protocol: TimingProto
         raw_bwd_ms=raw_bwd,
         reference_ms=scale,
     )
+
+
+def resolve_timing(measurement: MeasurementSettings) -> tuple[torch.device, TimingProtocol]:
+    """The device `measurement` names and its protocol decided for that device, with the reference kernel
+    pinned to `measurement.reference_ms` or else calibrated once (when timings are normalised), so every shard
+    timed with it is scaled by the same reference."""
+    device = resolve_device(measurement.device)
+    protocol = measurement.protocol().for_device(device)
+    if protocol.reference_normalised and protocol.reference_ms is None:
+        protocol = protocol.model_copy(update={"reference_ms": calibrate_reference(device, protocol)})
+    return device, protocol
 
 
 def measure_shard(

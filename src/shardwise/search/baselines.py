@@ -15,9 +15,8 @@ from shardwise.costmodel.types import CostModel
 from shardwise.profiling import (
     MeasurementSettings,
     TimingProtocol,
-    calibrate_reference,
     measure_shard,
-    resolve_device,
+    resolve_timing,
 )
 from shardwise.workload import ShardingTask, TableSpec
 
@@ -70,11 +69,7 @@ class SingleTableTimings:
     def device_and_protocol(self) -> tuple[torch.device, TimingProtocol]:
         """The device timed on and the protocol timed with (reference calibrated on the first call)."""
         if self._setup is None:
-            device = resolve_device(self.measurement.device)
-            protocol = self.measurement.protocol().for_device(device)
-            if protocol.reference_normalised and protocol.reference_ms is None:
-                protocol = protocol.model_copy(update={"reference_ms": calibrate_reference(device, protocol)})
-            self._setup = (device, protocol)
+            self._setup = resolve_timing(self.measurement)
         return self._setup
 
     def batch_size(self, task: ShardingTask) -> int:
