@@ -1,10 +1,12 @@
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
 
-from shardwise.costmodel import CostModel, NeuralCostModel, TrainConfig, train_cost_model
+from shardwise.costmodel import CostModel, ModelFileError, NeuralCostModel, TrainConfig, train_cost_model
 
 torch.set_num_threads(1)
 
@@ -65,11 +67,62 @@ def test_save_load_round_trip_gives_identical_predictions(trained, tmp_path):
 
 
 def test_load_refuses_a_directory_without_a_model(tmp_path):
-    with pytest.raises(FileNotFoundError, match="cost_model.json"):
+    with pytest.raises(ModelFileError, match="cost_model.json"):
         NeuralCostModel.load(tmp_path)
     (tmp_path / "cost_model.json").write_text('{"format": "other"}')
-    with pytest.raises(ValueError, match="field 'format'"):
+    with pytest.raises(ModelFileError, match="field 'format'"):
         NeuralCostModel.load(tmp_path)
+
+
+def _nan_first_weight(d):
+    tensors = torch.load(d / "weights.pt")
+    next(iter(tensors.values()))[0] = float("nan")
+    torch.save(tensors, d / "weights.pt")
+
+
+def _drop_tensor(d):
+    tensors = torch.load(d / "weights.pt")
+    del tensors[sorted(tensors)[-1]]
+    torch.save(tensors, d / "weights.pt")
+
+
+def _edit_config(edit):
+    def apply(d):
+        doc = json.loads((d / "cost_model.json").read_text())
+        edit(doc)
+        (d / "cost_model.json").write_text(json.dumps(doc))
+    return apply
+
+
+def _short_normaliser(doc):
+    for key in ("names", "mean", "std"):
+        doc["normaliser"][key] = doc["normaliser"][key][:-1]
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (_nan_first_weight, "NaN or infinite weights"),
+    (_drop_tensor, "missing"),
+    (lambda d: (d / "weights.pt").write_bytes((d / "weights.pt").read_bytes()[:500]), "cannot read the weights"),
+    (lambda d: (d / "weights.pt").unlink(), "cannot read the weights"),
+    (_edit_config(lambda doc: doc["network"].update(hidden=32)), "has shape"),
+    (_edit_config(lambda doc: doc["network"].update(hidden=True)), "'hidden' must be a positive integer"),
+    (_edit_config(_short_normaliser), "'normaliser.names' lists 20 features"),
+    (_edit_config(lambda doc: doc["normaliser"]["mean"].__setitem__(0, float("nan"))), "must be finite"),
+    (_edit_config(lambda doc: doc["meta"].pop("batch_size")), "missing field 'batch_size'"),
+    (_edit_config(lambda doc: doc["meta"].update(batch_size="512")), "'meta.batch_size' must be a positive"),
+    (_edit_config(lambda doc: doc["meta"].update(compute_log_offset=[1.0])), "list of 2 numbers"),
+    (lambda d: (d / "cost_model.json").write_text('{"format": "shardwise.costmodel/v2",'), "not a JSON"),
+    (lambda d: (d / "cost_model.json").write_bytes(b"\xff\xfe{}"), "not a JSON"),
+], ids=["nan-weight", "missing-tensor", "truncated-weights", "no-weights", "shape-mismatch", "bool-int",
+        "short-normaliser", "nan-normaliser", "missing-field", "string-int", "bad-offset", "broken-json",
+        "not-utf8"])
+def test_a_damaged_model_is_refused_on_load_naming_the_file_and_field(trained, tmp_path, damage, expected):
+    model, _ = trained
+    directory = model.save(tmp_path / "m")
+    damage(directory)
+    with pytest.raises(ModelFileError, match=expected) as err:
+        NeuralCostModel.load(directory)
+    assert str(directory) in str(err.value) and "\n" not in str(err.value)
 
 
 def test_predict_comm_any_number_of_devices_and_grows_with_width(trained):

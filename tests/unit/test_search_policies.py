@@ -5,6 +5,8 @@ directory through the method registry."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -150,3 +152,34 @@ def test_train_policy_dispatches_through_the_registry():
     assert policy.method == "autoshard" and len(history) == 2
     with pytest.raises(ValueError, match="'neuroshard' plans without a trained policy"):
         train_policy("neuroshard", COST_MODEL, tasks, seed=0)
+
+
+def _edit_policy_json(edit):
+    def apply(directory):
+        doc = json.loads((directory / "policy.json").read_text())
+        edit(doc)
+        (directory / "policy.json").write_text(json.dumps(doc))
+    return apply
+
+
+def _nan_weight(directory):
+    state = torch.load(directory / "weights.pt")
+    next(iter(state.values())).view(-1)[0] = float("nan")
+    torch.save(state, directory / "weights.pt")
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (_nan_weight, "NaN or infinite weights"),
+    (lambda d: (d / "weights.pt").write_bytes(b"not a zip"), "cannot read the weights"),
+    (_edit_policy_json(lambda doc: doc["config"].update(hidden=16)), "has shape"),
+    (_edit_policy_json(lambda doc: doc["config"].update(bogus=1)), "bogus"),
+    (_edit_policy_json(lambda doc: doc.update(config=[1, 2])), "expected a 'config' object"),
+    (lambda d: (d / "policy.json").write_text("{"), "not valid JSON"),
+], ids=["nan-weight", "not-a-zip", "shape-mismatch", "unknown-config-key", "config-not-object", "broken-json"])
+def test_a_damaged_policy_is_refused_naming_the_directory(method, tmp_path, damage, expected):
+    name, trained, _ = method
+    trained.save(tmp_path / "policy")
+    damage(tmp_path / "policy")
+    with pytest.raises(PolicyError, match=expected) as err:
+        make_searcher(name, policy=str(tmp_path / "policy"))
+    assert "policy" in str(err.value) and "\n" not in str(err.value)

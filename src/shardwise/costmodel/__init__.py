@@ -8,7 +8,7 @@ from .evaluate import (
     regression_metrics,
     torchrec_estimates,
 )
-from .model import ModelMeta, NetworkConfig, NeuralCostModel
+from .model import ModelFileError, ModelMeta, NetworkConfig, NeuralCostModel
 from .train import CostDataError, TrainConfig, TrainingReport, compute_samples, train_cost_model
 from .types import CostModel
 
@@ -16,6 +16,7 @@ __all__ = [
     "ComputeSamples",
     "CostDataError",
     "CostModel",
+    "ModelFileError",
     "ModelMeta",
     "NetworkConfig",
     "NeuralCostModel",

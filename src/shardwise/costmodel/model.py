@@ -4,7 +4,9 @@ with fast batched prediction and a plain on-disk format (weights state_dict + JS
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,18 +14,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardwise.errors import ShardwiseError
 from shardwise.workload import NUM_FEATURES, TableSpec
 
 from .features import (
     COMM_FEATURE_NAMES,
     NUM_COMM_FEATURES,
     NUM_WORK_CHANNELS,
+    TABLE_FEATURE_NAMES,
     FeatureNormaliser,
     TableFeatureCache,
     comm_features,
     network_inputs,
 )
-from .networks import CommNet, ComputeNet
+from .networks import CommNet, ComputeNet, load_checked_state
 
 #: v2: five work channels (unique rows and their bytes added), also fed to the per-table MLP
 MODEL_FORMAT = "shardwise.costmodel/v2"
@@ -31,6 +35,10 @@ CONFIG_FILE = "cost_model.json"
 WEIGHTS_FILE = "weights.pt"
 #: smallest cost the log targets represent (an all-to-all of nothing still takes a few microseconds)
 MIN_MS = 1e-4
+
+
+class ModelFileError(ShardwiseError, ValueError):
+    """A saved cost model that is missing, from another version, or damaged (names the file and the field)."""
 
 
 @dataclass(frozen=True)
@@ -200,40 +208,103 @@ class NeuralCostModel:
 
     @classmethod
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> NeuralCostModel:
-        """Read a model written by `save` (weights loaded with `weights_only=True`)."""
+        """Read a model written by `save` (weights loaded with `weights_only=True`), checking every field, every
+        tensor's shape and that weights and normalisers are finite: a damaged model never plans."""
         directory = Path(directory)
         config_path = directory / CONFIG_FILE
         if not config_path.is_file():
-            raise FileNotFoundError(f"{directory}: no {CONFIG_FILE} (not a saved shardwise cost model)")
-        doc = json.loads(config_path.read_text())
-        if doc.get("format") != MODEL_FORMAT:
-            raise ValueError(
-                f"{config_path}: field 'format' must be {MODEL_FORMAT!r}, got {doc.get('format')!r} "
+            raise ModelFileError(f"{directory}: no {CONFIG_FILE} (not a saved shardwise cost model)")
+        try:
+            doc = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+            raise ModelFileError(f"{config_path}: not a JSON cost-model config ({_first_line(err)})") from None
+        if not isinstance(doc, dict) or doc.get("format") != MODEL_FORMAT:
+            found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+            raise ModelFileError(
+                f"{config_path}: field 'format' must be {MODEL_FORMAT!r}, got {found!r} "
                 "(a model from another shardwise version: retrain it with `shardwise pretrain`)"
             )
-        config = NetworkConfig(**doc["network"])
-        meta_doc: Mapping[str, Any] = doc["meta"]
-        meta = ModelMeta(
-            hardware_kind=str(meta_doc["hardware_kind"]),
-            batch_size=int(meta_doc["batch_size"]),
-            reference_ms=None if meta_doc.get("reference_ms") is None else float(meta_doc["reference_ms"]),
-            compute_log_offset=_pair(meta_doc["compute_log_offset"]),
-            comm_log_offset=_pair(meta_doc["comm_log_offset"]),
-            info=dict(meta_doc.get("info") or {}),
-        )
-        tensors: dict[str, torch.Tensor] = torch.load(directory / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+        with _fields_of(config_path):
+            config = NetworkConfig(**{k: _positive_int(k, v) for k, v in doc["network"].items()})
+            meta_doc: Mapping[str, Any] = doc["meta"]
+            meta = ModelMeta(
+                hardware_kind=str(meta_doc["hardware_kind"]),
+                batch_size=_positive_int("meta.batch_size", meta_doc["batch_size"]),
+                reference_ms=None if meta_doc.get("reference_ms") is None
+                else _finite("meta.reference_ms", meta_doc["reference_ms"]),
+                compute_log_offset=_pair("meta.compute_log_offset", meta_doc["compute_log_offset"]),
+                comm_log_offset=_pair("meta.comm_log_offset", meta_doc["comm_log_offset"]),
+                info=dict(meta_doc.get("info") or {}),
+            )
+            normaliser = _normaliser("normaliser", doc["normaliser"], TABLE_FEATURE_NAMES)
+            comm_norm = (_normaliser("comm_normaliser", doc["comm_normaliser"], COMM_FEATURE_NAMES)
+                         if doc.get("comm_normaliser") else None)
+        weights_path = directory / WEIGHTS_FILE
+        try:
+            tensors = torch.load(weights_path, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError... for a bad file
+            raise ModelFileError(f"{weights_path}: cannot read the weights ({_first_line(err)})") from None
+        if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
+            raise ModelFileError(f"{weights_path}: expected a dict of tensors as written by `save`")
         compute_net = ComputeNet(NUM_FEATURES, config.hidden, config.layers, config.head_layers, NUM_WORK_CHANNELS)
-        compute_net.load_state_dict({k[8:]: v for k, v in tensors.items() if k.startswith("compute.")})
-        comm_net = comm_norm = None
-        if doc.get("comm_normaliser"):
+        comm_net = None
+        if comm_norm is not None:
             comm_net = CommNet(NUM_COMM_FEATURES, config.comm_hidden, config.comm_layers)
-            comm_net.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("comm.")})
-            comm_norm = FeatureNormaliser.from_json(doc["comm_normaliser"])
-            if comm_norm.names != COMM_FEATURE_NAMES:
-                raise ValueError(f"{config_path}: comm_normaliser features {comm_norm.names} are not {COMM_FEATURE_NAMES}")
-        model = cls(compute_net, FeatureNormaliser.from_json(doc["normaliser"]), meta, config, comm_net, comm_norm)
+        try:
+            load_checked_state(compute_net, tensors, "compute.")
+            if comm_net is not None:
+                load_checked_state(comm_net, tensors, "comm.")
+        except ValueError as err:
+            raise ModelFileError(f"{weights_path}: {err}") from None
+        model = cls(compute_net, normaliser, meta, config, comm_net, comm_norm)
         return model.to(device)
 
 
-def _pair(values: Sequence[float]) -> tuple[float, float]:
-    return float(values[0]), float(values[1])
+@contextmanager
+def _fields_of(path: Path) -> Iterator[None]:
+    """Turn a missing or mistyped config field into a ModelFileError naming `path` and the field."""
+    try:
+        yield
+    except KeyError as err:
+        raise ModelFileError(f"{path}: missing field {err.args[0]!r} (retrain with `shardwise pretrain`)") from None
+    except (TypeError, ValueError, AttributeError, IndexError) as err:
+        raise ModelFileError(f"{path}: {_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    """The first sentence of an error's message (torch's run on for lines)."""
+    text = str(err).strip().splitlines()
+    return text[0].split(". ")[0][:200] if text else type(err).__name__
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ModelFileError(f"field {name!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ModelFileError(f"field {name!r} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _pair(name: str, values: Any) -> tuple[float, float]:
+    if not isinstance(values, list | tuple) or len(values) != 2:
+        raise ModelFileError(f"field {name!r} must be a list of 2 numbers, got {values!r}")
+    return _finite(name, values[0]), _finite(name, values[1])
+
+
+def _normaliser(name: str, doc: Any, expected: Sequence[str]) -> FeatureNormaliser:
+    """A normaliser over exactly the features this version computes, with finite means and spreads."""
+    if not isinstance(doc, Mapping):
+        raise ModelFileError(f"field {name!r} must be an object with 'names', 'mean' and 'std'")
+    normaliser = FeatureNormaliser.from_json(doc)
+    if tuple(normaliser.names) != tuple(expected):
+        raise ModelFileError(
+            f"field '{name}.names' lists {len(normaliser.names)} features, this version computes "
+            f"{len(expected)} ({', '.join(expected[:3])}, ...): retrain with `shardwise pretrain`"
+        )
+    if not all(math.isfinite(v) for v in (*normaliser.mean, *normaliser.std)) or min(normaliser.std) < 0:
+        raise ModelFileError(f"field '{name}.mean'/'{name}.std' must be finite (std >= 0)")
+    return normaliser

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -65,3 +67,22 @@ class CommNet(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """[..., F] normalised features -> [..., 2] log ms (centred by the model's offset)."""
         return self.net(features)
+
+
+def load_checked_state(net: nn.Module, tensors: Mapping[str, torch.Tensor], prefix: str = "") -> None:
+    """Load `net`'s tensors stored under `prefix` in `tensors`; a ValueError names a missing, unexpected,
+    misshapen or non-finite tensor (a damaged file never loads half-way or predicts NaN)."""
+    own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+    expected = net.state_dict()
+    missing, extra = sorted(set(expected) - set(own)), sorted(set(own) - set(expected))
+    if missing or extra:
+        raise ValueError(f"tensors do not match the configured network (missing {[prefix + k for k in missing[:3]]}, "
+                         f"unexpected {[prefix + k for k in extra[:3]]})")
+    for key, tensor in own.items():
+        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(expected[key].shape):
+            shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise ValueError(f"tensor {prefix + key!r} has shape {shape}, the configured network needs "
+                             f"{tuple(expected[key].shape)}")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"tensor {prefix + key!r} holds NaN or infinite weights")
+    net.load_state_dict(own)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
 from shardwise.costmodel import NeuralCostModel, format_table, heldout_mape_pct
-from shardwise.costmodel.model import CONFIG_FILE
+from shardwise.costmodel.model import CONFIG_FILE, ModelFileError
 from shardwise.errors import ShardwiseError
 
 if TYPE_CHECKING:
@@ -80,6 +80,10 @@ class RegistryError(ShardwiseError):
     """A model, version or alias that cannot be found or loaded: names the URI, the store and what to do."""
 
 
+class StoreError(RegistryError):
+    """The tracking or registry store itself cannot be opened (a missing database driver, no answer)."""
+
+
 @dataclass(frozen=True)
 class Promotion:
     """Where a new version landed and the evidence that decided it (lower `metric` is better)."""
@@ -104,6 +108,11 @@ class LoggedRun:
 
 
 _CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+#: pip package that provides a missing database driver module (sqlalchemy's default drivers)
+_DRIVER_PACKAGES = {"psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient",
+                    "pymysql": "pymysql", "pyodbc": "pyodbc"}
 
 
 def redacted(uri: str) -> str:
@@ -198,7 +207,17 @@ class MlflowService:
     def _client(self) -> MlflowClient:
         from mlflow import MlflowClient  # heavy: only when talking to a store
 
-        return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
+        try:
+            return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
+        except ModuleNotFoundError as err:  # a database store whose driver is not installed
+            raise StoreError(
+                f"the MLflow store {self._stores()} needs the Python package {err.name!r}, which is not installed "
+                f"(pip install {_DRIVER_PACKAGES.get(str(err.name), err.name)})"
+            ) from None
+        except Exception as err:  # sqlalchemy's OperationalError and friends: the database did not answer
+            if type(err).__module__.startswith("sqlalchemy"):
+                raise StoreError(f"cannot open the MLflow store {self._stores()}: {redacted(_first_line(err))}") from None
+            raise
 
     # -- loading ------------------------------------------------------------------------------------------------
     def load(self, uri: str | Path, load_dir: Callable[[Path], T]) -> T:
@@ -501,7 +520,7 @@ def _find_cost_model_dir(root: Path) -> Path:
         return root
     found = sorted(root.rglob(CONFIG_FILE))
     if not found:
-        raise FileNotFoundError(f"{root}: no {CONFIG_FILE} found (not a shardwise cost model)")
+        raise ModelFileError(f"{root}: no {CONFIG_FILE} found (not a shardwise cost model)")
     if len(found) > 1:  # never pick one silently
         dirs = ", ".join(str(f.parent.relative_to(root)) for f in found[:4])
         raise RegistryError(f"{root}: {len(found)} cost models inside ({dirs}); pass the one you mean")

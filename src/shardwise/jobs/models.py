@@ -12,6 +12,7 @@ from shardwise.errors import ShardwiseError
 from shardwise.integrations.mlflow import (
     MlflowService,
     RegistryError,
+    StoreError,
     champion_uri,
     cost_model_name,
     policy_name,
@@ -60,6 +61,8 @@ def load_cost_model(
         return None, None
     try:
         return mlflow.load_cost_model(default, device=device or "cpu"), default
+    except StoreError:
+        raise
     except RegistryError:
         if required:
             raise ShardwiseError(how) from None

@@ -22,11 +22,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from shardwise.costmodel.networks import load_checked_state
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import NUM_FEATURES, ShardingTask
 
 from .placement import PlacementTask, legal_devices, masked_logits, prepare_task, select_device
-from .policy_files import read_policy, save_policy
+from .policy_files import checked_policy, read_policy, save_policy
 from .policy_search import PolicyOptions, policy_factory
 from .registry import MethodSpec, PolicyHooks, register_method
 from .threads import single_thread
@@ -231,8 +232,9 @@ class AutoShardPolicy:
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> AutoShardPolicy:
         """Read a policy written by `save`."""
         config_doc, state, provenance = read_policy(directory, METHOD)
-        policy = cls(AutoShardConfig(**config_doc), provenance=provenance)
-        policy.network.load_state_dict(state)
+        with checked_policy(directory):
+            policy = cls(AutoShardConfig(**config_doc), provenance=provenance)
+            load_checked_state(policy.network, state)
         return policy.to(device)
 
 

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from shardwise.costmodel.networks import load_checked_state
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import NUM_FEATURES, ShardingTask
 
@@ -33,7 +34,7 @@ from .placement import (
     select_device,
 )
 from .plan import PlanError
-from .policy_files import read_policy, save_policy
+from .policy_files import checked_policy, read_policy, save_policy
 from .policy_search import PolicyOptions, policy_factory
 from .registry import MethodSpec, PolicyHooks, register_method
 from .threads import single_thread
@@ -261,10 +262,11 @@ class DreamShardPolicy:
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> DreamShardPolicy:
         """Read a policy written by `save`."""
         config_doc, state, provenance = read_policy(directory, METHOD)
-        embedding_dim = int(config_doc.pop("cost_embedding_dim"))
-        policy = cls(DreamShardConfig(**config_doc), embedding_dim, provenance=provenance)
-        policy.cost_net.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("cost.")})
-        policy.policy_net.load_state_dict({k[7:]: v for k, v in state.items() if k.startswith("policy.")})
+        with checked_policy(directory):
+            embedding_dim = int(config_doc.pop("cost_embedding_dim"))
+            policy = cls(DreamShardConfig(**config_doc), embedding_dim, provenance=provenance)
+            load_checked_state(policy.cost_net, state, "cost.")
+            load_checked_state(policy.policy_net, state, "policy.")
         return policy.to(device)
 
 

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,9 @@ def _policy_doc(directory: Path) -> dict[str, Any]:
     if not meta.is_file():
         raise PolicyError(f"{directory}: no {POLICY_FILE} (not a saved shardwise policy)")
     try:
-        doc = json.loads(meta.read_text())
-    except json.JSONDecodeError as err:
-        raise PolicyError(f"{meta}: not valid JSON ({err})") from None
+        doc = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise PolicyError(f"{meta}: not valid JSON ({str(err)[:200]})") from None
     if not isinstance(doc, dict) or doc.get("format") != POLICY_FORMAT:
         found = doc.get("format") if isinstance(doc, dict) else None
         raise PolicyError(f"{meta}: field 'format' must be {POLICY_FORMAT!r}, got {found!r}")
@@ -74,5 +75,26 @@ def read_policy(directory: str | Path, method: str) -> tuple[dict[str, Any], dic
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise PolicyError(f"{directory}: no {WEIGHTS_FILE} beside {POLICY_FILE} (an incomplete policy directory)")
-    state = torch.load(weights, map_location="cpu", weights_only=True)
-    return dict(doc["config"]), state, dict(doc.get("provenance", {}))
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError... for a damaged file
+        raise PolicyError(f"{weights}: cannot read the weights ({str(err).split('. ')[0][:200]})") from None
+    if not isinstance(state, dict) or not isinstance(doc.get("config"), dict):
+        raise PolicyError(f"{directory}: expected a 'config' object in {POLICY_FILE} and a dict of tensors in "
+                          f"{WEIGHTS_FILE}, as `shardwise train-policy` writes them")
+    return dict(doc["config"]), state, dict(doc.get("provenance") or {})
+
+
+@contextmanager
+def checked_policy(directory: str | Path) -> Iterator[None]:
+    """Building a policy from its files: a config field or tensor that does not fit becomes a PolicyError
+    naming the directory (wrap the config parsing and `load_checked_state` calls in it)."""
+    try:
+        yield
+    except PolicyError:
+        raise
+    except KeyError as err:
+        raise PolicyError(f"{directory}: field {err.args[0]!r} missing from {POLICY_FILE}'s config") from None
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise PolicyError(f"{directory}: {str(err).splitlines()[0][:200] if str(err) else type(err).__name__} "
+                          "(retrain with `shardwise train-policy`)") from None
