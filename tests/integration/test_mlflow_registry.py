@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import boto3
 import numpy as np
 import pytest
 import torch
+import yaml
 from moto.server import ThreadedMotoServer
 
 from shardwise.costmodel import TrainConfig, train_cost_model
@@ -67,6 +69,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _manifest_allowed_hosts() -> str:
+    manifest = Path(__file__).resolve().parents[2] / "manifests" / "mlflow.yaml"
+    deployment = next(d for d in yaml.safe_load_all(manifest.read_text()) if d and d["kind"] == "Deployment")
+    (server,) = deployment["spec"]["template"]["spec"]["containers"]
+    return next(v["value"] for v in server["env"] if v["name"] == "MLFLOW_SERVER_ALLOWED_HOSTS")
+
+
 @pytest.fixture(scope="module")
 def s3_tracking_server(tmp_path_factory):
     """`mlflow server` on loopback, sqlite backend, artifacts proxied to a bucket on moto's S3 server."""
@@ -80,7 +89,9 @@ def s3_tracking_server(tmp_path_factory):
                       region_name="us-east-1")
     s3.create_bucket(Bucket=BUCKET)
     server_port = _free_port()
-    env = {**os.environ, **creds, "MLFLOW_S3_ENDPOINT_URL": endpoint}
+    # the Host names the deployed server accepts, as manifests/mlflow.yaml sets them
+    env = {**os.environ, **creds, "MLFLOW_S3_ENDPOINT_URL": endpoint,
+           "MLFLOW_SERVER_ALLOWED_HOSTS": _manifest_allowed_hosts()}
     env.pop("MLFLOW_TRACKING_URI", None)
     log = (tmp / "server.log").open("w")
     proc = subprocess.Popen(
@@ -265,3 +276,17 @@ def test_load_cost_model_names_a_missing_source_and_store(tmp_path, named_store)
     assert uri in message and "models:/shardwise-cost-cpu@champion" in message and "make run" in message
     assert "shardwise pretrain" in message and "\n" not in message
     assert not (tmp_path / "reg.db").exists() and not (cwd / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("host, status", [("shardwise-mlflow:5000", 200), ("shardwise-mlflow.kubeflow:5000", 200),
+                                          ("attacker.example:5000", 403)])
+def test_the_server_answers_the_host_names_the_pipeline_uses_and_refuses_others(s3_tracking_server, host, status):
+    """MLflow 3.17 answers 403 "Invalid Host header" outside localhost unless the manifest's allowed hosts list it."""
+    url, _ = s3_tracking_server
+    request = urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1", headers={"Host": host})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            answered = resp.status
+    except urllib.error.HTTPError as err:
+        answered = err.code
+    assert answered == status

@@ -7,6 +7,7 @@ every request, so the tests check what a cluster would receive.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
@@ -150,3 +151,44 @@ def test_run_needs_local_and_refuses_unknown_arguments_before_running(tmp_path, 
     assert main(["pipeline", "run", "--local", "--workdir", str(tmp_path), "--arg", "gpus=2"]) == 2
     assert "pipeline argument 'gpus' is unknown" in capsys.readouterr().err
     assert not (tmp_path / "pipeline_root").exists()
+
+
+class Garbage(BaseHTTPRequestHandler):
+    """Something that is not the KFP API: 200 and an HTML page to every request."""
+
+    def _garbage(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<html>not kubeflow</html>")
+
+    do_GET = do_POST = _garbage
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("verb", [["submit"], ["schedule", "--cron", "0 3 * * *"]])
+def test_an_unreachable_or_wrong_host_is_one_line_with_credentials_redacted(verb, capsys):
+    host = f"http://ci:hunter2@127.0.0.1:{_closed_port()}"
+    assert main(["pipeline", *verb, "--host", host, "--preset", "smoke"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "127.0.0.1" in err and "hunter2" not in err
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Garbage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert main(["pipeline", *verb, "--host", f"http://127.0.0.1:{server.server_address[1]}",
+                     "--preset", "smoke"]) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a Kubeflow Pipelines API" in err

@@ -11,6 +11,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from shardwise import __version__
 from shardwise.errors import ShardwiseError
@@ -36,9 +37,17 @@ DESCRIPTION = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake reported like every other error: one line, exit 2 (the usage is in --help;
+    subcommand parsers inherit this class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     """The parser with every verb listed; `verb`'s options (or every verb's, with "all") filled in."""
-    parser = argparse.ArgumentParser(prog="shardwise", description=DESCRIPTION)
+    parser = _Parser(prog="shardwise", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"shardwise {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of a failure (default: one line); may follow the verb too")

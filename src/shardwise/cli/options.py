@@ -147,6 +147,10 @@ def settings_values(settings_type: type[BaseModel], args: argparse.Namespace) ->
         moved = {k: values.pop(k) for k in list(values) if k in model.model_fields and k not in fields}
         if moved:
             values[name] = {**dict(values.get(name) or {}), **moved}
+    unknown = sorted(k for k in values if k not in fields)
+    if unknown:
+        raise UsageError(f"--config {args.config}: {', '.join(map(repr, unknown))} not a setting here; settings: "
+                         f"{', '.join(sorted(fields))}")
     for dest, value in vars(args).items():
         head, sep, sub = dest.partition(_NESTED)
         if sep and head in nested:

@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 
 from shardwise.costmodel import NeuralCostModel, format_table, heldout_mape_pct
 from shardwise.costmodel.model import CONFIG_FILE, ModelFileError
-from shardwise.errors import ShardwiseError
+from shardwise.errors import ShardwiseError, redacted
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -107,17 +107,11 @@ class LoggedRun:
     promotion: Promotion | None
 
 
-_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
 
 
 #: pip package that provides a missing database driver module (sqlalchemy's default drivers)
 _DRIVER_PACKAGES = {"psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient",
                     "pymysql": "pymysql", "pyodbc": "pyodbc"}
-
-
-def redacted(uri: str) -> str:
-    """`uri` with any user:password@ removed, for messages and logs (secrets never appear in output)."""
-    return _CREDENTIALS.sub("***@", uri)
 
 
 def _how_to_register(name: str | None) -> str:

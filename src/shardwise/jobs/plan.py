@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from shardwise.integrations.mlflow import MlflowService
-from shardwise.profiling import MeasurementSettings
+from shardwise.profiling import DeviceName, MeasurementSettings
 from shardwise.search import Plan, PlanError, Searcher, format_plan, get_method, make_searcher, save_plan
 from shardwise.workload import load_task
 
@@ -28,7 +28,7 @@ class PlanSettings(JobSettings):
     tracking_uri: str | None = Field(
         default=None, description="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
     )
-    device: str | None = Field(
+    device: DeviceName = Field(
         default=None, description="hardware the plan is for (cpu, cuda): picks the default cost model "
         "(default: cuda if available)",
     )

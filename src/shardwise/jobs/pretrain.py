@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from shardwise.costmodel import TrainConfig, format_table, train_cost_model
 from shardwise.integrations.mlflow import MlflowService
-from shardwise.profiling import load_costs
+from shardwise.profiling import check_device_name, load_costs
 from shardwise.workload import load_tables
 
 from .base import JobResult, JobSettings
@@ -34,7 +34,7 @@ class PretrainSettings(JobSettings):
         default=None, description="shard sizes kept out of training and reported separately (default: one picked)",
         json_schema_extra={"nargs": "*"},
     )
-    device: str = Field(default=_TRAIN["device"].default, description="torch device to train on (cpu, cuda)")
+    device: Annotated[str, AfterValidator(check_device_name)] = Field(default=_TRAIN["device"].default, description="torch device to train on (cpu, cuda)")
     tracking_uri: str | None = Field(
         default=None, description="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
     )

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shardwise.errors import ShardwiseError
-from shardwise.profiling import ProfileSettings, TimingProtocol, load_costs, noise_floor, profile
+from shardwise.profiling import DeviceName, ProfileSettings, TimingProtocol, load_costs, noise_floor, profile
 from shardwise.workload import Optimizer, WeightsPrecision, load_tables, read_dlrm_dataset
 
 from .base import JobResult, JobSettings
@@ -29,7 +29,7 @@ class ProfileJobSettings(JobSettings):
     repeat_shards: int = Field(default=_PROFILER["repeat_shards"].default, ge=0,
                                description="how many shards get repeats")
     seed: int = 0
-    device: str | None = Field(default=None, description="cpu, cuda, cuda:N (default: cuda when present)")
+    device: DeviceName = Field(default=None, description="cpu, cuda, cuda:N (default: cuda when present)")
     batch_size: int | None = Field(default=None, ge=1, description="default: the table file's batch size")
     optimizer: Optimizer = _PROFILER["optimizer"].default
     weights_precision: WeightsPrecision = _PROFILER["weights_precision"].default
@@ -43,6 +43,12 @@ class ProfileJobSettings(JobSettings):
     no_reference_normalisation: bool = Field(
         default=False, description="report raw medians (normalisation is on by default on CPU, off on CUDA)"
     )
+
+    @model_validator(mode="after")
+    def _measures_something(self) -> ProfileJobSettings:
+        if self.num_shards == 0 and self.comm_layouts == 0:
+            raise ValueError("num_shards and comm_layouts are both 0: nothing to measure")
+        return self
 
 
 class ProfileResult(JobResult):

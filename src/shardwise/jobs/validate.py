@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import Field
 
 from shardwise.evaluation import DLRMThroughput, measure_dlrm_throughput
+from shardwise.profiling import DeviceName
 
 from .base import JobResult, JobSettings
 from .evaluate import load_task_and_plans
@@ -23,7 +24,7 @@ class ValidateSettings(JobSettings):
     warmup: int = Field(default=5, ge=0, description="warm-up iterations (not timed)")
     seed: int = 0
     out: str | None = Field(default=None, description="write the throughput results as JSON here")
-    device: str | None = Field(default=None, description="cpu, cuda, cuda:N (default: cuda when present)")
+    device: DeviceName = Field(default=None, description="cpu, cuda, cuda:N (default: cuda when present)")
     batch_size: int | None = Field(default=None, ge=1,
                                    description="global batch (default: the task's; on CPU at most 4096)")
 

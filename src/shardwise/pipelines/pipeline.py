@@ -33,6 +33,10 @@ SECRET_NAME = "shardwise-s3"
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 CONFIG_MAP_NAME = "shardwise-config"
 CONFIG_MAP_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
+#: the label that admits a pod to MLflow (manifests/networkpolicy.yaml): every pipeline step carries it
+MLFLOW_CLIENT_LABEL = "shardwise.io/mlflow-client"
+#: the image's non-root user (Dockerfile)
+IMAGE_UID = 10001
 GPU_RESOURCE = "nvidia.com/gpu"
 # The label NVIDIA's GPU feature discovery puts on nodes, e.g. "NVIDIA-H100-80GB-HBM3".
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -43,6 +47,8 @@ __all__ = [
     "GPU_PRODUCT_LABEL",
     "GPU_RESOURCE",
     "IMAGE",
+    "IMAGE_UID",
+    "MLFLOW_CLIENT_LABEL",
     "PIPELINE_NAME",
     "SECRET_KEYS",
     "SECRET_NAME",
@@ -51,7 +57,10 @@ __all__ = [
 
 
 def _with_cluster_settings(task: dsl.PipelineTask) -> dsl.PipelineTask:
-    """S3 credentials from the secret, MLflow and S3 endpoints from the config map."""
+    """S3 credentials from the secret, MLflow and S3 endpoints from the config map, the label the MLflow network
+    policy admits, and the image's non-root user (the compiler adds no privilege escalation, drop ALL)."""
+    kubernetes.add_pod_label(task, label_key=MLFLOW_CLIENT_LABEL, label_value="true")
+    kubernetes.set_security_context(task, run_as_user=IMAGE_UID, run_as_non_root=True)
     kubernetes.use_secret_as_env(task, secret_name=SECRET_NAME, secret_key_to_env={k: k for k in SECRET_KEYS})
     kubernetes.use_config_map_as_env(
         task, config_map_name=CONFIG_MAP_NAME, config_map_key_to_env={k: k for k in CONFIG_MAP_KEYS}

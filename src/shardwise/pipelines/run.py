@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,12 @@ from typing import IO, Any
 
 from kfp import Client, compiler, local
 
-from shardwise.errors import ShardwiseError
+from shardwise.errors import ShardwiseError, redacted
 from shardwise.jobs.models import store_uri
+from shardwise.search import get_method
 
 from . import components
-from .params import PipelineParams
+from .params import PipelineArgumentError, PipelineParams
 from .pipeline import build_pipeline
 
 
@@ -182,11 +184,21 @@ def _console_to_log(log_path: Path) -> Iterator[None]:
         os.close(saved_err)
 
 
+def _check_method(params: PipelineParams) -> None:
+    """A search method this installation has, checked before anything runs or is submitted (PipelineParams
+    checks only the name's shape: the registry needs torch)."""
+    try:
+        get_method(params.search_method)
+    except ShardwiseError as err:
+        raise PipelineArgumentError(f"search_method: {err}") from None
+
+
 def run_local(
     workdir: str | Path, params: PipelineParams, *, tracking_uri: str | None = None, verbose: bool = False
 ) -> LocalRunResult:
     """Run the pipeline through kfp.local in this environment (CPU, the default embedded MLflow store); the steps'
     output goes to `workdir/pipeline.log` (to the terminal with `verbose`)."""
+    _check_method(params)
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     args = params.model_dump()
@@ -231,7 +243,17 @@ def _client(host: str, namespace: str | None = None, existing_token: str | None 
     kwargs: dict[str, Any] = {"host": host, "existing_token": existing_token}
     if namespace:
         kwargs["namespace"] = namespace
-    return Client(**kwargs)
+    with warnings.catch_warnings():  # kfp warns on every client that it needs a v2 API: we target v2 anyway
+        warnings.simplefilter("ignore", FutureWarning)
+        return Client(**kwargs)
+
+
+def _answered_id(host: str, what: str, value: Any) -> str:
+    """An id the API returned; an answer without one means `host` is not a Kubeflow Pipelines API."""
+    if not value:
+        raise PipelineRunError(f"{redacted(host)} answered without {what}: not a Kubeflow Pipelines API? "
+                               "(check --host: the KFP UI/API address, e.g. http://ml-pipeline-ui.kubeflow)")
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -242,11 +264,33 @@ class Submitted:
     run_id: str
 
 
+@contextlib.contextmanager
+def _api_errors(host: str) -> Iterator[None]:
+    """A Kubeflow Pipelines API that cannot be reached, refuses us or answers garbage: one line naming the host
+    (credentials redacted), not the HTTP stack's traceback."""
+    try:
+        yield
+    except ShardwiseError:
+        raise
+    except Exception as err:
+        package = type(err).__module__.split(".")[0]
+        if package not in ("urllib3", "requests", "kfp", "kfp_server_api", "http", "socket", "ssl", "json") \
+                and not isinstance(err, (OSError, ValueError)):
+            raise
+        detail = redacted(str(err).strip().splitlines()[0][:300]) if str(err).strip() else type(err).__name__
+        raise PipelineRunError(
+            f"Kubeflow Pipelines API at {redacted(host)}: {type(err).__name__}: {detail} "
+            "(check --host, that the API answers there, and the token)"
+        ) from None
+
+
 def _experiment(host: str, namespace: str | None, token: str | None, name: str) -> tuple[Any, str]:
     """A client of the KFP API at `host` and the id of experiment `name` (created if absent)."""
-    client = _client(host, namespace, token)
-    # create_experiment returns the existing experiment of that name, if any
-    return client, str(client.create_experiment(name=name, namespace=namespace).experiment_id)
+    with _api_errors(host):
+        client = _client(host, namespace, token)
+        # create_experiment returns the existing experiment of that name, if any
+        found = client.create_experiment(name=name, namespace=namespace)
+    return client, _answered_id(host, "an experiment id", getattr(found, "experiment_id", None))
 
 
 @contextlib.contextmanager
@@ -268,8 +312,9 @@ def submit(
     existing_token: str | None = None,
 ) -> Submitted:
     """Compile the pipeline and start one run of it on the Kubeflow Pipelines API at `host`."""
+    _check_method(params)
     client, experiment_id = _experiment(host, namespace, existing_token, experiment)
-    with _package(gpu_product) as package:
+    with _package(gpu_product) as package, _api_errors(host):
         run = client.run_pipeline(
             experiment_id=experiment_id,
             job_name=run_name,
@@ -277,7 +322,7 @@ def submit(
             params=params.model_dump(),
             service_account=service_account,
         )
-    return Submitted(experiment_id=experiment_id, run_id=str(run.run_id))
+    return Submitted(experiment_id=experiment_id, run_id=_answered_id(host, "a run id", getattr(run, "run_id", None)))
 
 
 def schedule(
@@ -294,6 +339,7 @@ def schedule(
     existing_token: str | None = None,
 ) -> Submitted:
     """Create a recurring run of the pipeline on a cron schedule (KFP's 6-field cron: seconds first)."""
+    _check_method(params)
     fields = cron.split()
     if len(fields) not in (5, 6):
         raise ShardwiseError(f"cron '{cron}': expected 5 or 6 fields (KFP's cron has seconds first)")
@@ -301,7 +347,7 @@ def schedule(
         # KFP's scheduler reads seconds first; a standard 5-field cron runs at second 0
         cron = "0 " + cron
     client, experiment_id = _experiment(host, namespace, existing_token, experiment)
-    with _package(gpu_product) as package:
+    with _package(gpu_product) as package, _api_errors(host):
         job = client.create_recurring_run(
             experiment_id=experiment_id,
             job_name=job_name,
@@ -312,4 +358,5 @@ def schedule(
             pipeline_package_path=package,
             service_account=service_account,
         )
-    return Submitted(experiment_id=experiment_id, run_id=str(job.recurring_run_id))
+    return Submitted(experiment_id=experiment_id,
+                     run_id=_answered_id(host, "a recurring run id", getattr(job, "recurring_run_id", None)))

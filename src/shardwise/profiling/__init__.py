@@ -2,7 +2,7 @@
 
 from .comm import CommTiming, measure_all_to_all, measure_all_to_all_many
 from .dataset import append_rows, load_costs, noise_floor
-from .hardware import hardware_info, hardware_kind, resolve_device
+from .hardware import DeviceName, check_device_name, hardware_info, hardware_kind, resolve_device
 from .kernel import ShardTiming, calibrate_reference, measure_shard, resolve_timing
 from .protocol import MeasurementSettings, TimingProtocol
 from .runner import ProfileSettings, ProfileSummary, profile
@@ -28,6 +28,8 @@ __all__ = [
     "noise_floor",
     "profile",
     "resolve_device",
+    "DeviceName",
+    "check_device_name",
     "resolve_timing",
     "sample_comm_layouts",
     "sample_shard_configs",

@@ -9,7 +9,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from .hardware import resolve_device
+from .hardware import DeviceName, resolve_device
 
 # Defaults of a plan measurement, each tied to what it was measured against:
 #: interleaved kernel timings per device shard, median per device: one timing of a shard swings by 20% on a
@@ -65,7 +65,7 @@ class MeasurementSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    device: str | None = Field(default=None, description="cpu, cuda, cuda:N (default: cuda when present)")
+    device: DeviceName = Field(default=None, description="cpu, cuda, cuda:N (default: cuda when present)")
     batch_size: int | None = Field(
         default=None, ge=1, description="measure at this batch (default: the cost model's, else the task's)"
     )

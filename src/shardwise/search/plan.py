@@ -24,10 +24,11 @@ class Shard(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    table: str
-    col_offset: int = Field(ge=0)
-    dim: int = Field(ge=1)
-    device: int = Field(ge=0)
+    # strict: a plan file saying "dim": "16" or "device": true is wrong, not a number to guess at
+    table: str = Field(strict=True)
+    col_offset: int = Field(ge=0, strict=True)
+    dim: int = Field(ge=1, strict=True)
+    device: int = Field(ge=0, strict=True)
 
     def spec(self, table: TableSpec) -> TableSpec:
         """The column slice as a table of its own (whole tables keep their name)."""
@@ -42,7 +43,7 @@ class Plan(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     format: str = PLAN_FORMAT
-    num_devices: int = Field(ge=1)
+    num_devices: int = Field(ge=1, strict=True)
     shards: tuple[Shard, ...]
     method: str = "unknown"
     extra: dict[str, Any] = Field(default_factory=dict)
