@@ -140,3 +140,14 @@ def test_model_without_comm_data_says_so():
     assert not model.has_comm
     with pytest.raises(ValueError, match="no communication network"):
         model.predict_comm(np.ones((1, 2)), np.zeros((1, 2)))
+
+
+def test_predictions_far_outside_the_training_range_stay_finite(trained):
+    """Shards far outside the training range extrapolate the log target wildly (a tiny model predicted inf ms for
+    10^8-row tables): capped, never inf, since search and policy training sum and divide costs."""
+    model, report = trained
+    summed = model.table_embeddings(list(report.test.shards[0])).sum(axis=0)
+    extreme = np.stack([summed * scale for scale in (1.0, 1e3, 1e6)]).astype(np.float32)
+    costs = model.compute_from_embeddings(extreme)
+    assert np.all(np.isfinite(costs)) and np.all(costs > 0)
+    assert np.all(np.isfinite(model.predict_comm(np.array([[10**9, 0]]), np.array([[1e9, 0.0]]))))

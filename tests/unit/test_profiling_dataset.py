@@ -221,3 +221,26 @@ def test_a_path_that_cannot_hold_a_dataset_is_refused(tmp_path: Path) -> None:
     assert load_stored(tmp_path / "absent") is None
     (tmp_path / "empty").mkdir()
     assert load_stored(tmp_path / "empty") is None  # a dataset directory no writer has added to yet
+
+
+def test_a_killed_writers_temporary_part_is_removed_by_the_next_writer(tmp_path: Path) -> None:
+    """A SIGKILL between writing and renaming leaves `.part-*.tmp`: readers skip it, the next writer deletes it
+    when its process is dead (or it is old), and leaves a live writer's alone."""
+    from shardwise.profiling.dataset import STALE_TEMP_PART_S, _host, prepare_dataset
+
+    data = tmp_path / "costs"
+    data.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    orphan = data / f".part-{time.time_ns():020d}-{_host()}-{dead_pid}-0123456789ab.parquet.tmp"
+    live = data / f".part-{time.time_ns():020d}-{_host()}-{os.getpid()}-0123456789ab.parquet.tmp"
+    elsewhere = data / f".part-{time.time_ns():020d}-otherhost-{dead_pid}-0123456789ab.parquet.tmp"
+    old = data / f".part-{time.time_ns():020d}-otherhost-1-0123456789ab.parquet.tmp"
+    for tmp in (orphan, live, elsewhere, old):
+        tmp.write_bytes(b"half a parquet file")
+    os.utime(old, (time.time() - 2 * STALE_TEMP_PART_S,) * 2)
+
+    prepare_dataset(data)
+
+    assert not orphan.exists() and not old.exists()
+    assert live.exists() and elsewhere.exists()  # a writer that may still be running keeps its file

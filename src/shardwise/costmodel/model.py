@@ -35,6 +35,10 @@ CONFIG_FILE = "cost_model.json"
 WEIGHTS_FILE = "weights.pt"
 #: smallest cost the log targets represent (an all-to-all of nothing still takes a few microseconds)
 MIN_MS = 1e-4
+#: largest log-cost a prediction may have: exp() of an extrapolated log target overflows float32 (inf) for tables
+#: far outside the training range (10^8 rows x 512 columns on a model profiled on CPU-sized tables); 10^9 ms is
+#: already absurd, and finite sums keep search and policy training working (bench_memory_property.py found it)
+MAX_LOG_MS = math.log(1e9)
 
 
 class ModelFileError(ShardwiseError, ValueError):
@@ -155,7 +159,7 @@ class NeuralCostModel:
         return self._ms_from_summed(s).cpu().numpy()
 
     def _ms_from_summed(self, summed: torch.Tensor) -> torch.Tensor:
-        ms = torch.exp(self.compute_net.head_log_ms(summed) + self._compute_offset)
+        ms = torch.exp((self.compute_net.head_log_ms(summed) + self._compute_offset).clamp(max=MAX_LOG_MS))
         empty = summed[:, -1:] < 0.5  # the count channel: a device with no tables computes nothing
         return torch.where(empty, torch.zeros_like(ms), ms)
 
@@ -184,7 +188,7 @@ class NeuralCostModel:
             )
         feats = self.comm_normaliser(comm_features(widths, compute_ms))
         out = self.comm_net(torch.from_numpy(feats).to(self.device)) + self._comm_offset
-        return torch.exp(out).cpu().numpy().astype(np.float64)
+        return torch.exp(out.clamp(max=MAX_LOG_MS)).cpu().numpy().astype(np.float64)
 
     # -- persistence -------------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:

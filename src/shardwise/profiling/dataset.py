@@ -115,9 +115,44 @@ def interrupts_deferred(note: str | None = None) -> Iterator[list[int]]:
         raise KeyboardInterrupt(f"signal {caught[0]}")
 
 
+#: a temporary part older than this is a writer's leftover whatever host wrote it (a part takes seconds to write)
+STALE_TEMP_PART_S = 3600.0
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:40] or "host"
+
+
 def _part_name() -> str:
-    host = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:40] or "host"
-    return f"{PART_PREFIX}{time.time_ns():020d}-{host}-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
+    return f"{PART_PREFIX}{time.time_ns():020d}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def remove_stale_temp_parts(path: Path) -> int:
+    """Delete the hidden `.part-*.tmp` files a killed writer left (readers skip them, nothing else would remove
+    them): those of a dead process on this host, and any older than STALE_TEMP_PART_S. Returns how many."""
+    removed = 0
+    for tmp in path.glob(f".{PART_PREFIX}*.tmp"):
+        tokens = tmp.name.removeprefix(f".{PART_PREFIX}").removesuffix(".parquet.tmp").split("-")
+        try:
+            stale = time.time() - tmp.stat().st_mtime > STALE_TEMP_PART_S
+            if not stale and len(tokens) >= 4 and "-".join(tokens[1:-2]) == _host() and tokens[-2].isdigit():
+                stale = not _pid_alive(int(tokens[-2]))
+            if stale:
+                tmp.unlink()
+                removed += 1
+        except OSError:  # another writer removed it first, or it finished and renamed it
+            continue
+    return removed
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -194,6 +229,7 @@ def prepare_dataset(path: str | Path) -> bool:
             for _ in range(10):
                 _recover_conversions(path)
                 if path.is_dir():
+                    remove_stale_temp_parts(path)
                     return converted
                 if path.exists():
                     if _convert_single_file(path):

@@ -1,0 +1,60 @@
+"""A sample of benchmarks/bench_memory_property.py in the suite: random tasks from tiny to huge tables through
+every method (NeuroShard, the trained policies and TorchRec's planner included), each plan checked by the
+benchmark's own arithmetic, not by `validate_plan`. The full 10,000-task run is the benchmark."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardwise.search import Plan, Shard
+from shardwise.workload import ShardingTask, TableSpec
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_memory_property.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_memory_property", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_memory_property"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_no_method_emits_a_plan_over_memory_or_mis_tiled_and_every_refusal_says_why(bench):
+    tallies = bench.run(30, seed=3, max_tables=40, max_devices=16, progress=False)
+    assert {"neuroshard", "size_greedy", "torchrec", "dreamshard", "autoshard"} <= set(tallies)
+    for name, tally in tallies.items():
+        assert tally.ok(), (name, tally)
+        assert tally.plans > 0, f"{name} planned nothing: the sample does not exercise it"
+    # the sample spans feasible and infeasible tasks, so both branches of the property are exercised
+    assert any(t.refused_feasible or t.plans < t.tasks for t in tallies.values())
+
+
+def test_the_independent_check_catches_a_plan_over_memory_and_a_mis_tiled_plan(bench):
+    table = TableSpec(name="t", rows=1000, dim=16, pooling_factor=2.0)
+    need = bench.device_bytes([(1000, 16)], 512, "rowwise_adagrad", "fp32")
+    task = ShardingTask(tables=[table], num_devices=2, batch_size=512, device_memory_bytes=need)
+    whole = Plan(num_devices=2, shards=(Shard(table="t", col_offset=0, dim=16, device=0),))
+    assert bench.check_plan(whole, task) == (False, False)
+    tight = task.model_copy(update={"device_memory_bytes": need - 1})
+    assert bench.check_plan(whole, tight) == (True, False)
+    gap = Plan(num_devices=2, shards=(Shard(table="t", col_offset=0, dim=8, device=0),
+                                      Shard(table="t", col_offset=12, dim=4, device=1)))
+    assert bench.check_plan(gap, task)[1] is True
+    overlap = Plan(num_devices=2, shards=(Shard(table="t", col_offset=0, dim=16, device=0),
+                                          Shard(table="t", col_offset=0, dim=16, device=1)))
+    assert bench.check_plan(overlap, task)[1] is True
+
+
+def test_the_task_space_reaches_tiny_and_huge_tables(bench):
+    rng = np.random.default_rng(0)
+    tasks = [bench.random_task(rng, i) for i in range(40)]
+    rows = [t.rows for task in tasks for t in task.tables]
+    assert min(rows) < 100 and max(rows) > 10**7
+    assert min(t.num_devices for t in tasks) < 8 and max(t.num_devices for t in tasks) > 100
