@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 from search_doubles import FeatureCostModel, random_task
@@ -36,7 +38,8 @@ def test_baselines_never_return_a_plan_over_memory(method, slack):
 
 
 def test_greedy_balances_its_key_better_than_random():
-    for key, of in [("size", lambda t, task: shard_state_bytes(t, task)), ("lookup", lambda t, _: t.dim * t.pooling_factor)]:
+    for key, of in [("size", lambda t, task: shard_state_bytes(t, task)), ("lookup", lambda t, _: t.dim * t.pooling_factor),
+                    ("size_lookup", lambda t, _: t.dim * t.pooling_factor * math.log10(t.rows))]:
         greedy_spread, random_spread = [], []
         for seed in range(5):
             task = random_task(seed, 40, 4, memory_slack=3.0)

@@ -3,6 +3,7 @@ import pytest
 from search_doubles import FeatureCostModel
 
 from shardwise.search import Plan, Shard, ShardCostCache, device_specs, simulate
+from shardwise.search.simulator import balance_bound
 from shardwise.workload import ShardingTask, TableSpec
 
 TASK = ShardingTask(
@@ -64,3 +65,20 @@ def test_a_model_without_communication_data_predicts_no_comm():
     model.has_comm = False  # like a NeuralCostModel trained on compute rows only
     cost = simulate(PLAN, TASK, model)
     assert not cost.comm_fwd_ms.any() and not cost.comm_bwd_ms.any()
+
+
+def test_the_balance_bound_is_below_every_placement_and_reached_only_when_balanced():
+    """The bound (all shards fused / devices, or the largest shard) is at most the slowest device's compute in
+    any placement of the same shards; a plan with everything on one device is far above it."""
+    model = FeatureCostModel()
+    bound = balance_bound(PLAN, TASK, model, simulate(PLAN, TASK, model))
+    assert bound.bound_ms == max(bound.fused_per_device_ms, bound.largest_shard_ms) > 0
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        moved = Plan(num_devices=3, shards=tuple(s.model_copy(update={"device": int(rng.integers(3))})
+                                                  for s in PLAN.shards))
+        slowest = simulate(moved, TASK, model).compute_ms.max()
+        assert slowest >= bound.bound_ms * (1 - 1e-9)
+    piled = Plan(num_devices=3, shards=tuple(s.model_copy(update={"device": 0}) for s in PLAN.shards))
+    piled_bound = balance_bound(piled, TASK, model, simulate(piled, TASK, model)).to_json()
+    assert piled_bound["compute_over_bound"] > 1.5

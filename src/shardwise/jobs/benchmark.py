@@ -115,7 +115,7 @@ def run(settings: BenchmarkSettings, *, mlflow: MlflowService | None = None) -> 
     if tracking or mlflow is not None:
         metrics = {f"{r['task_set']}.{r['method']}.{key}": r[key] for r in rows for key in _METRICS
                    if isinstance(r.get(key), int | float)}
-        params = {**settings.model_dump(mode="json", exclude={"measurement"}), "methods": ",".join(methods),
+        params = {**settings.model_dump(mode="json", exclude={"measurement", "tracking_uri"}), "methods": ",".join(methods),
                   "batch_size": measurement.batch_size, "task_sets": [s.model_dump() for s in specs]}
         run_id = service.log_run(experiment=EXPERIMENT, run_name="benchmark", params=params, metrics=metrics,
                                  artifacts_dir=settings.out, artifact_path="benchmark")

@@ -10,7 +10,7 @@ from shardwise.costmodel.types import CostModel
 from shardwise.workload import ShardingTask
 
 from .plan import GIB, Plan, plan_memory_bytes, validate_plan
-from .simulator import ShardCostCache, simulate
+from .simulator import ShardCostCache, balance_bound, simulate
 
 
 def finish_plan(
@@ -56,6 +56,7 @@ def finish_plan(
         cost = simulate(plan, task, cost_model, cache)
         predicted = cost.to_json()
         extra["predicted"] = predicted
+        extra["balance_bound"] = balance_bound(plan, task, cost_model, cost).to_json()
         extra["provenance"]["cost_model"] = {
             "hardware_kind": cost_model.hardware_kind,
             "batch_size": cost_model.batch_size,
@@ -88,6 +89,12 @@ def format_plan(plan: Plan) -> str:
             f"predicted plan cost (slowest device) {predicted['max_cost_ms']:.3f} ms, "
             f"imbalance (max/mean) {predicted['imbalance']:.3f}"
         )
+        bound = extra.get("balance_bound")
+        if bound:
+            lines.append(
+                f"balance bound {bound['bound_ms']:.3f} ms (all shards fused / devices, or the largest shard): the "
+                f"slowest device's compute is {bound['compute_over_bound']:.3f}x it"
+            )
     else:
         lines.append("no cost model: predicted costs not shown")
     if "planning_time_s" in extra:

@@ -128,3 +128,40 @@ def simulate(
 ) -> PlanCost:
     """Predicted per-device forward, backward and communication ms of `plan`, and its cost."""
     return simulate_devices(device_specs(plan, task), cost_model, cache)
+
+
+@dataclass(frozen=True)
+class BalanceBound:
+    """How far a plan's compute is from the best any placement of its shards could do, by the cost model.
+
+    Fused kernels are sub-additive, so all shards fused on one device, divided by the devices, is at most the
+    slowest device's compute in any placement; no device can be faster than the largest single shard on it."""
+
+    fused_per_device_ms: float
+    largest_shard_ms: float
+    plan_compute_ms: float
+
+    @property
+    def bound_ms(self) -> float:
+        """The larger of the two lower bounds."""
+        return max(self.fused_per_device_ms, self.largest_shard_ms)
+
+    def to_json(self) -> dict[str, float]:
+        """The bound, its parts and the plan's slowest compute over it (1.0: nothing left to balance)."""
+        bound = self.bound_ms
+        return {
+            "bound_ms": round(bound, 3),
+            "fused_per_device_ms": round(self.fused_per_device_ms, 3),
+            "largest_shard_ms": round(self.largest_shard_ms, 3),
+            "compute_over_bound": round(self.plan_compute_ms / bound, 4) if bound > 0 else 1.0,
+        }
+
+
+def balance_bound(plan: Plan, task: ShardingTask, cost_model: CostModel, cost: PlanCost) -> BalanceBound:
+    """The cost model's lower bound on the slowest device's compute for `plan`'s shards (see BalanceBound)."""
+    shards = [[spec] for device in device_specs(plan, task) for spec in device]
+    everything = [spec for (spec,) in shards]
+    fused, *alone = np.asarray(cost_model.predict_compute([everything, *shards]), dtype=np.float64).sum(axis=1)
+    return BalanceBound(fused_per_device_ms=float(fused) / plan.num_devices,
+                        largest_shard_ms=float(max(alone, default=0.0)),
+                        plan_compute_ms=float(cost.compute_ms.max()))
