@@ -1,0 +1,159 @@
+"""`ShardwisePlanner` as a TorchRec user meets it: a `Topology` (several hosts), the storage reservation, the
+champion cost model found by default, constraints honoured or refused by table name, and the stats table."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from shardwise.integrations.mlflow import MlflowService
+from shardwise.integrations.torchrec import DEFAULT_STORAGE_RESERVATION, PlannerError, ShardwisePlanner
+from shardwise.profiling import hardware_kind
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+from search_doubles import FeatureCostModel  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+GIB = 2**30
+
+
+def _model(tables: list[tuple[int, int]], *, with_sequence: bool = False) -> torch.nn.Module:
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    configs = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=dim, num_embeddings=rows, feature_names=[f"f{i}"])
+               for i, (rows, dim) in enumerate(tables)]
+    model = torch.nn.Module()
+    model.sparse = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    if with_sequence:
+        model.sequence = EmbeddingCollection(
+            tables=[EmbeddingConfig(name="s0", embedding_dim=16, num_embeddings=100, feature_names=["s"])],
+            device=torch.device("meta"))
+    return model
+
+
+TABLES = [(5000, 64), (200, 16), (80000, 128), (3000, 32), (100, 8), (40000, 64), (900, 32), (7000, 16)]
+
+
+def _topology(world_size: int, local_world_size: int, hbm: int = GIB):
+    from torchrec.distributed.planner.types import Topology
+
+    return Topology(world_size=world_size, compute_device="cuda", local_world_size=local_world_size, hbm_cap=hbm)
+
+
+def _placements(sharding_plan) -> set[tuple[int, str]]:
+    """(rank, device) of every shard of the plan."""
+    found = set()
+    for param in sharding_plan.plan["sparse"].values():
+        for meta in param.sharding_spec.shards:
+            found.add((meta.placement.rank(), str(meta.placement.device())))
+    return found
+
+
+def test_a_topology_of_two_hosts_places_each_rank_on_its_hosts_gpu():
+    planner = ShardwisePlanner(_topology(4, 2), batch_size=1024, method="size_greedy")
+    placements = _placements(planner.plan(_model(TABLES)))
+    assert {rank for rank, _ in placements} == {0, 1, 2, 3}
+    assert all(device == f"cuda:{rank % 2}" for rank, device in placements), placements  # rank 3 on cuda:1
+    assert planner.last_task.num_devices == 4
+
+
+def test_local_world_size_comes_from_torchrun_when_the_topology_has_none(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    planner = ShardwisePlanner(world_size=4, device_memory_bytes=GIB, batch_size=1024, method="size_greedy",
+                               device_type="cuda")
+    assert all(device == f"cuda:{rank % 2}" for rank, device in _placements(planner.plan(_model(TABLES))))
+
+
+def test_the_storage_reservation_keeps_part_of_each_device_free():
+    planner = ShardwisePlanner(_topology(2, 2, hbm=GIB), batch_size=512, method="size_greedy")
+    planner.plan(_model(TABLES))
+    assert planner.last_task.device_memory_bytes == int(GIB * (1 - DEFAULT_STORAGE_RESERVATION))
+    none = ShardwisePlanner(_topology(2, 2, hbm=GIB), batch_size=512, method="size_greedy", storage_reservation=0.0)
+    none.plan(_model(TABLES))
+    assert none.last_task.device_memory_bytes == GIB
+    with pytest.raises(PlannerError, match="storage_reservation 1.5"):
+        ShardwisePlanner(_topology(2, 2), batch_size=512, storage_reservation=1.5)
+
+
+def test_pooling_of_a_table_serving_several_features_adds_up():
+    from torchrec.distributed.planner import ParameterConstraints
+
+    planner = ShardwisePlanner(_topology(2, 2), batch_size=512, method="size_greedy",
+                               constraints={"t0": ParameterConstraints(pooling_factors=[2.0, 3.5])})
+    planner.plan(_model(TABLES))
+    assert planner.last_task.table("t0").pooling_factor == 5.5
+    assert planner.last_task.table("t1").pooling_factor == 1.0  # TorchRec's default
+
+
+@pytest.mark.parametrize("constraint, expected", [
+    ({"compute_kernels": ["dense"]}, "table 't2': compute_kernels \\['dense'\\] exclude 'fused'"),
+    ({"sharding_types": ["row_wise"]}, "table 't2': sharding_types \\['row_wise'\\]: shardwise plans"),
+    ({"sharding_types": ["data_parallel"]}, "table 't2'.*not planned yet"),
+])
+def test_constraints_shardwise_cannot_honour_are_refused_naming_the_table(constraint, expected):
+    from torchrec.distributed.planner import ParameterConstraints
+
+    planner = ShardwisePlanner(_topology(2, 2), batch_size=512, method="size_greedy",
+                               constraints={"t2": ParameterConstraints(**constraint)})
+    with pytest.raises(PlannerError, match=expected):
+        planner.plan(_model(TABLES))
+
+
+def test_a_forbidden_column_split_is_refused_and_an_allowed_one_planned():
+    """A table too large for one device must be split: allowed, it is; table-wise only or min_partition too
+    large, the planner says so by name instead of emitting a plan TorchRec would reject."""
+    from torchrec.distributed.planner import ParameterConstraints
+
+    big = [(400_000, 128), (1000, 16), (2000, 32)]  # t0: 400k x 128 fp32 + adagrad state: about 0.2 GiB
+    topology = _topology(4, 4, hbm=int(0.12 * GIB))
+    allowed = ShardwisePlanner(topology, batch_size=256, cost_model=FeatureCostModel(), storage_reservation=0.0)
+    allowed.plan(_model(big))
+    assert len([s for s in allowed.last_plan.shards if s.table == "t0"]) > 1
+    for constraint, expected in (({"sharding_types": ["table_wise"]}, "the neuroshard plan splits it column-wise"),
+                                 ({"min_partition": 128}, "the neuroshard plan splits it into .* min_partition 128")):
+        planner = ShardwisePlanner(topology, batch_size=256, cost_model=FeatureCostModel(), storage_reservation=0.0,
+                                   constraints={"t0": ParameterConstraints(**constraint)})
+        with pytest.raises(PlannerError, match=f"table 't0': {expected}"):
+            planner.plan(_model(big))
+
+
+def test_the_stats_table_is_logged_per_plan_and_other_embedding_modules_are_named(caplog):
+    planner = ShardwisePlanner(_topology(2, 2), batch_size=512, cost_model=FeatureCostModel())
+    with caplog.at_level(logging.INFO, logger="shardwise.torchrec"):
+        planner.plan(_model(TABLES, with_sequence=True))
+    assert "EmbeddingCollection at 'sequence' is not planned" in caplog.text
+    stats = planner.last_stats
+    assert stats is not None and stats in caplog.text
+    assert "8 tables on 2 ranks (2 per host, 15% of memory reserved)" in stats
+    assert "fwd ms" in stats and "memory GiB" in stats and "predicted plan cost" in stats
+
+
+def test_the_champion_cost_model_is_found_by_default(tmp_path, monkeypatch):
+    from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
+
+    from shardwise.costmodel import TrainConfig, train_cost_model
+
+    frame = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), comm_rows(10, 0)],
+                      ignore_index=True)
+    frame["hardware_kind"] = hardware_kind("cpu")
+    model, report = train_cost_model(frame, 0, TrainConfig(epochs=3, comm_epochs=3, progress=False))
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowService(uri).log_cost_model(model, report)
+
+    planner = ShardwisePlanner(world_size=2, device_memory_bytes=GIB, batch_size=512, device_type="cpu",
+                               tracking_uri=uri)
+    planner.plan(_model(TABLES))
+    assert "predicted" in planner.last_plan.extra  # planned with the registered model
+
+    empty = ShardwisePlanner(world_size=2, device_memory_bytes=GIB, batch_size=512, device_type="cpu",
+                             tracking_uri=f"sqlite:///{tmp_path / 'empty.db'}")
+    with pytest.raises(PlannerError, match="no cost model at models:/shardwise-cost-.*@champion.*make run"):
+        empty.plan(_model(TABLES))
