@@ -1,11 +1,13 @@
 # shardwise on GPU nodes: the CUDA stack (torch 2.13.0, fbgemm-gpu 1.8.0, torchrec 1.8.0) and shardwise.
 # Every pipeline step and the MLflow server in manifests/ run this image.
-#   docker build -t ghcr.io/shardwise/shardwise:0.1.0 .
-# torch's CUDA wheels bundle the CUDA user-space libraries, so the small `base` CUDA image (driver
-# compatibility and NVIDIA container settings) is enough; no toolkit is needed at run time.
-ARG CUDA_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04
+#   make image                                         (docker build -t ghcr.io/shardwise/shardwise:0.1.0 .)
+#   make image BASE_IMAGE=shardwise-base:bookworm      (a base made locally by docker/make-base.sh)
+# torch's CUDA wheels (the package index's default Linux build) bundle the CUDA user-space libraries, so the
+# small `base` CUDA image (driver compatibility and NVIDIA container settings) is enough; any Debian/Ubuntu image
+# with python3 serves as well (a GPU node's container runtime injects the driver).
+ARG BASE_IMAGE=nvidia/cuda:12.8.1-base-ubuntu24.04
 
-FROM ${CUDA_IMAGE} AS build
+FROM ${BASE_IMAGE} AS build
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
@@ -13,15 +15,18 @@ RUN apt-get update \
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# certificates of the build host (a proxy's CA, where it has one; `make image` puts them here): build stage only
+COPY .build/ca/ /usr/local/share/shardwise-build-ca/
 # dependencies first: this layer is reused until requirements change
 COPY requirements/cuda.txt requirements/torchrec.txt requirements/
-RUN pip install -r requirements/cuda.txt \
+RUN if [ -s /usr/local/share/shardwise-build-ca/ca.crt ]; then export PIP_CERT=/usr/local/share/shardwise-build-ca/ca.crt; fi \
+    && pip install -r requirements/cuda.txt \
     && pip install --no-deps -r requirements/torchrec.txt
 COPY pyproject.toml README.md ./
 COPY src ./src
 RUN pip install --no-deps .
 
-FROM ${CUDA_IMAGE}
+FROM ${BASE_IMAGE}
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 \

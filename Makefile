@@ -4,8 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 WORK ?= runs/local
+# the image every pipeline step runs (shardwise.pipelines.components.IMAGE); BASE_IMAGE: see the Dockerfile
+IMAGE ?= ghcr.io/shardwise/shardwise:0.1.0
+BASE_IMAGE ?=
 
-.PHONY: setup run test test-fast lint bench clean
+.PHONY: setup run test test-fast lint bench clean image base-image
 
 $(STAMP): requirements/cpu.txt requirements/dev.txt requirements/torchrec.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,5 +38,17 @@ lint: $(STAMP)
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 
+# the GPU image: CUDA torch, fbgemm-gpu and torchrec from the package index; this host's CA certificates reach
+# the build stage only (for hosts behind a TLS-inspecting proxy)
+image:
+	mkdir -p .build/ca
+	if [ -f /etc/ssl/certs/ca-certificates.crt ]; then cp /etc/ssl/certs/ca-certificates.crt .build/ca/ca.crt; \
+	else : > .build/ca/ca.crt; fi
+	docker build $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) -t $(IMAGE) .
+
+# a Debian base made here, for machines that cannot pull images: make image BASE_IMAGE=shardwise-base:bookworm
+base-image:
+	docker/make-base.sh shardwise-base:bookworm
+
 clean:
-	rm -rf $(VENV) runs mlflow.db mlartifacts mlruns
+	rm -rf $(VENV) runs mlflow.db mlartifacts mlruns .build

@@ -1,0 +1,80 @@
+"""The GPU image as the cluster runs it: its non-root user, a read-only root filesystem, a writable output folder.
+Skipped where no Docker engine answers or the image is not built (`make image`; CI builds none: it is several GB).
+
+    SHARDWISE_IMAGE=ghcr.io/shardwise/shardwise:0.1.0 python -m pytest tests/integration/test_image.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shardwise.pipelines.components import IMAGE
+
+pytestmark = pytest.mark.integration
+
+TAG = os.environ.get("SHARDWISE_IMAGE", IMAGE)
+
+
+def _engine_and_image() -> str | None:
+    """Why the smoke test cannot run here, or None when it can."""
+    if shutil.which("docker") is None:
+        return "no docker client"
+    try:
+        info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
+                              text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return "the Docker engine does not answer"
+    if info.returncode != 0:
+        return "no Docker engine running"
+    found = subprocess.run(["docker", "image", "inspect", TAG], capture_output=True, text=True, timeout=30)
+    return None if found.returncode == 0 else f"image {TAG} not built (make image)"
+
+
+SKIP = _engine_and_image()
+
+
+def _run(out: Path, *command: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    """`command` in the image as the cluster runs it: non-root, read-only root, /tmp in memory, /out writable."""
+    return subprocess.run(
+        ["docker", "run", "--rm", "--read-only", "--tmpfs", "/tmp", "--user", "10001", "--network", "none",
+         "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "-v", f"{out}:/out", "-w", "/out",
+         "-e", "MLFLOW_TRACKING_URI=sqlite:////out/mlflow.db", TAG, *command],
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
+def test_the_image_runs_the_cli_a_cpu_profile_and_a_plan_read_only_as_its_user(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    out.chmod(0o777)  # the image's user (uid 10001) writes here
+
+    version = _run(out, "shardwise", "--version")
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.startswith("shardwise ")
+
+    whoami = _run(out, "python", "-c", "import os; print(os.getuid())")
+    assert whoami.stdout.strip() == "10001"
+
+    steps = [
+        ("shardwise", "workload", "synth", "--num-tables", "12", "--row-scale", "0.0005", "--batch-size", "256",
+         "--out", "/out/tables"),
+        ("shardwise", "profile", "--tables", "/out/tables/tables.json", "--indices", "/out/tables/indices.pt",
+         "--num-shards", "6", "--comm-layouts", "0", "--timing-iters", "2", "--device", "cpu",
+         "--out", "/out/costs"),
+        ("shardwise", "workload", "task", "--tables", "/out/tables/tables.json", "--num-tables", "8",
+         "--num-devices", "2", "--out", "/out/task.json"),
+        ("shardwise", "plan", "--task", "/out/task.json", "--method", "size_greedy", "--out", "/out/plan.json"),
+    ]
+    for step in steps:
+        done = _run(out, *step)
+        assert done.returncode == 0, f"{' '.join(step[:2])}: {done.stderr[-2000:]}"
+    assert any((out / "costs").glob("part-*.parquet")), "the profile stored its measurements"
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["format"] == "shardwise.plan/v1" and plan["num_devices"] == 2
