@@ -15,12 +15,14 @@ RUN apt-get update \
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# certificates of the build host (a proxy's CA, where it has one; `make image` puts them here): build stage only
+# certificates of the build host (a proxy's CA, where it has one; `make image` puts them here): every pip of
+# this stage trusts them through /etc/pip.conf; the final stage copies only the venv
 COPY .build/ca/ /usr/local/share/shardwise-build-ca/
+RUN if [ -s /usr/local/share/shardwise-build-ca/ca.crt ]; then \
+        printf '[global]\ncert = /usr/local/share/shardwise-build-ca/ca.crt\n' > /etc/pip.conf; fi
 # dependencies first: this layer is reused until requirements change
 COPY requirements/cuda.txt requirements/torchrec.txt requirements/
-RUN if [ -s /usr/local/share/shardwise-build-ca/ca.crt ]; then export PIP_CERT=/usr/local/share/shardwise-build-ca/ca.crt; fi \
-    && pip install -r requirements/cuda.txt \
+RUN pip install -r requirements/cuda.txt \
     && pip install --no-deps -r requirements/torchrec.txt
 COPY pyproject.toml README.md ./
 COPY src ./src

@@ -66,11 +66,22 @@ def test_gpu_steps_ask_for_accelerators_and_tolerate_gpu_taints(tmp_path):
         assert accelerator["resourceType"] == GPU_RESOURCE
         assert k8s[name]["tolerations"] == [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
         assert k8s[name]["nodeSelector"]["labels"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-    # evaluation runs one process per device of the task: as many GPUs as num_devices
-    assert "num_devices" in executors["exec-evaluate-plans"]["container"]["resources"]["accelerator"]["resourceCount"]
+        # NCCL between the GPUs of one pod needs more than the container's 64 MiB /dev/shm
+        (shm,) = k8s[name]["emptyDirMounts"]
+        assert shm["mountPath"] == "/dev/shm" and shm["medium"] == "Memory", name
+    # what each step's command needs: evaluation runs one process per device of the task, and profiling measures
+    # all-to-alls over all the GPUs it sees (with one, profiling stops at "max_devices must be >= 2")
+    for name in ("exec-evaluate-plans", "exec-profile-costs"):
+        count = executors[name]["container"]["resources"]["accelerator"]["resourceCount"]
+        assert count == "{{$.inputs.parameters['pipelinechannel--num_devices']}}", name
     for name in set(executors) - set(GPU_EXECUTORS):
-        assert "resources" not in executors[name]["container"], name
+        assert "accelerator" not in executors[name]["container"]["resources"], name
         assert "tolerations" not in k8s[name] and "nodeSelector" not in k8s[name], name
+    # every step requests CPU and memory: no best-effort pods beside measurements on GPU nodes
+    for name, executor in executors.items():
+        resources = executor["container"]["resources"]
+        assert resources["resourceCpuRequest"] and resources["resourceMemoryRequest"], name
+        assert resources["resourceMemoryLimit"], name
 
 
 def test_node_selector_only_when_a_gpu_product_is_named(tmp_path):

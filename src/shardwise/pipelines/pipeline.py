@@ -69,11 +69,31 @@ def _with_cluster_settings(task: dsl.PipelineTask) -> dsl.PipelineTask:
 
 
 def _on_gpu(task: dsl.PipelineTask, count: Any, gpu_product: str | None) -> dsl.PipelineTask:
-    """Ask for `count` GPUs, tolerate GPU taints, optionally pin to one GPU product."""
+    """Ask for `count` GPUs on one node, tolerate GPU taints, optionally pin to one GPU product; a memory-backed
+    /dev/shm, since NCCL's all-to-alls between the GPUs of a pod overflow the container default of 64 MiB."""
     task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(count)
     kubernetes.add_toleration(task, key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
+    kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory")
     if gpu_product:
         kubernetes.add_node_selector(task, label_key=GPU_PRODUCT_LABEL, label_value=gpu_product)
+    return task
+
+
+#: CPU and memory per step: requests, so steps on GPU nodes are not best-effort pods (noisy timings, first to be
+#: evicted), and a memory limit twice the request
+STEP_RESOURCES = {
+    "workload": ("1", "2G"), "augment": ("1", "2G"), "profile": ("8", "32G"), "pretrain": ("4", "8G"),
+    "task": ("1", "1G"), "plan": ("2", "4G"), "evaluate": ("8", "32G"),
+}
+
+
+def _sized(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
+    """`task` named `step`, with its CPU and memory requests (and steps that talk to MLflow retried once)."""
+    cpu, memory = STEP_RESOURCES[step.split("-")[0]]
+    limit = f"{2 * int(memory.removesuffix('G'))}G"
+    task.set_display_name(step).set_cpu_request(cpu).set_memory_request(memory).set_memory_limit(limit)
+    if step.split("-")[0] in ("pretrain", "plan"):
+        task.set_retry(num_retries=1)  # a registry call that meets a restarting MLflow server
     return task
 
 
@@ -107,7 +127,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
         seed: int = DEFAULTS.seed,
     ) -> dsl.Metrics:
         """The whole method; returns the measured comparison against TorchRec's planner."""
-        workload = _with_cluster_settings(
+        workload = _sized(_with_cluster_settings(
             synth_workload(
                 num_tables=num_tables,
                 row_scale=row_scale,
@@ -115,11 +135,11 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                 holdout_fraction=holdout_fraction,
                 seed=seed,
             )
-        ).set_display_name("workload")
-        augment = _with_cluster_settings(
+        ), "workload")
+        augment = _sized(_with_cluster_settings(
             augment_tables(tables=workload.outputs["train_tables"], seed=seed)
-        ).set_display_name("augment")
-        profile = _on_gpu(
+        ), "augment")
+        profile = _sized(_on_gpu(
             _with_cluster_settings(
                 profile_costs(
                     tables=augment.outputs["augmented"],
@@ -134,18 +154,20 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                     device=device,
                 )
             ),
-            1,
+            # the all-to-alls it profiles span up to all the GPUs it sees (profile's max_devices default):
+            # the task's device count, on one node; one GPU would fail with "max_devices must be >= 2"
+            num_devices,
             gpu_product,
-        ).set_display_name("profile")
-        pretrain = _with_cluster_settings(
+        ), "profile")
+        pretrain = _sized(_with_cluster_settings(
             pretrain_cost_model(
                 costs=profile.outputs["costs"],
                 holdout_tables=workload.outputs["holdout_tables"],
                 seed=seed,
                 epochs=pretrain_epochs,
             )
-        ).set_display_name("pretrain")
-        task = _with_cluster_settings(
+        ), "pretrain")
+        task = _sized(_with_cluster_settings(
             make_task(
                 tables=workload.outputs["holdout_tables"],
                 num_tables=task_num_tables,
@@ -153,8 +175,8 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                 memory_slack=memory_slack,
                 seed=seed,
             )
-        ).set_display_name("task")
-        plan = _with_cluster_settings(
+        ), "task")
+        plan = _sized(_with_cluster_settings(
             search_plan(
                 task=task.outputs["task"],
                 method=search_method,
@@ -162,16 +184,16 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                 hardware_kind=profile.outputs["Output"],
                 model=pretrain.outputs["model"],
             )
-        ).set_display_name("plan")
-        baseline = _with_cluster_settings(
+        ), "plan")
+        baseline = _sized(_with_cluster_settings(
             search_plan(
                 task=task.outputs["task"],
                 method="torchrec",
                 model_alias="",
                 hardware_kind=profile.outputs["Output"],
             )
-        ).set_display_name("plan-torchrec")
-        evaluate = _on_gpu(
+        ), "plan-torchrec")
+        evaluate = _sized(_on_gpu(
             _with_cluster_settings(
                 evaluate_plans(
                     task=task.outputs["task"],
@@ -186,7 +208,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
             ),
             num_devices,
             gpu_product,
-        ).set_display_name("evaluate")
+        ), "evaluate")
         # measurements are never reused from a cache: the point is to measure this run's hardware
         for step in (profile, evaluate):
             step.set_caching_options(False)
