@@ -279,6 +279,7 @@ def test_load_cost_model_names_a_missing_source_and_store(tmp_path, named_store)
 
 
 @pytest.mark.parametrize("host, status", [("shardwise-mlflow:5000", 200), ("shardwise-mlflow.kubeflow:5000", 200),
+                                          ("localhost", 200),  # the probes' Host header
                                           ("attacker.example:5000", 403)])
 def test_the_server_answers_the_host_names_the_pipeline_uses_and_refuses_others(s3_tracking_server, host, status):
     """MLflow 3.17 answers 403 "Invalid Host header" outside localhost unless the manifest's allowed hosts list it."""

@@ -191,6 +191,9 @@ def test_mlflow_accepts_the_host_names_pipeline_steps_use_and_migrates_first():
     allowed = {v["name"]: v.get("value") for v in server["env"]}["MLFLOW_SERVER_ALLOWED_HOSTS"].split(",")
     tracking = urlparse(_by_kind("ConfigMap")[CONFIG_MAP_NAME]["data"]["MLFLOW_TRACKING_URI"])
     assert tracking.netloc in allowed and tracking.hostname in allowed
+    for probe in (server["readinessProbe"], server["livenessProbe"]):  # the kubelet's Host is the pod IP
+        (header,) = probe["httpGet"]["httpHeaders"]
+        assert header["name"] == "Host" and f"{header['value']}:*" in allowed
     (upgrade,) = spec["initContainers"]
     assert "mlflow db upgrade" in " ".join(upgrade["command"])
 

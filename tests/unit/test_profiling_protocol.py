@@ -65,3 +65,14 @@ def test_all_to_all_expectation_gives_each_device_its_batch_slice() -> None:
     assert got.shape == (2, 5)  # rows 3..4 of both devices' outputs
     assert got[:, :2].equal(pooled_output(0, 2, 5, got.device)[3:])
     assert got[:, 2:].equal(pooled_output(1, 3, 5, got.device)[3:])
+
+
+def test_an_fbgemm_build_that_cannot_load_here_is_one_error_saying_which_build_is_needed(monkeypatch):
+    """The image's CUDA fbgemm on a machine without the NVIDIA driver fails to load: one line, not a traceback."""
+    import sys
+
+    from shardwise.profiling.hardware import KernelUnavailableError, import_fbgemm
+
+    monkeypatch.setitem(sys.modules, "fbgemm_gpu", None)  # what a failed load looks like to `import`
+    with pytest.raises(KernelUnavailableError, match="needs an NVIDIA driver.*fbgemm-gpu-cpu"):
+        import_fbgemm()

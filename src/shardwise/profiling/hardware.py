@@ -6,10 +6,13 @@ import os
 import platform
 import re
 from functools import lru_cache
+from types import ModuleType
 from typing import Annotated, Any
 
 import torch
 from pydantic import AfterValidator
+
+from shardwise.errors import ShardwiseError
 
 _DEVICE_NAME = re.compile(r"(cpu|cuda(:\d+)?)")
 
@@ -69,11 +72,28 @@ def hardware_kind(device: str | torch.device | None = None) -> str:
     return f"cpu-{platform.machine().lower()}-{os.cpu_count() or 1}c"
 
 
+class KernelUnavailableError(ShardwiseError):
+    """fbgemm's kernels cannot load on this machine (the wrong build for it)."""
+
+
+def import_fbgemm() -> ModuleType:
+    """fbgemm_gpu, or one error saying which build this machine needs (the image's CUDA build needs the NVIDIA
+    driver's libraries, libnvidia-ml among them, which only a GPU node's container runtime provides)."""
+    try:
+        import fbgemm_gpu  # heavy (registers its operators with torch): only when kernels are built or recorded
+    except (ImportError, OSError) as err:
+        cause = err.__cause__ or err
+        raise KernelUnavailableError(
+            f"fbgemm_gpu cannot load here ({str(cause).splitlines()[0][:160]}): its CUDA build needs an NVIDIA driver "
+            "(a GPU node; in a container, the NVIDIA container runtime), CPU-only machines need fbgemm-gpu-cpu "
+            "(requirements/cpu.txt)"
+        ) from None
+    return fbgemm_gpu
+
+
 def fbgemm_version() -> str:
     """The installed fbgemm_gpu version ("unknown" when it does not say)."""
-    import fbgemm_gpu  # heavy (registers its operators with torch): only when recording versions
-
-    return str(getattr(fbgemm_gpu, "__version__", "unknown"))
+    return str(getattr(import_fbgemm(), "__version__", "unknown"))
 
 
 def hardware_info(device: str | torch.device | None = None) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import torch
 
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision, sample_batch, stable_seed
 
-from .hardware import resolve_device
+from .hardware import import_fbgemm, resolve_device
 from .protocol import MeasurementSettings, TimingProtocol
 
 #: per source table: (lengths [B], indices [sum(lengths)]) int64 arrays
@@ -108,6 +108,7 @@ def build_shard_kernel(
     seed: int = 0,
 ) -> ShardKernel:
     """fbgemm's SplitTableBatchedEmbeddingBagsCodegen over `tables` with its inputs, on `device`."""
+    import_fbgemm()  # a clear error where this machine cannot load the installed build
     # fbgemm_gpu: heavy (registers its operators with torch), needed only when a kernel is built
     from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import ComputeDevice, EmbeddingLocation
