@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import re
@@ -79,6 +80,8 @@ class KernelUnavailableError(ShardwiseError):
 def import_fbgemm() -> ModuleType:
     """fbgemm_gpu, or one error saying which build this machine needs (the image's CUDA build needs the NVIDIA
     driver's libraries, libnvidia-ml among them, which only a GPU node's container runtime provides)."""
+    # a build that cannot load logs its loader error to the root logger before raising: the error below says it
+    logging.disable(logging.ERROR)
     try:
         import fbgemm_gpu  # heavy (registers its operators with torch): only when kernels are built or recorded
     except (ImportError, OSError) as err:
@@ -88,6 +91,8 @@ def import_fbgemm() -> ModuleType:
             "(a GPU node; in a container, the NVIDIA container runtime), CPU-only machines need fbgemm-gpu-cpu "
             "(requirements/cpu.txt)"
         ) from None
+    finally:
+        logging.disable(logging.NOTSET)
     return fbgemm_gpu
 
 
