@@ -68,8 +68,8 @@ def test_a_model_without_communication_data_predicts_no_comm():
 
 
 def test_the_balance_bound_is_below_every_placement_and_reached_only_when_balanced():
-    """The bound (all shards fused / devices, or the largest shard) is at most the slowest device's compute in
-    any placement of the same shards; a plan with everything on one device is far above it."""
+    """With an additive cost model the bound (the shards dealt evenly, or the largest shard) is at most the slowest
+    device's compute in any placement of the same shards; a plan with everything on one device is far above it."""
     model = FeatureCostModel()
     bound = balance_bound(PLAN, TASK, model, simulate(PLAN, TASK, model))
     assert bound.bound_ms == max(bound.fused_per_device_ms, bound.largest_shard_ms) > 0

@@ -92,7 +92,7 @@ def format_plan(plan: Plan) -> str:
         bound = extra.get("balance_bound")
         if bound:
             lines.append(
-                f"balance bound {bound['bound_ms']:.3f} ms (all shards fused / devices, or the largest shard): the "
+                f"balance bound {bound['bound_ms']:.3f} ms (the shards dealt evenly over the devices, or the largest one): the "
                 f"slowest device's compute is {bound['compute_over_bound']:.3f}x it"
             )
     else:
