@@ -199,7 +199,7 @@ class ShardwisePlanner(ShardingPlanner):
             return min(world_size, torch.cuda.device_count())
         return world_size
 
-    def _resolved_cost_model(self) -> CostModel | None:
+    def resolved_cost_model(self) -> CostModel | None:
         """The cost model to plan with: the one given, loaded from a directory or URI, else the champion."""
         if self.cost_model is not None and not isinstance(self.cost_model, str | Path):
             return self.cost_model
@@ -266,7 +266,7 @@ class ShardwisePlanner(ShardingPlanner):
         from torchrec.distributed.types import ShardingPlan
 
         task, names = self.task_for(module, sharders)
-        plan = self.searcher.search(task, self._resolved_cost_model(), self.seed)
+        plan = self.searcher.search(task, self.resolved_cost_model(), self.seed)
         self._check_plan_constraints(plan)
         self.last_plan, self.last_task = plan, task
         local = self._local_world_size(task.num_devices)
