@@ -24,6 +24,8 @@ class FakeKubeflow(BaseHTTPRequestHandler):
     """Records requests; answers like the KFP v2beta1 REST API would."""
 
     requests: list[dict] = []
+    #: what GET /runs/<id> answers: how a waited-for run ends
+    run_state = "SUCCEEDED"
 
     def log_message(self, *args) -> None:  # keep pytest output clean
         pass
@@ -40,7 +42,8 @@ class FakeKubeflow(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         url = urlparse(self.path)
-        entry = {"method": self.command, "path": url.path, "query": parse_qs(url.query)}
+        entry = {"method": self.command, "path": url.path, "query": parse_qs(url.query),
+                 "authorization": self.headers.get("Authorization")}
         try:
             entry["body"] = json.loads(raw) if raw else None
         except ValueError:
@@ -54,6 +57,8 @@ class FakeKubeflow(BaseHTTPRequestHandler):
             self._answer({"multi_user": False})
         elif entry["path"] == "/apis/v2beta1/experiments":
             self._answer({"experiments": [], "total_size": 0})  # none yet: the client creates it
+        elif entry["path"] == "/apis/v2beta1/runs/run-1":
+            self._answer({"run_id": "run-1", "state": self.run_state, "finished_at": "2026-11-24T00:00:00Z"})
         else:
             self._answer({})
 
@@ -192,3 +197,19 @@ def test_an_unreachable_or_wrong_host_is_one_line_with_credentials_redacted(verb
         server.server_close()
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a Kubeflow Pipelines API" in err
+
+
+@pytest.mark.parametrize("state, code", [("SUCCEEDED", 0), ("FAILED", 2)])
+def test_submit_waits_for_the_run_and_fails_unless_it_succeeded(kfp_api, capsys, monkeypatch, state, code):
+    """CI retraining goes red when its run fails; the token travels from $KFP_TOKEN as a bearer header."""
+    host, requests = kfp_api
+    monkeypatch.setattr(FakeKubeflow, "run_state", state)
+    monkeypatch.setenv("KFP_TOKEN", "t0ken")
+    assert main(["pipeline", "submit", "--host", host, "--preset", "smoke", "--wait", "60"]) == code
+    out, err = capsys.readouterr()
+    if code == 0:
+        assert "run run-1 in experiment exp-1: SUCCEEDED" in out
+    else:
+        assert err.count("\n") == 1 and "run run-1 ended FAILED" in err
+    assert any(r["path"] == "/apis/v2beta1/runs/run-1" for r in requests)
+    assert {r["authorization"] for r in requests if r["path"].startswith("/apis/v2beta1/")} == {"Bearer t0ken"}

@@ -4,6 +4,7 @@ values come from a preset of presets.yaml, then `--config FILE.yaml`, then `--ar
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -64,11 +65,13 @@ class Submitted(JobResult):
     run_id: str
     experiment_id: str
     cron: str | None = None
+    state: str | None = None
 
     def summary(self) -> str:
         """One line."""
         when = f" ({self.cron})" if self.cron else ""
-        return f"{self.what} {self.run_id}{when} in experiment {self.experiment_id}"
+        ended = f": {self.state}" if self.state else ""
+        return f"{self.what} {self.run_id}{when} in experiment {self.experiment_id}{ended}"
 
 
 def _compile(args: argparse.Namespace) -> None:
@@ -92,13 +95,18 @@ def _run(args: argparse.Namespace) -> LocalRun:
 def _submit(args: argparse.Namespace) -> Submitted:
     from shardwise.pipelines import run  # kfp: heavy, only for the pipeline verbs that need it
 
+    # a bearer token from the environment, never a flag (flags show in process lists and CI logs)
     common = dict(experiment=args.experiment, namespace=args.namespace, service_account=args.service_account,
-                  gpu_product=args.gpu_product)
+                  gpu_product=args.gpu_product, existing_token=os.environ.get(TOKEN_ENV) or None)
     if args.pipeline_verb == "schedule":
         done = run.schedule(args.host, args.cron, _params(args), job_name=args.name, **common)
         return Submitted(what="recurring run", cron=args.cron, run_id=done.run_id, experiment_id=done.experiment_id)
-    done = run.submit(args.host, _params(args), run_name=args.name, **common)
-    return Submitted(what="run", run_id=done.run_id, experiment_id=done.experiment_id)
+    done = run.submit(args.host, _params(args), run_name=args.name, wait_s=args.wait, **common)
+    return Submitted(what="run", run_id=done.run_id, experiment_id=done.experiment_id, state=done.state)
+
+
+#: the environment variable holding the Kubeflow Pipelines API's bearer token (a service account's)
+TOKEN_ENV = "KFP_TOKEN"
 
 
 def _parameters(parser: argparse.ArgumentParser, default_preset: str) -> None:
@@ -127,7 +135,7 @@ def configure(verb: str, parser: argparse.ArgumentParser) -> None:
     _parameters(run, "local")
     run.set_defaults(handler=_run)
 
-    for name, help_ in (("submit", "start one run on a Kubeflow cluster"),
+    for name, help_ in (("submit", f"start one run on a Kubeflow cluster (bearer token: ${TOKEN_ENV})"),
                         ("schedule", "create a recurring run on a Kubeflow cluster")):
         sub = actions.add_parser(name, help=help_)
         sub.add_argument("--host", required=True, help="Kubeflow Pipelines API URL")
@@ -138,6 +146,9 @@ def configure(verb: str, parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--namespace", help="Kubeflow namespace (multi-user installs)")
         sub.add_argument("--service-account", help="Kubernetes service account the run uses")
         sub.add_argument("--gpu-product", help="pin GPU steps to nodes labelled nvidia.com/gpu.product=VALUE")
+        if name == "submit":
+            sub.add_argument("--wait", type=float, metavar="SECONDS",
+                             help="wait up to SECONDS for the run to end; exit 2 unless it succeeded")
         _parameters(sub, "cluster")
         sub.set_defaults(handler=_submit)
 

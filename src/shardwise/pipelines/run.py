@@ -262,6 +262,8 @@ class Submitted:
 
     experiment_id: str
     run_id: str
+    #: how the run ended, when the caller waited for it (KFP's state: SUCCEEDED, FAILED, ...)
+    state: str | None = None
 
 
 @contextlib.contextmanager
@@ -310,8 +312,10 @@ def submit(
     service_account: str | None = None,
     gpu_product: str | None = None,
     existing_token: str | None = None,
+    wait_s: float | None = None,
 ) -> Submitted:
-    """Compile the pipeline and start one run of it on the Kubeflow Pipelines API at `host`."""
+    """Compile the pipeline and start one run of it on the Kubeflow Pipelines API at `host`; with `wait_s`, wait
+    that long for it to end and raise unless it succeeded (CI retraining fails when its run fails)."""
     _check_method(params)
     client, experiment_id = _experiment(host, namespace, existing_token, experiment)
     with _package(gpu_product) as package, _api_errors(host):
@@ -322,7 +326,18 @@ def submit(
             params=params.model_dump(),
             service_account=service_account,
         )
-    return Submitted(experiment_id=experiment_id, run_id=_answered_id(host, "a run id", getattr(run, "run_id", None)))
+    run_id = _answered_id(host, "a run id", getattr(run, "run_id", None))
+    if wait_s is None:
+        return Submitted(experiment_id=experiment_id, run_id=run_id)
+    with _api_errors(host):
+        try:
+            finished = client.wait_for_run_completion(run_id=run_id, timeout=int(wait_s), sleep_duration=5)
+        except TimeoutError:
+            raise PipelineRunError(f"run {run_id} did not end within {wait_s:.0f} s (still running on {redacted(host)})") from None
+    state = str(getattr(finished, "state", None))
+    if state != "SUCCEEDED":
+        raise PipelineRunError(f"run {run_id} ended {state} on {redacted(host)}: see the run in the Kubeflow UI")
+    return Submitted(experiment_id=experiment_id, run_id=run_id, state=state)
 
 
 def schedule(
