@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
-from torchrec.distributed.types import ShardingPlanner
+from torchrec.distributed.types import ShardingPlan, ShardingPlanner
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from shardwise.costmodel.types import CostModel
 from shardwise.errors import ShardwiseError
@@ -63,15 +65,11 @@ class PlannerError(PlanError):
 
 def embedding_bag_collections(module: nn.Module) -> dict[str, Any]:
     """Every `EmbeddingBagCollection` in `module` by its module path ("" for `module` itself)."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
     return {path: m for path, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)}
 
 
 def _unplanned_modules(module: nn.Module) -> dict[str, str]:
     """Embedding modules shardwise does not plan (sequence `EmbeddingCollection`s), by path -> type name."""
-    from torchrec.modules.embedding_modules import EmbeddingCollection
-
     return {path: type(m).__name__ for path, m in module.named_modules() if isinstance(m, EmbeddingCollection)}
 
 
@@ -220,8 +218,6 @@ class ShardwisePlanner(ShardingPlanner):
 
     def task_for(self, module: nn.Module, sharders: Sequence[Any] | None = None) -> tuple[ShardingTask, dict[str, list[str]]]:
         """The sharding task of `module`'s embedding-bag tables, and each collection's table names."""
-        from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
         if sharders is not None and not any(getattr(s, "module_type", None) is EmbeddingBagCollection for s in sharders):
             raise PlannerError("no EmbeddingBagCollection sharder among `sharders`: nothing shardwise plans is shardable")
         for path, kind in _unplanned_modules(module).items():
@@ -231,8 +227,8 @@ class ShardwisePlanner(ShardingPlanner):
         if not collections:
             raise PlannerError("the module has no EmbeddingBagCollection to shard")
         world_size = self.world_size
-        if world_size is None and torch.distributed.is_initialized():
-            world_size = torch.distributed.get_world_size()
+        if world_size is None and dist.is_initialized():
+            world_size = dist.get_world_size()
         memory = self.device_memory_bytes
         if memory is None and self.device_type == "cuda" and torch.cuda.is_available():
             memory = torch.cuda.get_device_properties(0).total_memory
@@ -263,8 +259,6 @@ class ShardwisePlanner(ShardingPlanner):
     # -- TorchRec's interface ----------------------------------------------------------------------------------
     def plan(self, module: nn.Module, sharders: Sequence[Any] | None = None) -> Any:
         """A `ShardingPlan` for every `EmbeddingBagCollection` in `module` (`sharders` as TorchRec passes them)."""
-        from torchrec.distributed.types import ShardingPlan
-
         task, names = self.task_for(module, sharders)
         plan = self.searcher.search(task, self.resolved_cost_model(), self.seed)
         self._check_plan_constraints(plan)
@@ -285,8 +279,6 @@ class ShardwisePlanner(ShardingPlanner):
 
     def collective_plan(self, module: nn.Module, sharders: Sequence[Any] | None = None, pg: Any = None) -> Any:
         """`plan` on rank 0, broadcast to every rank of `pg` (so all ranks shard identically)."""
-        import torch.distributed as dist
-
         if not dist.is_initialized():
             return self.plan(module, sharders)
         group = pg if pg is not None else dist.group.WORLD
