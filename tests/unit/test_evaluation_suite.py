@@ -109,3 +109,15 @@ def test_benchmark_cli_refuses_bad_throughput_options(flag: str, value: str, cap
 def test_run_benchmark_refuses_a_negative_throughput_task_count() -> None:
     with pytest.raises(ValueError, match="throughput_tasks must be >= 0"):
         run_benchmark({}, {"size_greedy": GreedySearch("size")}, throughput_tasks=-1)
+
+
+def test_summary_reports_measured_compute_over_the_bound_and_where_it_failed() -> None:
+    """compute_ms is ms / 2: task 0 (3.0 ms) sits above a 2.5 ms bound, task 1 (4.0 ms) below a 5.0 ms one."""
+    results = [_result("neuroshard", 0, 6.0).model_copy(update={"bound_ms": 2.5}),
+               _result("neuroshard", 1, 8.0).model_copy(update={"bound_ms": 5.0}),
+               _result("torchrec", 0, 10.0)]
+    rows = {r["method"]: r for r in summarize(results)}
+    assert rows["neuroshard"]["compute_over_bound"] == pytest.approx((3.0 / 2.5 + 4.0 / 5.0) / 2)
+    assert rows["neuroshard"]["under_bound"] == 1
+    assert rows["torchrec"]["compute_over_bound"] is None
+    assert "comp/bound" in format_summary(list(rows.values()))

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from shardwise.costmodel.types import CostModel
 from shardwise.profiling import MeasurementSettings, resolve_device
 from shardwise.search.plan import Plan, PlanError, save_plan
-from shardwise.search.simulator import simulate
+from shardwise.search.simulator import balance_bound, simulate
 from shardwise.search.types import Searcher
 from shardwise.workload import ShardingTask, save_task
 from shardwise.workload.tableset import TableSet, sample_task
@@ -86,6 +86,8 @@ class PlanResult(BaseModel):
     memory_headroom: float
     planning_time_s: float
     predicted_ms: float | None = None
+    #: the cost model's even-spread compute for the plan's shards (search.simulator.balance_bound)
+    bound_ms: float | None = None
     plan_path: str | None = None
     # end-to-end TorchRec DLRM training throughput under the plan (only on the first `throughput_tasks` tasks)
     samples_per_s: float | None = None
@@ -158,6 +160,11 @@ def summarize(
                 "memory_headroom": min(r.memory_headroom for r in mine) if mine else None,
                 "planning_time_s": statistics.fmean(r.planning_time_s for r in mine) if mine else None,
                 "prediction_error": statistics.fmean(errors) if errors else None,
+                # measured slowest compute over the model's even spread; `under_bound`: tasks where the measured
+                # compute came in below it (the model's bound did not hold on hardware)
+                "compute_over_bound": statistics.fmean(over) if (over := [
+                    r.compute_ms / r.bound_ms for r in mine if r.bound_ms]) else None,
+                "under_bound": sum(1 for r in mine if r.bound_ms and r.compute_ms < r.bound_ms) if mine else None,
             }
             if throughput:
                 trained = [r.samples_per_s for r in mine if r.samples_per_s is not None]
@@ -177,8 +184,8 @@ def format_summary(rows: Sequence[dict[str, Any]]) -> str:
     throughput = any("mean_samples_per_s" in r for r in rows)
     lines = [
         f"{'task set':<14} {'method':<20} {'tasks':>5} {'failed':>6} {'cost ms':>9} {'comp ms':>8} {'/torchrec':>9} "
-        f"{'/best base':>10} {'imbal':>6} {'headroom':>8} {'plan s':>7} {'pred err':>8}"
-        + (f" {'samples/s':>10} {'thru/torchrec':>13}" if throughput else "")
+        f"{'/best base':>10} {'imbal':>6} {'headroom':>8} {'plan s':>7} {'pred err':>8} {'comp/bound':>10} "
+        f"{'<bound':>6}" + (f" {'samples/s':>10} {'thru/torchrec':>13}" if throughput else "")
     ]
     for r in rows:
         lines.append(
@@ -186,7 +193,8 @@ def format_summary(rows: Sequence[dict[str, Any]]) -> str:
             f"{f(r['mean_compute_ms'], '.3f'):>8} "
             f"{f(r['ratio_to_torchrec'], '.3f'):>9} {f(r['ratio_to_best_baseline'], '.3f'):>10} "
             f"{f(r['imbalance'], '.3f'):>6} {f(r['memory_headroom'], '.1%'):>8} {f(r['planning_time_s'], '.3f'):>7} "
-            f"{f(r['prediction_error'], '.1%'):>8}"
+            f"{f(r['prediction_error'], '.1%'):>8} {f(r.get('compute_over_bound'), '.3f'):>10} "
+            f"{f(r.get('under_bound'), 'd'):>6}"
             + (
                 f" {f(r.get('mean_samples_per_s'), ',.0f'):>10} {f(r.get('throughput_ratio_to_torchrec'), '.3f'):>13}"
                 if throughput else ""
@@ -194,6 +202,8 @@ def format_summary(rows: Sequence[dict[str, Any]]) -> str:
         )
     best = {r["task_set"]: r["best_baseline"] for r in rows}
     lines.append("best baseline: " + ", ".join(f"{k}: {v}" for k, v in best.items()))
+    lines.append("comp/bound: measured slowest compute over the cost model's even spread of the plan's shards; "
+                 "<bound: tasks measured below it (the model's bound did not hold)")
     return "\n".join(lines)
 
 
@@ -286,6 +296,7 @@ def run_benchmark(
     links: list[tuple[str, str]] = []
     for (set_name, k, method, task, plan, planning_s), cost in zip(planned, measured):
         predicted = simulate(plan, task, cost_model) if cost_model is not None else None
+        bound = balance_bound(plan, task, cost_model, predicted) if cost_model and predicted else None
         plan_path = None
         if out is not None:
             stem = f"{set_name}/task{k:02d}/{method}"
@@ -316,6 +327,7 @@ def run_benchmark(
                 memory_headroom=cost.memory_headroom,
                 planning_time_s=planning_s,
                 predicted_ms=predicted.max_cost_ms if predicted is not None else None,
+                bound_ms=bound.bound_ms if bound is not None else None,
                 plan_path=plan_path,
                 samples_per_s=throughput[set_name, k, method].samples_per_s
                 if (set_name, k, method) in throughput else None,
