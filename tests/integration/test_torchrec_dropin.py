@@ -94,8 +94,10 @@ def test_pooling_of_a_table_serving_several_features_adds_up():
 
 @pytest.mark.parametrize("constraint, expected", [
     ({"compute_kernels": ["dense"]}, "table 't2': compute_kernels \\['dense'\\] exclude 'fused'"),
-    ({"sharding_types": ["row_wise"]}, "table 't2': sharding_types \\['row_wise'\\]: shardwise plans"),
-    ({"sharding_types": ["data_parallel"]}, "table 't2'.*not planned yet"),
+    ({"sharding_types": ["table_row_wise"]}, "table 't2': sharding_types \\['table_row_wise'\\]: shardwise plans"),
+    ({"sharding_types": ["grid_shard"]}, "table 't2'.*emits row_wise and data_parallel"),
+    ({"sharding_types": ["data_parallel"], "compute_kernels": ["fused"]},
+     "table 't2': compute_kernels \\['fused'\\] exclude 'dense': TorchRec's data-parallel sharding runs 'dense'"),
 ])
 def test_constraints_shardwise_cannot_honour_are_refused_naming_the_table(constraint, expected):
     from torchrec.distributed.planner import ParameterConstraints
@@ -104,6 +106,92 @@ def test_constraints_shardwise_cannot_honour_are_refused_naming_the_table(constr
                                constraints={"t2": ParameterConstraints(**constraint)})
     with pytest.raises(PlannerError, match=expected):
         planner.plan(_model(TABLES))
+
+
+def test_tables_restricted_to_row_wise_or_data_parallel_are_emitted_so_and_their_memory_reserved():
+    """TorchRec executes row-wise and data-parallel shardings: the plan says them as TorchRec lays them out, the
+    search places the rest in what they leave of each rank's memory, and the stats say the model did not cost them."""
+    from torchrec.distributed.planner import ParameterConstraints
+
+    from shardwise.workload.memory import activation_buffer_bytes, table_memory_bytes
+
+    constraints = {"t2": ParameterConstraints(sharding_types=["row_wise", "table_row_wise"]),
+                   "t5": ParameterConstraints(sharding_types=["data_parallel"])}
+    planner = ShardwisePlanner(_topology(4, 2), batch_size=512, method="size_greedy", constraints=constraints)
+    sharding_plan = planner.plan(_model(TABLES))
+    params = sharding_plan.plan["sparse"]
+    assert set(params) == {f"t{i}" for i in range(len(TABLES))}
+    row_wise = params["t2"]
+    assert (row_wise.sharding_type, row_wise.compute_kernel, row_wise.ranks) == ("row_wise", "fused", [0, 1, 2, 3])
+    blocks = [(m.shard_offsets, m.shard_sizes, str(m.placement)) for m in row_wise.sharding_spec.shards]
+    assert blocks == [([0, 0], [20000, 128], "rank:0/cuda:0"), ([20000, 0], [20000, 128], "rank:1/cuda:1"),
+                      ([40000, 0], [20000, 128], "rank:2/cuda:0"), ([60000, 0], [20000, 128], "rank:3/cuda:1")]
+    replicated = params["t5"]
+    assert (replicated.sharding_type, replicated.compute_kernel, replicated.ranks) == ("data_parallel", "dense",
+                                                                                       [0, 1, 2, 3])
+    assert {s.table for s in planner.last_plan.shards} == {f"t{i}" for i in (0, 1, 3, 4, 6, 7)}
+    reserved = (table_memory_bytes(20000, 128) + table_memory_bytes(40000, 64)
+                + activation_buffer_bytes(512, 128 + 64))
+    assert planner.last_task.device_memory_bytes == int(GIB * (1 - DEFAULT_STORAGE_RESERVATION)) - reserved
+    assert "row-wise over every rank, not costed by the cost model" in planner.last_stats
+    assert "data-parallel on every rank, not costed by the cost model (it knows table-wise and column-wise shards): t5" \
+        in planner.last_stats
+
+    too_big = ShardwisePlanner(_topology(4, 2, hbm=2**20), batch_size=512, method="size_greedy",
+                               constraints=constraints)
+    with pytest.raises(PlannerError, match="row-wise and data-parallel tables .* need 0.0[0-9]+ GiB on every rank"):
+        too_big.plan(_model(TABLES))
+    only = {f"t{i}": ParameterConstraints(sharding_types=["row_wise"]) for i in range(len(TABLES))}
+    with pytest.raises(PlannerError, match="every table is restricted to row-wise or data-parallel"):
+        ShardwisePlanner(_topology(4, 2), batch_size=512, method="size_greedy", constraints=only).plan(_model(TABLES))
+
+
+def test_sequence_tables_are_planned_with_their_outputs_reserved_and_shared_names_kept_apart():
+    from torchrec.distributed.planner import ParameterConstraints
+
+    from shardwise.workload.memory import activation_buffer_bytes
+
+    planner = ShardwisePlanner(_topology(2, 2), batch_size=512, method="size_greedy",
+                               constraints={"s0": ParameterConstraints(pooling_factors=[5.0])})
+    model = _model(TABLES, with_sequence=True)
+    sharding_plan = planner.plan(model)
+    assert set(sharding_plan.plan) == {"sparse", "sequence"}
+    assert sharding_plan.plan["sequence"]["s0"].sharding_type == "table_wise"
+    assert planner.last_task.table("s0").pooling_factor == 5.0
+    # a sequence table outputs one vector per id, not one per sample: the four extra vectors are reserved
+    expected = int(GIB * (1 - DEFAULT_STORAGE_RESERVATION)) - activation_buffer_bytes(512, 4 * 16)
+    assert planner.last_task.device_memory_bytes == expected
+    assert "sequence tables (EmbeddingCollection), costed as pooled lookups: s0" in planner.last_stats
+
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.modules.embedding_modules import EmbeddingCollection
+
+    model.more = EmbeddingCollection(  # a second collection naming its table like one of the first's
+        tables=[EmbeddingConfig(name="t0", embedding_dim=8, num_embeddings=10, feature_names=["g"])],
+        device=torch.device("meta"))
+    sharding_plan = ShardwisePlanner(_topology(2, 2), batch_size=512, method="size_greedy").plan(model)
+    assert set(sharding_plan.plan["more"]) == {"t0"} and "t0" in sharding_plan.plan["sparse"]
+
+
+def test_modules_shardwise_does_not_plan_are_named_and_left_to_torchrec(caplog):
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
+    from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+
+    model = _model(TABLES, with_sequence=True)
+    inner = EmbeddingBagCollection(  # its table is the feature-processed collection's, not shardwise's
+        tables=[EmbeddingBagConfig(name="w0", embedding_dim=8, num_embeddings=100, feature_names=["f0"])],
+        is_weighted=True, device=torch.device("meta"))
+    model.weighted = FeatureProcessedEmbeddingBagCollection(
+        inner, PositionWeightedModuleCollection({"f0": 10}, device=torch.device("meta")))
+    planner = ShardwisePlanner(_topology(2, 2), batch_size=512, method="size_greedy")
+    with caplog.at_level(logging.WARNING, logger="shardwise.torchrec"):
+        sharding_plan = planner.plan(model, [EmbeddingBagCollectionSharder()])
+    assert set(sharding_plan.plan) == {"sparse"}
+    assert "FeatureProcessedEmbeddingBagCollection at 'weighted' is not planned" in caplog.text
+    assert "EmbeddingCollection at 'sequence' has no sharder in `sharders`: not planned" in caplog.text
 
 
 def test_a_forbidden_column_split_is_refused_and_an_allowed_one_planned():
@@ -124,11 +212,10 @@ def test_a_forbidden_column_split_is_refused_and_an_allowed_one_planned():
             planner.plan(_model(big))
 
 
-def test_the_stats_table_is_logged_per_plan_and_other_embedding_modules_are_named(caplog):
+def test_the_stats_table_is_logged_per_plan(caplog):
     planner = ShardwisePlanner(_topology(2, 2), batch_size=512, cost_model=FeatureCostModel())
     with caplog.at_level(logging.INFO, logger="shardwise.torchrec"):
-        planner.plan(_model(TABLES, with_sequence=True))
-    assert "EmbeddingCollection at 'sequence' is not planned" in caplog.text
+        planner.plan(_model(TABLES))
     stats = planner.last_stats
     assert stats is not None and stats in caplog.text
     assert "8 tables on 2 ranks (2 per host, 15% of memory reserved)" in stats

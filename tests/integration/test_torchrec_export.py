@@ -1,5 +1,5 @@
-"""An exported shardwise plan, and one from the drop-in `ShardwisePlanner.collective_plan`, run in TorchRec's
-DistributedModelParallel (2 gloo processes, CPU) and the sharded model computes what the unsharded one does."""
+"""An exported shardwise plan run in TorchRec's DistributedModelParallel (2 gloo processes, CPU): the sharded model
+computes what the unsharded one does. (The drop-in `ShardwisePlanner` in DMP: test_torchrec_dmp_models.py.)"""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _local_batch(rank: int):
     )
 
 
-def _worker(rank: int, port: int, out_dir: str, planner: bool) -> None:
+def _worker(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
     from torch.distributed._shard.sharded_tensor import ShardedTensor
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -67,7 +67,6 @@ def _worker(rank: int, port: int, out_dir: str, planner: bool) -> None:
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from shardwise.integrations.torchrec import ShardwisePlanner
     from shardwise.search.torchrec_plan import to_sharding_plan
 
     torch.set_num_threads(1)
@@ -86,13 +85,7 @@ def _worker(rank: int, port: int, out_dir: str, planner: bool) -> None:
         model = torch.nn.Sequential()
         model.add_module("ebc", EmbeddingBagCollection(tables=configs, device=torch.device("meta")))
         sharders = [EmbeddingBagCollectionSharder()]
-        if planner:  # planned on rank 0, broadcast over the process group, as TorchRec's planner does
-            dropin = ShardwisePlanner(task=TASK, method="size_greedy", device_type="cpu")
-            sharding_plan = dropin.collective_plan(model, sharders, dist.group.WORLD)
-            if rank == 0:
-                torch.save(dropin.last_plan.shards, Path(out_dir) / "plan.pt")
-        else:
-            sharding_plan = to_sharding_plan(PLAN, TASK, module_path="ebc", device_type="cpu")
+        sharding_plan = to_sharding_plan(PLAN, TASK, module_path="ebc", device_type="cpu")
         # the fused kernel: the dense one on CPU may silently get backward wrong (ENVIRONMENT.md)
         dmp = DistributedModelParallel(
             model, device=torch.device("cpu"), plan=sharding_plan, sharders=sharders
@@ -119,13 +112,12 @@ def _worker(rank: int, port: int, out_dir: str, planner: bool) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("planner", [False, True], ids=["exported", "dropin-planner"])
-def test_plan_runs_in_dmp_and_matches_unsharded(planner, tmp_path, monkeypatch):
+def test_plan_runs_in_dmp_and_matches_unsharded(tmp_path, monkeypatch):
     # the spawned workers import this module by its importlib-mode name (tests.integration...): they need the
     # repository root on sys.path, which `python -m pytest` adds and a plain `pytest` does not
     monkeypatch.syspath_prepend(str(Path(__file__).parents[2]))
-    torch.multiprocessing.spawn(_worker, args=(_free_port(), str(tmp_path), planner), nprocs=WORLD_SIZE, join=True)
-    shards = torch.load(tmp_path / "plan.pt", weights_only=False) if planner else PLAN.shards
+    torch.multiprocessing.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
+    shards = PLAN.shards
     owned = set()
     for rank in range(WORLD_SIZE):
         result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)

@@ -9,14 +9,17 @@ needs TorchRec (the `torchrec` extra); docs/torchrec.md says what is honoured an
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torchrec.distributed.sharding_plan import get_module_to_default_sharders
 from torchrec.distributed.types import ShardingPlan, ShardingPlanner
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
@@ -26,23 +29,30 @@ from shardwise.profiling import hardware_kind
 from shardwise.search import Plan, PlanError, Searcher, format_plan, get_method, make_searcher
 from shardwise.search.torchrec_plan import (
     COMPUTE_KERNEL,
+    DATA_PARALLEL_KERNEL,
+    data_parallel_sharding,
     ebc_on_meta,
     parameter_sharding,
     plan_from_module_sharding,
+    row_wise_rows,
+    row_wise_sharding,
     to_module_sharding_plan,
     to_sharding_plan,
 )
 from shardwise.workload import Optimizer, ShardingTask, TableSpec
+from shardwise.workload.memory import activation_buffer_bytes, table_memory_bytes
 
 from .mlflow import MlflowService, champion_uri, cost_model_name
 
 __all__ = [
     "COMPUTE_KERNEL",
     "DEFAULT_STORAGE_RESERVATION",
+    "ModuleTable",
     "PlannerError",
     "ShardwisePlanner",
     "ebc_on_meta",
     "embedding_bag_collections",
+    "planned_modules",
     "parameter_sharding",
     "plan_from_module_sharding",
     "to_module_sharding_plan",
@@ -57,10 +67,30 @@ log = logging.getLogger("shardwise.torchrec")
 DEFAULT_STORAGE_RESERVATION = 0.15
 #: the sharding types shardwise plans (a whole table on one rank, or column slices on several)
 PLANNED_SHARDING_TYPES = ("table_wise", "column_wise")
+#: the sharding types emitted as TorchRec lays them out for tables restricted to them, in order of preference
+EMITTED_SHARDING_TYPES = ("row_wise", "data_parallel")
+GIB = 2**30
 
 
 class PlannerError(PlanError):
     """A model or constraint the drop-in planner cannot honour: names the table and what shardwise cannot do."""
+
+
+#: the embedding modules shardwise plans: pooled bags, and sequence embeddings (one vector per id, not pooled)
+PLANNED_MODULES: tuple[type[nn.Module], ...] = (EmbeddingBagCollection, EmbeddingCollection)
+
+
+@dataclass(frozen=True)
+class ModuleTable:
+    """One embedding table of the model as the drop-in planner sees it."""
+
+    path: str  #: the module path of its collection ("" for the model itself)
+    name: str  #: its name in the collection (what TorchRec's plan and constraints key on)
+    key: str  #: its name in the shardwise task: `name`, or `path.name` where two collections share a name
+    rows: int
+    dim: int
+    sequence: bool  #: from an EmbeddingCollection: one output vector per id instead of one pooled vector
+    sharding: str  #: "planned" (table-wise / column-wise by the search), "row_wise" or "data_parallel"
 
 
 def embedding_bag_collections(module: nn.Module) -> dict[str, Any]:
@@ -68,9 +98,39 @@ def embedding_bag_collections(module: nn.Module) -> dict[str, Any]:
     return {path: m for path, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)}
 
 
-def _unplanned_modules(module: nn.Module) -> dict[str, str]:
-    """Embedding modules shardwise does not plan (sequence `EmbeddingCollection`s), by path -> type name."""
-    return {path: type(m).__name__ for path, m in module.named_modules() if isinstance(m, EmbeddingCollection)}
+def _configs(collection: nn.Module) -> list[Any]:
+    """The table configs of an EmbeddingBagCollection or EmbeddingCollection."""
+    if isinstance(collection, EmbeddingBagCollection):
+        return list(collection.embedding_bag_configs())
+    return list(collection.embedding_configs())  # type: ignore[operator]
+
+
+def planned_modules(module: nn.Module, sharders: Sequence[Any] | None) -> dict[str, nn.Module]:
+    """The embedding collections to plan (those with a sharder; both kinds when `sharders` is None, as TorchRec's
+    default sharders), by module path; the others TorchRec could shard are named in a warning."""
+    allowed = PLANNED_MODULES if sharders is None else tuple(
+        t for t in PLANNED_MODULES if any(getattr(s, "module_type", None) is t for s in sharders))
+    if not allowed:
+        raise PlannerError("no EmbeddingBagCollection or EmbeddingCollection sharder among `sharders`: nothing "
+                           "shardwise plans is shardable")
+    shardable = tuple(get_module_to_default_sharders())
+    found: dict[str, nn.Module] = {}
+    others: list[str] = []  # modules TorchRec shards whole: the collections inside them are theirs
+    for path, child in module.named_modules():
+        where = repr(path or "<root>")
+        if any(path.startswith(f"{other}.") or not other for other in others):
+            continue
+        if type(child) in PLANNED_MODULES and isinstance(child, allowed):
+            found[path] = child
+        elif type(child) in PLANNED_MODULES:
+            log.warning("ShardwisePlanner: %s at %s has no sharder in `sharders`: not planned, DMP leaves it "
+                        "unsharded", type(child).__name__, where)
+        elif isinstance(child, shardable):
+            others.append(path)
+            log.warning("ShardwisePlanner: %s at %s is not planned (shardwise plans EmbeddingBagCollection and "
+                        "EmbeddingCollection tables); plan it with TorchRec's EmbeddingShardingPlanner",
+                        type(child).__name__, where)
+    return found
 
 
 class ShardwisePlanner(ShardingPlanner):
@@ -79,8 +139,10 @@ class ShardwisePlanner(ShardingPlanner):
     Hardware from a TorchRec `Topology` as `EmbeddingShardingPlanner` takes it (world size, local world size,
     HBM per device, compute device), or from the keyword arguments; `storage_reservation` of each device's memory
     is kept free as TorchRec's planner does. Tables (rows, dim, names) come from the module's
-    `EmbeddingBagCollection`s; pooling factors from `task` when given (matched by table name), else from TorchRec
-    `ParameterConstraints.pooling_factors` (summed over the features a table serves), else 1.0 as in TorchRec.
+    `EmbeddingBagCollection`s and `EmbeddingCollection`s; pooling factors (lookups per sample) from `task` when
+    given (matched by table name), else from TorchRec `ParameterConstraints.pooling_factors` (summed over the
+    features a table serves), else 1.0 as in TorchRec. Tables whose `sharding_types` allow neither table-wise nor
+    column-wise are emitted row-wise or data-parallel, their memory taken off every rank's budget first.
     The cost model is `cost_model` (an object, a directory or a models:/ URI), else this hardware's champion in
     the MLflow registry. `last_plan`, `last_task` and `last_stats` describe the last plan."""
 
@@ -136,54 +198,56 @@ class ShardwisePlanner(ShardingPlanner):
         # a table serving several features is looked up once per feature: its lookups add up
         return float(sum(factors)) if factors else 1.0
 
-    def _table_spec(self, name: str, rows: int, dim: int) -> TableSpec:
-        if self.task is not None and name in {t.name for t in self.task.tables}:
-            given = self.task.table(name)
-            if (given.rows, given.dim) != (rows, dim):
+    def _table_spec(self, table: ModuleTable) -> TableSpec:
+        if self.task is not None and table.key in {t.name for t in self.task.tables}:
+            given = self.task.table(table.key)
+            if (given.rows, given.dim) != (table.rows, table.dim):
                 raise PlannerError(
-                    f"table {name!r}: the module has {rows} rows x dim {dim}, the task says "
+                    f"table {table.key!r}: the module has {table.rows} rows x dim {table.dim}, the task says "
                     f"{given.rows} x {given.dim}"
                 )
             return given
-        return TableSpec(name=name, rows=rows, dim=dim, pooling_factor=self._pooling_factor(name))
+        return TableSpec(name=table.key, rows=table.rows, dim=table.dim, pooling_factor=self._pooling_factor(table.name))
 
-    def _check_constraints(self, names: Sequence[str]) -> None:
-        """Refuse, naming the table, what shardwise cannot plan: other kernels and other sharding types."""
-        for name in names:
-            constraint = self.constraints.get(name)
-            if constraint is None:
-                continue
-            kernels = getattr(constraint, "compute_kernels", None)
-            if kernels and COMPUTE_KERNEL not in kernels:
-                raise PlannerError(
-                    f"table {name!r}: compute_kernels {list(kernels)} exclude {COMPUTE_KERNEL!r}, the only kernel "
-                    "shardwise plans and costs (fbgemm's fused table-batched kernel)"
-                )
-            types = getattr(constraint, "sharding_types", None)
-            if types and not set(types) & set(PLANNED_SHARDING_TYPES):
-                raise PlannerError(
-                    f"table {name!r}: sharding_types {list(types)}: shardwise plans {' and '.join(PLANNED_SHARDING_TYPES)} "
-                    "only (row-wise and data-parallel are not planned yet); allow one of them or plan this model "
-                    "with TorchRec's EmbeddingShardingPlanner"
-                )
+    def _sharding_of(self, name: str) -> str:
+        """How a table is sharded under its constraints: "planned" (table-wise / column-wise by the search),
+        "row_wise" or "data_parallel" (emitted as TorchRec lays them out); what shardwise cannot do is refused."""
+        constraint = self.constraints.get(name)
+        types = list(getattr(constraint, "sharding_types", None) or PLANNED_SHARDING_TYPES)
+        sharding = "planned" if set(types) & set(PLANNED_SHARDING_TYPES) else next(
+            (t for t in EMITTED_SHARDING_TYPES if t in types), None)
+        if sharding is None:
+            raise PlannerError(
+                f"table {name!r}: sharding_types {types}: shardwise plans {' and '.join(PLANNED_SHARDING_TYPES)} and "
+                f"emits {' and '.join(EMITTED_SHARDING_TYPES)}; allow one of them or plan this model with TorchRec's "
+                "EmbeddingShardingPlanner"
+            )
+        kernel = DATA_PARALLEL_KERNEL if sharding == "data_parallel" else COMPUTE_KERNEL
+        kernels = getattr(constraint, "compute_kernels", None)
+        if kernels and kernel not in kernels:
+            what = ("TorchRec's data-parallel sharding runs" if sharding == "data_parallel" else
+                    "the only kernel shardwise plans and costs (fbgemm's fused table-batched kernel) is")
+            raise PlannerError(f"table {name!r}: compute_kernels {list(kernels)} exclude {kernel!r}: {what} {kernel!r}")
+        return sharding
 
-    def _check_plan_constraints(self, plan: Plan) -> None:
+    def _check_plan_constraints(self, plan: Plan, tables: Sequence[ModuleTable]) -> None:
         """Column splits the constraints forbid (no column_wise, or narrower than min_partition) are refused."""
-        for name, constraint in self.constraints.items():
-            widths = [s.dim for s in plan.shards if s.table == name]
-            if len(widths) < 2:
+        for table in tables:
+            constraint = self.constraints.get(table.name)
+            widths = [s.dim for s in plan.shards if s.table == table.key]
+            if constraint is None or len(widths) < 2:
                 continue
             types = getattr(constraint, "sharding_types", None)
             if types and "column_wise" not in types:
                 raise PlannerError(
-                    f"table {name!r}: the {plan.method} plan splits it column-wise, which its sharding_types "
+                    f"table {table.name!r}: the {plan.method} plan splits it column-wise, which its sharding_types "
                     f"{list(types)} forbid; allow column_wise, or plan with a table-wise method (method='size_greedy')"
                 )
             least = getattr(constraint, "min_partition", None)
             if least and min(widths) < least:
                 raise PlannerError(
-                    f"table {name!r}: the {plan.method} plan splits it into {min(widths)}-column shards, under its "
-                    f"min_partition {least}; lower min_partition or plan with a table-wise method"
+                    f"table {table.name!r}: the {plan.method} plan splits it into {min(widths)}-column shards, under "
+                    f"its min_partition {least}; lower min_partition or plan with a table-wise method"
                 )
 
     def _local_world_size(self, world_size: int) -> int:
@@ -216,16 +280,44 @@ class ShardwisePlanner(ShardingPlanner):
         self.cost_model = model  # loaded once per planner
         return model
 
-    def task_for(self, module: nn.Module, sharders: Sequence[Any] | None = None) -> tuple[ShardingTask, dict[str, list[str]]]:
-        """The sharding task of `module`'s embedding-bag tables, and each collection's table names."""
-        if sharders is not None and not any(getattr(s, "module_type", None) is EmbeddingBagCollection for s in sharders):
-            raise PlannerError("no EmbeddingBagCollection sharder among `sharders`: nothing shardwise plans is shardable")
-        for path, kind in _unplanned_modules(module).items():
-            log.warning("ShardwisePlanner: %s at %r is not planned (shardwise plans EmbeddingBagCollection "
-                        "tables); plan it with TorchRec's EmbeddingShardingPlanner", kind, path or "<root>")
-        collections = embedding_bag_collections(module)
+    def tables_of(self, module: nn.Module, sharders: Sequence[Any] | None = None) -> list[ModuleTable]:
+        """Every table of the collections to plan, with its sharding under the constraints."""
+        collections = planned_modules(module, sharders)
         if not collections:
-            raise PlannerError("the module has no EmbeddingBagCollection to shard")
+            raise PlannerError("the module has no EmbeddingBagCollection or EmbeddingCollection to shard")
+        tables: list[ModuleTable] = []
+        keys: set[str] = set()
+        for path, collection in collections.items():
+            for config in _configs(collection):
+                key = config.name if config.name not in keys else f"{path}.{config.name}"
+                if key in keys:
+                    raise PlannerError(f"table {config.name!r} appears twice in the collection at {path!r}")
+                keys.add(key)
+                tables.append(ModuleTable(
+                    path=path, name=config.name, key=key, rows=config.num_embeddings, dim=config.embedding_dim,
+                    sequence=isinstance(collection, EmbeddingCollection), sharding=self._sharding_of(config.name)))
+        return tables
+
+    def _emitted_bytes(self, tables: Sequence[ModuleTable], world_size: int) -> int:
+        """Memory every rank keeps for what the search does not place: row-wise blocks and data-parallel replicas
+        (the largest rank's), and the output of sequence tables beyond one vector per sample (wherever they land,
+        so counted on every rank: never over memory)."""
+        assert self.batch_size is not None  # checked by the caller
+        reserved = 0
+        for table in tables:
+            lookups = self._pooling_factor(table.name) if table.sequence else 1.0
+            outputs = activation_buffer_bytes(self.batch_size, math.ceil(lookups * table.dim))
+            if table.sharding == "row_wise":
+                reserved += table_memory_bytes(row_wise_rows(table.rows, world_size)[0], table.dim, self.optimizer)
+            elif table.sharding == "data_parallel":
+                reserved += table_memory_bytes(table.rows, table.dim, self.optimizer)
+            else:
+                outputs -= activation_buffer_bytes(self.batch_size, table.dim)  # the planner counts one vector
+            reserved += outputs
+        return reserved
+
+    def task_for(self, tables: Sequence[ModuleTable]) -> ShardingTask:
+        """The sharding task of the tables the search places, on each rank's memory left by the rest."""
         world_size = self.world_size
         if world_size is None and dist.is_initialized():
             world_size = dist.get_world_size()
@@ -239,43 +331,67 @@ class ShardwisePlanner(ShardingPlanner):
                                   ("batch_size", self.batch_size)) if v is None]
         if world_size is None or budget is None or self.batch_size is None:
             raise PlannerError(f"ShardwisePlanner needs {', '.join(missing)} (pass them, or a task)")
-        tables: list[TableSpec] = []
-        names: dict[str, list[str]] = {}
-        for path, ebc in collections.items():
-            names[path] = []
-            for config in ebc.embedding_bag_configs():
-                tables.append(self._table_spec(config.name, config.num_embeddings, config.embedding_dim))
-                names[path].append(config.name)
-        self._check_constraints([t.name for t in tables])
-        task = ShardingTask(
+        planned = [t for t in tables if t.sharding == "planned"]
+        if not planned:
+            raise PlannerError("every table is restricted to row-wise or data-parallel sharding: nothing for shardwise "
+                               "to plan; use TorchRec's EmbeddingShardingPlanner")
+        reserved = self._emitted_bytes(tables, world_size)
+        if reserved >= budget:
+            raise PlannerError(
+                f"row-wise and data-parallel tables and sequence outputs need {reserved / GIB:.2f} GiB on every rank, "
+                f"at least the {budget / GIB:.2f} GiB budget: nothing is left for the other tables"
+            )
+        return ShardingTask(
             num_devices=world_size,
-            device_memory_bytes=budget,
+            device_memory_bytes=budget - reserved,
             batch_size=self.batch_size,
-            tables=tuple(tables),
+            tables=tuple(self._table_spec(t) for t in planned),
             optimizer=self.optimizer,
         )
-        return task, names
+
+    def _stats(self, plan: Plan, task: ShardingTask, tables: Sequence[ModuleTable], local: int) -> str:
+        """TorchRec-style per-rank stats, and what the cost model did not see."""
+        reserved = f", {self.storage_reservation:.0%} of memory reserved" if self.device_memory_bytes else ""
+        lines = [f"ShardwisePlanner: {len(tables)} tables on {task.num_devices} ranks ({local} per host{reserved})",
+                 format_plan(plan)]
+        for sharding, how in (("row_wise", "row-wise over every rank"), ("data_parallel", "data-parallel on every rank")):
+            names = [t.name for t in tables if t.sharding == sharding]
+            if names:
+                lines.append(f"{how}, not costed by the cost model (it knows table-wise and column-wise shards): "
+                             f"{', '.join(names)}")
+        sequence = [t.name for t in tables if t.sequence]
+        if sequence:
+            lines.append(f"sequence tables (EmbeddingCollection), costed as pooled lookups: {', '.join(sequence)}")
+        emitted = self._emitted_bytes(tables, task.num_devices)
+        if emitted:
+            lines.append(f"memory cap above is what is left per rank after {emitted / GIB:.3f} GiB for those")
+        return "\n".join(lines)
 
     # -- TorchRec's interface ----------------------------------------------------------------------------------
     def plan(self, module: nn.Module, sharders: Sequence[Any] | None = None) -> Any:
-        """A `ShardingPlan` for every `EmbeddingBagCollection` in `module` (`sharders` as TorchRec passes them)."""
-        task, names = self.task_for(module, sharders)
+        """A `ShardingPlan` for every `EmbeddingBagCollection` and `EmbeddingCollection` in `module` (those with a
+        sharder among `sharders`, as TorchRec passes them)."""
+        tables = self.tables_of(module, sharders)
+        task = self.task_for(tables)
         plan = self.searcher.search(task, self.resolved_cost_model(), self.seed)
-        self._check_plan_constraints(plan)
+        self._check_plan_constraints(plan, tables)
         self.last_plan, self.last_task = plan, task
         local = self._local_world_size(task.num_devices)
-        reserved = f", {self.storage_reservation:.0%} of memory reserved" if self.device_memory_bytes else ""
-        self.last_stats = (f"ShardwisePlanner: {len(task.tables)} tables on {task.num_devices} ranks "
-                           f"({local} per host{reserved})\n{format_plan(plan)}")
+        self.last_stats = self._stats(plan, task, tables, local)
         log.info("%s", self.last_stats)
-        return ShardingPlan(
-            {
-                path: to_module_sharding_plan(
-                    plan, task, tables=tables, device_type=self.device_type, local_world_size=local,
-                )
-                for path, tables in names.items()
-            }
-        )
+        modules: dict[str, Any] = {}
+        for path in dict.fromkeys(t.path for t in tables):
+            mine = [t for t in tables if t.path == path]
+            module_plan = to_module_sharding_plan(plan, task, tables={t.key: t.name for t in mine if t.sharding == "planned"},
+                                                  device_type=self.device_type, local_world_size=local)
+            for t in mine:
+                if t.sharding == "row_wise":
+                    module_plan[t.name] = row_wise_sharding(t.rows, t.dim, task.num_devices,
+                                                            device_type=self.device_type, local_world_size=local)
+                elif t.sharding == "data_parallel":
+                    module_plan[t.name] = data_parallel_sharding(task.num_devices)
+            modules[path] = module_plan
+        return ShardingPlan(modules)
 
     def collective_plan(self, module: nn.Module, sharders: Sequence[Any] | None = None, pg: Any = None) -> Any:
         """`plan` on rank 0, broadcast to every rank of `pg` (so all ranks shard identically)."""

@@ -1,5 +1,6 @@
-"""shardwise plans in TorchRec's terms and back: `ShardingPlan` export for `DistributedModelParallel`, import of
-TorchRec's table-wise and column-wise module plans, and a task's tables as a meta-device EmbeddingBagCollection.
+"""shardwise plans in TorchRec's terms and back: `ShardingPlan` export for `DistributedModelParallel` (and the
+row-wise and data-parallel shardings the drop-in planner emits for tables restricted to them), import of TorchRec's
+table-wise and column-wise module plans, and a task's tables as a meta-device EmbeddingBagCollection.
 
     DistributedModelParallel(model, plan=to_sharding_plan(plan, task, module_path="ebc"))
 
@@ -9,7 +10,7 @@ while this module is imported with every `shardwise.search` (the torchrec baseli
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
 #: the only kernel shardwise measures and plans for (fbgemm's fused TBE, optimizer in backward)
 COMPUTE_KERNEL = "fused"
+#: TorchRec's data-parallel sharding runs only the dense kernel (replicated weights, gradients all-reduced)
+DATA_PARALLEL_KERNEL = "dense"
 
 
 def parameter_sharding(
@@ -60,25 +63,63 @@ def to_module_sharding_plan(
     plan: Plan,
     task: ShardingTask,
     *,
-    tables: Sequence[str] | None = None,
+    tables: Mapping[str, str] | Sequence[str] | None = None,
     device_type: str = "cuda",
     local_world_size: int | None = None,
 ) -> EmbeddingModuleShardingPlan:
-    """An `EmbeddingModuleShardingPlan` for one embedding-bag collection (its `tables`, default all)."""
+    """An `EmbeddingModuleShardingPlan` for one embedding collection: its `tables` (task names, or a mapping of
+    task name -> the module's table name where they differ; default all of the task's)."""
     from torchrec.distributed.types import EmbeddingModuleShardingPlan  # torchrec: heavy, optional
 
-    wanted = set(tables) if tables is not None else {t.name for t in task.tables}
+    if tables is None:
+        tables = [t.name for t in task.tables]
+    renamed = dict(tables) if isinstance(tables, Mapping) else {name: name for name in tables}
     by_table: dict[str, list[Shard]] = {}
     for s in plan.shards:
-        if s.table in wanted:
+        if s.table in renamed:
             by_table.setdefault(s.table, []).append(s)
     local = local_world_size or plan.num_devices
     return EmbeddingModuleShardingPlan(
         {
-            name: parameter_sharding(shards, task.table(name).rows, device_type=device_type, local_world_size=local)
+            renamed[name]: parameter_sharding(
+                shards, task.table(name).rows, device_type=device_type, local_world_size=local
+            )
             for name, shards in by_table.items()
         }
     )
+
+
+def row_wise_rows(rows: int, world_size: int) -> list[int]:
+    """Each rank's rows under TorchRec's row-wise sharding: blocks of ceil(rows / ranks), the rest on the last
+    rank that gets any (10 rows on 4 ranks: 3, 3, 3, 1)."""
+    block = -(-rows // world_size)
+    return [max(0, min(block, rows - rank * block)) for rank in range(world_size)]
+
+
+def row_wise_sharding(
+    rows: int, dim: int, world_size: int, *, device_type: str = "cuda", local_world_size: int | None = None
+) -> ParameterSharding:
+    """A table split by rows over every rank as TorchRec's row-wise sharding lays it out (fused kernel)."""
+    from torchrec.distributed.sharding_plan import placement  # torchrec: heavy, optional
+    from torchrec.distributed.types import ParameterSharding
+
+    local = local_world_size or world_size
+    sizes = row_wise_rows(rows, world_size)
+    offsets = [sum(sizes[:rank]) for rank in range(world_size)]
+    spec = EnumerableShardingSpec([
+        ShardMetadata(shard_offsets=[offset, 0], shard_sizes=[size, dim], placement=placement(device_type, rank, local))
+        for rank, (offset, size) in enumerate(zip(offsets, sizes, strict=True))
+    ])
+    return ParameterSharding(sharding_type="row_wise", compute_kernel=COMPUTE_KERNEL, ranks=list(range(world_size)),
+                             sharding_spec=spec)
+
+
+def data_parallel_sharding(world_size: int) -> ParameterSharding:
+    """A table replicated on every rank (TorchRec's data-parallel sharding runs the dense kernel)."""
+    from torchrec.distributed.types import ParameterSharding  # torchrec: heavy, optional
+
+    return ParameterSharding(sharding_type="data_parallel", compute_kernel=DATA_PARALLEL_KERNEL,
+                             ranks=list(range(world_size)))
 
 
 def to_sharding_plan(
