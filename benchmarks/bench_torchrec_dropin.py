@@ -1,26 +1,33 @@
-"""The drop-in planner against TorchRec's on the MLPerf DLRM-DCNv2 tables: measured plan cost and planning time.
+"""The drop-in planner against TorchRec's on the MLPerf DLRM-DCNv2 tables and the paper task sets: measured plan
+cost and planning time.
 
 The 26 tables of MLPerf training's DLRM-DCNv2 (Criteo 1TB, embedding dim 128, multi-hot pooling per table; rows
-scaled down to fit CPU memory) planned two ways for the same `EmbeddingBagCollection` on meta:
+scaled down to fit CPU memory), and the first N tasks of each of bench_plan_quality.py's paper task sets (10-60
+tables on 4 devices, 80-120 on 8), each planned two ways for the same `EmbeddingBagCollection` on meta:
 `ShardwisePlanner(...).plan(module)` (the cost model: this hardware's champion or --model) and TorchRec's
-`EmbeddingShardingPlanner` (the `torchrec` method: fused kernel, the same pooling factors and memory cap). Both
+`EmbeddingShardingPlanner` (the `torchrec` method: fused kernel, the same pooling factors and memory cap). All
 plans are measured in one session on this machine's fbgemm kernels and all-to-alls (evaluation.measure_plans).
 
-    python benchmarks/bench_torchrec_dropin.py --model MODEL_DIR [--devices 4] [--row-scale 0.001] [--record]
+    python benchmarks/bench_torchrec_dropin.py --model MODEL_DIR [--devices 4] [--paper-tasks 3] [--record]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from typing import Any
 
+import torch
 from record import record
 
-from shardwise.evaluation import measure_plans
-from shardwise.integrations.torchrec import ShardwisePlanner
+from shardwise.evaluation import PAPER_TASK_SETS, make_task_set, measure_plans
+from shardwise.integrations.torchrec import ShardwisePlanner, ebc_on_meta
 from shardwise.profiling import MeasurementSettings
-from shardwise.search import make_searcher
-from shardwise.workload import TableSpec, shard_memory_bytes
+from shardwise.search import Plan, PlanError, Searcher, make_searcher
+from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
+from shardwise.workload.synthetic import synthesize_tables
+from shardwise.workload.tableset import split_tables
 
 #: MLPerf DLRM-DCNv2 (training v3.0 reference): rows per table (max_ind_range 40M) and multi-hot sizes
 MLPERF_ROWS = (40_000_000, 39_060, 17_295, 7_424, 20_265, 3, 7_122, 1_543, 63, 40_000_000, 3_067_956, 405_282, 10,
@@ -44,14 +51,46 @@ def dcnv2_module(row_scale: float):  # noqa: ANN201 - a torch module holding the
     return module, constraints
 
 
+def plan_both(planner: ShardwisePlanner, module: Any, torchrec: Searcher) -> tuple[ShardingTask, Plan, Plan | None,
+                                                                                  float, float]:
+    """The drop-in planner's plan of `module` and TorchRec's planner's of the same task (None where it finds none:
+    its storage estimate is larger than shardwise's), and their seconds."""
+    start = time.perf_counter()
+    planner.plan(module)
+    ours_s = time.perf_counter() - start
+    task, ours = planner.last_task, planner.last_plan
+    assert task is not None and ours is not None  # set by plan()
+    start = time.perf_counter()
+    try:
+        theirs: Plan | None = torchrec.search(task, None, 0)
+    except PlanError as err:
+        print(f"{len(task.tables)} tables on {task.num_devices} devices: {err}")
+        theirs = None
+    return task, ours, theirs, ours_s, time.perf_counter() - start
+
+
+def paper_tasks(per_set: int, seed: int, batch_size: int) -> list[tuple[str, ShardingTask]]:
+    """The first `per_set` tasks of each paper task set (bench_plan_quality.py's, from held-out synthetic tables),
+    at `batch_size` (at 65536, TorchRec's storage estimate finds no plan for them)."""
+    tables = synthesize_tables(num_tables=800, seed=seed, row_scale=0.01, batch_size=batch_size, progress=False)
+    _, pool = split_tables(tables, holdout_fraction=0.2, seed=seed)
+    return [(spec.name, task) for spec in PAPER_TASK_SETS
+            for task in make_task_set(pool, spec.model_copy(update={"num_tasks": per_set}), seed=seed)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="cost model directory or URI (default: the champion)")
     parser.add_argument("--devices", type=int, default=4)
     parser.add_argument("--row-scale", type=float, default=0.001, help="rows x this (CPU-sized tables)")
     parser.add_argument("--memory-slack", type=float, default=1.5, help="memory per device = slack x even share")
+    parser.add_argument("--paper-tasks", type=int, default=3, metavar="N",
+                        help="also the first N tasks of each paper task set (0: the DCNv2 tables only)")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/torchrec_dropin.json")
     args = parser.parse_args()
+    torch.set_num_threads(1)
+    torchrec = make_searcher("torchrec")
 
     module, constraints = dcnv2_module(args.row_scale)
     tables = [TableSpec(name=c.name, rows=c.num_embeddings, dim=c.embedding_dim, pooling_factor=1.0)
@@ -60,31 +99,43 @@ def main() -> None:
     planner = ShardwisePlanner(world_size=args.devices, batch_size=2048, constraints=constraints, device_type="cpu",
                                device_memory_bytes=int(args.memory_slack * need / args.devices),
                                storage_reservation=0.0, cost_model=args.model)
-    start = time.perf_counter()
-    planner.plan(module)
-    shardwise_s = time.perf_counter() - start
-    task, ours = planner.last_task, planner.last_plan
-    start = time.perf_counter()
-    theirs = make_searcher("torchrec").search(task, None, 0)
-    torchrec_s = time.perf_counter() - start
-
+    runs = [("mlperf-dcnv2", *plan_both(planner, module, torchrec))]
     model = planner.resolved_cost_model()
-    measurement = MeasurementSettings(device="cpu").for_cost_model(getattr(model, "reference_ms", None), task.batch_size)
-    mine, baseline = measure_plans([(task, ours), (task, theirs)], measurement)
-    ratio = mine.max_cost_ms / baseline.max_cost_ms
-    print(f"MLPerf DLRM-DCNv2 tables (26, dim {DIM}, rows x {args.row_scale}) on {args.devices} devices, "
-          f"batch {task.batch_size}")
-    print(f"{'planner':<22}{'measured max ms':>16}{'planning s':>12}")
-    print(f"{'ShardwisePlanner':<22}{mine.max_cost_ms:>16.3f}{shardwise_s:>12.2f}")
-    print(f"{'TorchRec planner':<22}{baseline.max_cost_ms:>16.3f}{torchrec_s:>12.2f}")
-    print(f"ShardwisePlanner / TorchRec = {ratio:.3f} (measured, lower is better)")
+    batch = getattr(model, "batch_size", None) or 2048  # the cost model's, as it was trained and is measured
+    for name, task in paper_tasks(args.paper_tasks, args.seed, batch) if args.paper_tasks else []:
+        # the task's own tables, pooling and skew; the planner takes its memory budget as it is
+        dropin = ShardwisePlanner(task=task, device_type="cpu", cost_model=model)
+        runs.append((name, *plan_both(dropin, ebc_on_meta(task), torchrec)))
+
+    # measured as the cost model's data was (its reference timing and batch), like bench_plan_quality.py
+    measurement = MeasurementSettings(device="cpu").for_cost_model(getattr(model, "reference_ms", None),
+                                                                   getattr(model, "batch_size", None))
+    pairs = [(task, plan) for _, task, ours, theirs, _, _ in runs for plan in (ours, theirs) if plan is not None]
+    measured = iter(measure_plans(pairs, measurement))
+    print(f"{'task':<28}{'tables':>7}{'devices':>8}{'shardwise ms':>13}{'torchrec ms':>12}{'ratio':>7}"
+          f"{'plan s':>8}{'torchrec s':>11}")
+    rows: list[dict[str, Any]] = []
+    for index, (name, task, _, theirs, ours_s, theirs_s) in enumerate(runs):
+        mine = next(measured).max_cost_ms
+        baseline = next(measured).max_cost_ms if theirs is not None else None
+        ratio = mine / baseline if baseline else None
+        label = name if name == "mlperf-dcnv2" else f"{name} #{sum(r[0] == name for r in runs[:index]) + 1}"
+        print(f"{label:<28}{len(task.tables):>7}{task.num_devices:>8}{mine:>13.3f}"
+              + (f"{baseline:>12.3f}{ratio:>7.3f}" if baseline and ratio else f"{'no plan':>12}{'':>7}")
+              + f"{ours_s:>8.2f}{theirs_s:>11.2f}")
+        rows.append({"task": label, "tables": len(task.tables), "devices": task.num_devices,
+                     "shardwise_max_ms": round(mine, 3), "torchrec_max_ms": baseline and round(baseline, 3),
+                     "ratio_to_torchrec": ratio and round(ratio, 3), "planning_s": round(ours_s, 2),
+                     "torchrec_planning_s": round(theirs_s, 2)})
+    for name in dict.fromkeys(r[0] for r in runs):
+        ratios = [r["ratio_to_torchrec"] for r in rows if r["task"].split(" #")[0] == name and r["ratio_to_torchrec"]]
+        if ratios:
+            print(f"{name}: ShardwisePlanner / TorchRec's planner = {statistics.fmean(ratios):.3f} on average over "
+                  f"the {len(ratios)} task(s) both planned (measured slowest device, lower is better)")
     if args.record:
-        record("torchrec_dropin", "Drop-in planner vs TorchRec's on the MLPerf DLRM-DCNv2 tables (measured)", [
-            {"planner": "ShardwisePlanner", "measured_max_ms": round(mine.max_cost_ms, 3),
-             "planning_s": round(shardwise_s, 2), "ratio_to_torchrec": round(ratio, 3)},
-            {"planner": "TorchRec EmbeddingShardingPlanner", "measured_max_ms": round(baseline.max_cost_ms, 3),
-             "planning_s": round(torchrec_s, 2), "ratio_to_torchrec": 1.0},
-        ], notes=f"{args.devices} devices, rows x {args.row_scale}, memory slack {args.memory_slack}")
+        record("torchrec_dropin", "Drop-in planner vs TorchRec's: the MLPerf DLRM-DCNv2 tables and paper tasks "
+               "(measured)", rows, notes=f"DCNv2 on {args.devices} devices, rows x {args.row_scale}, memory slack "
+               f"{args.memory_slack}; first {args.paper_tasks} task(s) of each paper set")
 
 
 if __name__ == "__main__":
