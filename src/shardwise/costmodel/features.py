@@ -81,31 +81,54 @@ def network_inputs(transformed: np.ndarray, normaliser: FeatureNormaliser) -> np
     return np.concatenate([normaliser(transformed), work.astype(np.float32)], axis=1)
 
 
-def comm_features(widths: np.ndarray, compute_ms: np.ndarray) -> np.ndarray:
-    """[N, D] per-device output widths and compute ms -> [N, D, 7] communication features."""
+def _layouts(widths: np.ndarray, compute_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     widths = np.asarray(widths, dtype=np.float64)
     compute_ms = np.asarray(compute_ms, dtype=np.float64)
     if widths.ndim != 2:
         raise ValueError(f"widths must be [layouts, devices], got shape {widths.shape}")
     if compute_ms.shape != widths.shape:
         raise ValueError(f"compute_ms shape {compute_ms.shape} differs from widths shape {widths.shape}")
+    return widths, compute_ms
+
+
+def _device_features(own_width: np.ndarray, own_compute: np.ndarray, widths: np.ndarray,
+                     compute_ms: np.ndarray) -> np.ndarray:
+    """The features of devices with `own_*` ([N, K]) in the layouts `widths`, `compute_ms` ([N, D])."""
     n, d = widths.shape
     total = widths.sum(axis=1, keepdims=True)
     peak = widths.max(axis=1, keepdims=True)
-    skew = compute_ms.max(axis=1, keepdims=True) - compute_ms
+    skew = compute_ms.max(axis=1, keepdims=True) - own_compute
+    shape = own_width.shape
     feats = np.stack(
         [
-            np.log1p(widths),
-            np.broadcast_to(np.log1p(total), (n, d)),
-            np.broadcast_to(np.log1p(peak), (n, d)),
-            np.broadcast_to(np.log1p(total / d), (n, d)),
-            widths / np.maximum(peak, 1.0),
-            np.full((n, d), np.log(float(d))),
+            np.log1p(own_width),
+            np.broadcast_to(np.log1p(total), shape),
+            np.broadcast_to(np.log1p(peak), shape),
+            np.broadcast_to(np.log1p(total / d), shape),
+            own_width / np.maximum(peak, 1.0),
+            np.full(shape, np.log(float(d))),
             np.log1p(np.maximum(skew, 0.0)),
         ],
         axis=-1,
     )
     return feats.astype(np.float32)
+
+
+def comm_features(widths: np.ndarray, compute_ms: np.ndarray) -> np.ndarray:
+    """[N, D] per-device output widths and compute ms -> [N, D, 7] communication features."""
+    widths, compute_ms = _layouts(widths, compute_ms)
+    return _device_features(widths, compute_ms, widths, compute_ms)
+
+
+def comm_features_at(widths: np.ndarray, compute_ms: np.ndarray, devices: np.ndarray) -> np.ndarray:
+    """[N, D] layouts and [N] device indices -> [N, 7]: `comm_features` of device `devices[n]` in layout n."""
+    widths, compute_ms = _layouts(widths, compute_ms)
+    devices = np.asarray(devices, dtype=np.int64)
+    if devices.shape != (widths.shape[0],):
+        raise ValueError(f"devices must be one index per layout ({widths.shape[0]}), got shape {devices.shape}")
+    rows = np.arange(len(devices))
+    own = (widths[rows, devices][:, None], compute_ms[rows, devices][:, None])
+    return _device_features(*own, widths, compute_ms)[:, 0]
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from .features import (
     FeatureNormaliser,
     TableFeatureCache,
     comm_features,
+    comm_features_at,
     network_inputs,
 )
 from .networks import CommNet, ComputeNet, load_checked_state
@@ -181,13 +182,26 @@ class NeuralCostModel:
     @torch.inference_mode()
     def predict_comm(self, widths: np.ndarray, compute_ms: np.ndarray) -> np.ndarray:
         """[N, D] per-device output widths and compute ms of N layouts -> [N, D, 2] fwd/bwd all-to-all ms."""
+        self._check_comm()
+        return self._comm_ms(comm_features(widths, compute_ms))
+
+    @torch.inference_mode()
+    def predict_comm_at(self, widths: np.ndarray, compute_ms: np.ndarray, devices: np.ndarray) -> np.ndarray:
+        """[N, D] layouts and [N] device indices -> [N, 2] fwd/bwd all-to-all ms of that device in its layout
+        (`predict_comm`'s rows for one device per layout; the network runs on N rows instead of N x D)."""
+        self._check_comm()
+        return self._comm_ms(comm_features_at(widths, compute_ms, devices))
+
+    def _check_comm(self) -> None:
         if self.comm_net is None or self.comm_normaliser is None:
             raise ValueError(
                 f"cost model for {self.hardware_kind!r} has no communication network: "
                 "it was trained on a dataset without kind='comm' rows (profile with --comm-layouts)"
             )
-        feats = self.comm_normaliser(comm_features(widths, compute_ms))
-        out = self.comm_net(torch.from_numpy(feats).to(self.device)) + self._comm_offset
+
+    def _comm_ms(self, features: np.ndarray) -> np.ndarray:
+        assert self.comm_net is not None and self.comm_normaliser is not None  # checked by the callers
+        out = self.comm_net(torch.from_numpy(self.comm_normaliser(features)).to(self.device)) + self._comm_offset
         return torch.exp(out.clamp(max=MAX_LOG_MS)).cpu().numpy().astype(np.float64)
 
     # -- persistence -------------------------------------------------------------------------------------

@@ -21,9 +21,11 @@ from shardwise.workload.tables import DIM_ALIGNMENT
 from .plan import Plan, PlanError, Shard, check_memory_bounds, shard_state_bytes
 from .registry import MethodOptions, MethodSpec, register_method
 from .report import finish_plan
-from .simulator import ShardCostCache, predict_comm_ms
+from .simulator import ShardCostCache, predict_comm_at_ms, predict_comm_ms
 from .threads import single_thread
 
+#: the greedy re-prices every device's all-to-all once per this many placements (the chosen device's each time)
+COMM_REFRESH_STEPS = 8
 #: pieces per table (1 = whole table, 2 = halves, 4 = quarters, ...), indexed like task.tables
 SplitState = tuple[int, ...]
 
@@ -41,13 +43,16 @@ class NeuroShardConfig:
     #: a device may hold at most factor x (sum of single-shard predicted costs / devices): a balance cap on
     #: work rather than width (it catches what the dim caps miss when pooling factors differ widely)
     cost_cap_factors: tuple[float, ...] = (1.0, 1.05, 1.1, 1.25)
+    #: devices per step the head prices the shard on: the allowed ones least loaded now (all of them on up to
+    #: this many devices; fewer make hundreds of devices fast)
+    device_candidates: int = 8
     #: devices per step whose all-to-all is priced exactly (the rest are ranked by their current one)
     comm_candidates: int = 3
     #: stop widening the beam once this much time is spent (None: run to `max_depth`)
     time_budget_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("beam_width", "num_candidates", "comm_candidates"):
+        for name in ("beam_width", "num_candidates", "device_candidates", "comm_candidates"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_depth < 0:
@@ -147,7 +152,8 @@ class _Placer:
         chosen = np.full((rows, emb.shape[1]), -1)
         row_idx = np.arange(rows)
         comm_now = predict_comm_ms(model, width, compute).sum(axis=2)
-        k = min(num_devices, config.comm_candidates)
+        near_count = min(num_devices, config.device_candidates)
+        k = min(near_count, config.comm_candidates)
 
         for step in range(emb.shape[1]):
             u = order[state_of, step]
@@ -157,42 +163,49 @@ class _Placer:
             alive &= feasible.any(axis=1)
             if not alive.any():
                 break
-            new_compute = model.compute_from_embeddings((summed + e[:, None, :]).reshape(-1, hidden))
-            new_compute = np.asarray(new_compute, dtype=np.float64).sum(axis=1).reshape(rows, num_devices)
             under_cap = feasible & (load + su[:, None] <= cap[:, None] * (1 + 1e-9))
             allowed = np.where(under_cap.any(axis=1, keepdims=True), under_cap, feasible)
-            # shortlist by compute plus the device's current all-to-all, then price the all-to-all exactly
-            # for the shortlisted layouts (a full [devices x devices] comm call per step is the bottleneck)
-            approx = np.where(allowed, new_compute + comm_now, np.inf)
-            short = np.argpartition(approx, k - 1, axis=1)[:, :k] if k < num_devices else np.tile(
-                np.arange(num_devices), (rows, 1)
-            )
+            # the head prices the shard on the allowed devices least loaded now (compute + all-to-all): what a
+            # shard adds grows with what a device holds, so the best device is among them, and one head call
+            # over every device of every row is what makes hundreds of devices slow
+            near = _lowest(np.where(allowed, compute + comm_now, np.inf), near_count)  # [R, near] device ids
+            near_allowed = np.take_along_axis(allowed, near, axis=1)
+            new_compute = model.compute_from_embeddings(
+                (summed[row_idx[:, None], near] + e[:, None, :]).reshape(-1, hidden))
+            new_compute = np.asarray(new_compute, dtype=np.float64).sum(axis=1).reshape(rows, near_count)
+            # shortlist by compute plus the device's current all-to-all, then price the candidate device's own
+            # all-to-all exactly in the layout it would make
+            approx = np.where(near_allowed, new_compute + np.take_along_axis(comm_now, near, axis=1), np.inf)
+            pos = _lowest(approx, k)  # [R, k] positions in `near`
+            short = np.take_along_axis(near, pos, axis=1)
+            short_compute = np.take_along_axis(new_compute, pos, axis=1)
             onehot = np.arange(num_devices)[None, None, :] == short[:, :, None]  # [R, k, D]
             layout_width = width[:, None, :] + dm[:, None, None] * onehot
-            layout_compute = np.where(onehot, new_compute[row_idx[:, None], short][:, :, None], compute[:, None, :])
-            comm = predict_comm_ms(
-                model, layout_width.reshape(-1, num_devices), layout_compute.reshape(-1, num_devices)
-            ).sum(axis=2).reshape(rows, k, num_devices)
-            own_comm = np.take_along_axis(comm, short[:, :, None], axis=2)[:, :, 0]
-            score = np.where(
-                np.take_along_axis(allowed, short, axis=1),
-                np.take_along_axis(new_compute, short, axis=1) + own_comm,
-                np.inf,
-            )
+            layout_compute = np.where(onehot, short_compute[:, :, None], compute[:, None, :])
+            own_comm = predict_comm_at_ms(
+                model, layout_width.reshape(-1, num_devices), layout_compute.reshape(-1, num_devices),
+                short.reshape(-1),
+            ).sum(axis=1).reshape(rows, k)
+            score = np.where(np.take_along_axis(near_allowed, pos, axis=1), short_compute + own_comm, np.inf)
             pick = np.argmin(score, axis=1)
             live = row_idx[alive]
             d = short[live, pick[live]]
             chosen[live, u[live]] = d
             summed[live, d] += e[live]
-            compute[live, d] = new_compute[live, d]
+            compute[live, d] = short_compute[live, pick[live]]
             width[live, d] += dm[live]
             load[live, d] += su[live]
             free[live, d] -= m[live]
             holds[live, d, tb[live]] = True
-            comm_now[live] = comm[live, pick[live]]
+            # the chosen device's all-to-all is the one just priced; the others' move a little with the layout's
+            # totals and are re-priced every few steps (all of them each step is the slowest part at scale)
+            comm_now[live, d] = own_comm[live, pick[live]]
+            if step % COMM_REFRESH_STEPS == COMM_REFRESH_STEPS - 1:
+                comm_now[live] = predict_comm_ms(model, width[live], compute[live]).sum(axis=2)
             self.head_calls += 2
 
         # a row's plan cost: its slowest device under the final layout's all-to-all
+        comm_now = predict_comm_ms(model, width, compute).sum(axis=2)
         plan_cost = np.where(alive, (compute + comm_now).max(axis=1), np.inf)
         results = []
         for j, su in enumerate(units):
@@ -203,6 +216,13 @@ class _Placer:
             else:
                 results.append(_Evaluated(float("inf"), None, su))
         return results
+
+
+def _lowest(values: np.ndarray, count: int) -> np.ndarray:
+    """[R, count] column indices of each row's `count` smallest values (all columns when there are no more)."""
+    if count >= values.shape[1]:
+        return np.tile(np.arange(values.shape[1]), (values.shape[0], 1))
+    return np.argpartition(values, count - 1, axis=1)[:, :count]
 
 
 class NeuroShardSearch:
@@ -315,6 +335,8 @@ class NeuroShardOptions(MethodOptions):
     num_candidates: int = Field(default=_DEFAULT.num_candidates, ge=1,
                                 description="largest and costliest tables tried per step")
     max_depth: int = Field(default=_DEFAULT.max_depth, ge=0, description="column splits explored")
+    device_candidates: int = Field(default=_DEFAULT.device_candidates, ge=1,
+                                   description="least-loaded devices each shard is priced on")
     time_budget_s: float | None = Field(default=_DEFAULT.time_budget_s, gt=0,
                                         description="stop widening the beam after this many seconds")
 

@@ -110,6 +110,20 @@ def predict_comm_ms(cost_model: CostModel, widths: np.ndarray, compute_ms: np.nd
     return np.asarray(cost_model.predict_comm(widths, compute_ms), dtype=np.float64)
 
 
+def predict_comm_at_ms(
+    cost_model: CostModel, widths: np.ndarray, compute_ms: np.ndarray, devices: np.ndarray
+) -> np.ndarray:
+    """[N, 2] all-to-all ms of device `devices[n]` in layout n: `predict_comm_ms`'s rows for one device per
+    layout, through the model's `predict_comm_at` where it has one (the network runs on N rows, not N x D)."""
+    devices = np.asarray(devices)
+    if not getattr(cost_model, "has_comm", True):
+        return np.zeros((len(devices), 2))
+    at = getattr(cost_model, "predict_comm_at", None)
+    if at is not None:
+        return np.asarray(at(widths, compute_ms, devices), dtype=np.float64)
+    return predict_comm_ms(cost_model, widths, compute_ms)[np.arange(len(devices)), devices]
+
+
 def simulate_devices(
     devices: Sequence[Sequence[TableSpec]], cost_model: CostModel, cache: ShardCostCache | None = None
 ) -> PlanCost:
