@@ -134,6 +134,19 @@ def test_predict_comm_any_number_of_devices_and_grows_with_width(trained):
     assert big.sum() > small.sum()
 
 
+def test_one_devices_all_to_all_is_that_devices_row_of_the_whole_layouts(trained):
+    """predict_comm_at (search prices one candidate device per layout) is predict_comm's row for it, exactly."""
+    model, _ = trained
+    rng = np.random.default_rng(0)
+    widths, compute = rng.integers(0, 512, (40, 16)).astype(float), rng.random((40, 16)) * 5
+    devices = rng.integers(0, 16, 40)
+    whole = model.predict_comm(widths, compute)
+    np.testing.assert_allclose(model.predict_comm_at(widths, compute, devices), whole[np.arange(40), devices],
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="one index per layout"):
+        model.predict_comm_at(widths, compute, devices[:3])
+
+
 def test_model_without_comm_data_says_so():
     df = cost_frame({"a": synthetic_tables("a", 12, 2), "h": synthetic_tables("h", 4, 3)}, {"a": 60, "h": 20}, 1)
     model, _ = train_cost_model(df, 0, TrainConfig(epochs=3, progress=False))

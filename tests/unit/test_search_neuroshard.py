@@ -69,6 +69,20 @@ def test_neuroshard_never_returns_a_plan_over_memory(slack):
         assert max(plan.extra["memory_bytes"]) <= task.device_memory_bytes
 
 
+def test_pricing_each_shard_on_the_least_loaded_devices_only_keeps_plans_in_memory_and_balanced(tableset):
+    """On more devices than `device_candidates` the head prices each shard on the least-loaded allowed devices
+    only: plans still fit, use every device, and cost about what pricing every device gives."""
+    model = FeatureCostModel()
+    for seed, slack in enumerate((1.05, 1.5)):
+        task = sample_task(tableset, 60, 12, seed=seed, memory_slack=slack)
+        everywhere = NeuroShardSearch(device_candidates=12).search(task, model, seed)
+        shortlist = NeuroShardSearch(device_candidates=2).search(task, model, seed)
+        validate_plan(shortlist, task)
+        assert {s.device for s in shortlist.shards} == set(range(12))
+        ratio = shortlist.extra["predicted"]["max_cost_ms"] / everywhere.extra["predicted"]["max_cost_ms"]
+        assert ratio < 1.05, ratio
+
+
 def test_the_reported_cost_is_the_simulated_cost_of_the_plan():
     task = random_task(3, 50, 8)
     model = FeatureCostModel()
