@@ -1,7 +1,10 @@
-"""Planning time: NeuroShard next to TorchRec's planner on the same task (100 tables / 8 devices, 1,000 / 64).
+"""Planning time: NeuroShard next to TorchRec's planner on the same task, from 100 tables / 8 devices to 5,000 /
+1,024 (the scaling curve: seconds and the process's peak memory).
 
-Targets (README): NeuroShard plans 100 tables on 8 devices in under 2 s and 1,000 tables on 64 devices in
-under 60 s. Tables are synthetic DLRM tables at full size; memory per device is 1.5x an even share.
+Targets (issue 16): NeuroShard plans 100 tables on 8 devices in under 2 s, 1,000 tables on 64 devices in at
+most 5 s and 5,000 tables on 1,024 devices in at most 60 s (column splits allowed), in at most 4 GiB. Tables are
+synthetic DLRM tables at full size; memory per device is 1.5x an even share. Peak memory is the process's peak
+resident set after each NeuroShard search (sizes run smallest first), torch and the tables included.
 
     python benchmarks/bench_planning_time.py                       # champion cost model, else an untrained one
     python benchmarks/bench_planning_time.py --model MODEL_DIR --with-cw
@@ -11,6 +14,7 @@ under 60 s. Tables are synthetic DLRM tables at full size; memory per device is 
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 
 import numpy as np
@@ -20,7 +24,8 @@ from shardwise.search import PlanError, make_searcher
 from shardwise.workload.synthetic import synthesize_tables
 from shardwise.workload.tableset import sample_task
 
-TARGET_S = {(100, 8): 2.0, (1000, 64): 60.0}
+TARGET_S = {(100, 8): 2.0, (1000, 64): 5.0, (5000, 1024): 60.0}
+GIB = 2**30
 
 
 def cost_model_for(uri: str | None, tables, batch_size: int):  # type: ignore[no-untyped-def]
@@ -78,7 +83,9 @@ def main() -> None:
     parser.add_argument("--with-cw", action="store_true", help="also time TorchRec's column-wise variant "
                         "(minutes at 1,000 tables)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sizes", default="100x8,1000x64", help="tables x devices, comma separated")
+    parser.add_argument("--sizes", default="100x8,1000x64,5000x1024", help="tables x devices, comma separated")
+    parser.add_argument("--torchrec-max-tables", type=int, default=1000,
+                        help="run TorchRec's planner on tasks up to this many tables (it takes many minutes beyond)")
     parser.add_argument("--batch-size", type=int, default=4096, help="the tasks' batch size (reuse bins are "
                         "measured at it: larger batches make synthesizing 1,000 tables slow, not planning)")
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/planning_time.json")
@@ -90,7 +97,7 @@ def main() -> None:
     model, source = cost_model_for(args.model, tableset.tables, batch_size)
     print(f"cost model: {source}")
     baselines = ["torchrec", "torchrec_cw"] if args.with_cw else ["torchrec"]
-    header = f"{'task':>12}  {'neuroshard s':>12}  {'(cpu s)':>8}  " + "  ".join(f"{b + ' s':>14}  {'ratio':>6}" for b in baselines)
+    header = f"{'task':>12}  {'neuroshard s':>12}  {'(cpu s)':>8}  {'peak GiB':>8}  " + "  ".join(f"{b + ' s':>14}  {'ratio':>6}" for b in baselines)
     print(header + f"  {'target':>8}")
     rows = []
     for num_tables, num_devices in sizes:
@@ -99,10 +106,15 @@ def main() -> None:
         make_searcher("neuroshard").search(task, model, args.seed)
         neuro_s = time.perf_counter() - started
         neuro_cpu_s = time.process_time() - cpu_started
+        peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux: kilobytes
         cells = []
         row = {"task": f"{num_tables}x{num_devices}", "neuroshard_s": round(neuro_s, 2),
-               "neuroshard_cpu_s": round(neuro_cpu_s, 2)}
+               "neuroshard_cpu_s": round(neuro_cpu_s, 2), "peak_gib": round(peak_gib, 2)}
         for method in baselines:
+            if num_tables > args.torchrec_max_tables:
+                cells.append(f"{'not run':>14}  {'-':>6}")
+                row |= {f"{method}_s": None, f"{method}_over_neuroshard": None}
+                continue
             started = time.perf_counter()
             try:
                 make_searcher(method).search(task, None, args.seed)
@@ -119,17 +131,20 @@ def main() -> None:
         within = None if target is None else neuro_s < target
         rows.append(row | {"target_s": target, "neuroshard_within_target": within})
         print(
-            f"{f'{num_tables}x{num_devices}':>12}  {neuro_s:>12.2f}  {neuro_cpu_s:>8.2f}  " + "  ".join(cells)
+            f"{f'{num_tables}x{num_devices}':>12}  {neuro_s:>12.2f}  {neuro_cpu_s:>8.2f}  {peak_gib:>8.2f}  "
+            + "  ".join(cells)
             + f"  {verdict:>8}"
         )
     print("ratio = TorchRec's planner time / NeuroShard's time on the same task (same process, same run);")
     print("cpu s = NeuroShard's process CPU time: far below wall time means the machine was busy with others")
+    print("peak GiB = the process's peak resident memory after the search (torch and the tables included)")
     if args.record:
         record("planning_time", "Planning time: NeuroShard next to TorchRec's planner", rows,
                notes=f"cost model: {source}; synthetic DLRM tables at full size, batch {batch_size}, memory "
                      "per device 1.5x an even share; *_over_neuroshard = TorchRec's time / NeuroShard's on "
                      "the same task; neuroshard_cpu_s = NeuroShard's process CPU time (far below wall time: "
-                     "the machine was busy with others)")
+                     "the machine was busy with others); peak_gib = the process's peak resident memory after the "
+                     f"search; TorchRec's planner run up to {args.torchrec_max_tables} tables")
 
 
 if __name__ == "__main__":

@@ -134,17 +134,31 @@ def test_predict_comm_any_number_of_devices_and_grows_with_width(trained):
     assert big.sum() > small.sum()
 
 
-def test_one_devices_all_to_all_is_that_devices_row_of_the_whole_layouts(trained):
-    """predict_comm_at (search prices one candidate device per layout) is predict_comm's row for it, exactly."""
+@pytest.mark.parametrize("num_devices", [1, 2, 16])
+def test_a_candidates_all_to_all_is_its_row_of_the_changed_layout(trained, num_devices):
+    """predict_comm_after (search prices each candidate device for a shard) is predict_comm's row for that
+    device in the layout the shard would make, exactly, including when the candidate is the slowest device."""
+    from shardwise.search.simulator import predict_comm_after_ms
+
     model, _ = trained
-    rng = np.random.default_rng(0)
-    widths, compute = rng.integers(0, 512, (40, 16)).astype(float), rng.random((40, 16)) * 5
-    devices = rng.integers(0, 16, 40)
-    whole = model.predict_comm(widths, compute)
-    np.testing.assert_allclose(model.predict_comm_at(widths, compute, devices), whole[np.arange(40), devices],
-                               rtol=1e-6)
-    with pytest.raises(ValueError, match="one index per layout"):
-        model.predict_comm_at(widths, compute, devices[:3])
+    rng = np.random.default_rng(num_devices)
+    n, k = 30, min(3, num_devices)
+    widths = rng.integers(0, 512, (n, num_devices)).astype(float)
+    compute = rng.random((n, num_devices)) * 5
+    devices = np.stack([rng.choice(num_devices, k, replace=False) for _ in range(n)])
+    devices[0, 0] = compute[0].argmax()  # the slowest device takes more work
+    added, new = rng.integers(4, 128, n).astype(float), rng.random((n, k)) * 6
+    expected = np.zeros((n, k, 2))
+    for i in range(n):
+        for j, d in enumerate(devices[i]):
+            w, c = widths[i].copy(), compute[i].copy()
+            w[d] += added[i]
+            c[d] = new[i, j]
+            expected[i, j] = model.predict_comm(w[None], c[None])[0, d]
+    np.testing.assert_allclose(model.predict_comm_after(widths, compute, devices, added, new), expected, rtol=1e-5)
+    # a model without the fast path (a test double) is asked the same through the whole layouts
+    slow = type("Slow", (), {"predict_comm": model.predict_comm})()
+    np.testing.assert_allclose(predict_comm_after_ms(slow, widths, compute, devices, added, new), expected, rtol=1e-5)
 
 
 def test_model_without_comm_data_says_so():

@@ -91,22 +91,19 @@ def _layouts(widths: np.ndarray, compute_ms: np.ndarray) -> tuple[np.ndarray, np
     return widths, compute_ms
 
 
-def _device_features(own_width: np.ndarray, own_compute: np.ndarray, widths: np.ndarray,
-                     compute_ms: np.ndarray) -> np.ndarray:
-    """The features of devices with `own_*` ([N, K]) in the layouts `widths`, `compute_ms` ([N, D])."""
-    n, d = widths.shape
-    total = widths.sum(axis=1, keepdims=True)
-    peak = widths.max(axis=1, keepdims=True)
-    skew = compute_ms.max(axis=1, keepdims=True) - own_compute
+def _device_features(own_width: np.ndarray, total: np.ndarray, peak: np.ndarray, skew: np.ndarray,
+                     num_devices: int) -> np.ndarray:
+    """The features of devices of width `own_width` in layouts of `total` and `peak` width, `skew` ms below the
+    slowest device's compute (all broadcast to `own_width`'s shape) -> [..., 7]."""
     shape = own_width.shape
     feats = np.stack(
         [
             np.log1p(own_width),
             np.broadcast_to(np.log1p(total), shape),
             np.broadcast_to(np.log1p(peak), shape),
-            np.broadcast_to(np.log1p(total / d), shape),
+            np.broadcast_to(np.log1p(total / num_devices), shape),
             own_width / np.maximum(peak, 1.0),
-            np.full(shape, np.log(float(d))),
+            np.full(shape, np.log(float(num_devices))),
             np.log1p(np.maximum(skew, 0.0)),
         ],
         axis=-1,
@@ -117,18 +114,32 @@ def _device_features(own_width: np.ndarray, own_compute: np.ndarray, widths: np.
 def comm_features(widths: np.ndarray, compute_ms: np.ndarray) -> np.ndarray:
     """[N, D] per-device output widths and compute ms -> [N, D, 7] communication features."""
     widths, compute_ms = _layouts(widths, compute_ms)
-    return _device_features(widths, compute_ms, widths, compute_ms)
+    skew = compute_ms.max(axis=1, keepdims=True) - compute_ms
+    return _device_features(widths, widths.sum(axis=1, keepdims=True), widths.max(axis=1, keepdims=True), skew,
+                            widths.shape[1])
 
 
-def comm_features_at(widths: np.ndarray, compute_ms: np.ndarray, devices: np.ndarray) -> np.ndarray:
-    """[N, D] layouts and [N] device indices -> [N, 7]: `comm_features` of device `devices[n]` in layout n."""
+def comm_features_after(widths: np.ndarray, compute_ms: np.ndarray, devices: np.ndarray, added_width: np.ndarray,
+                        new_compute_ms: np.ndarray) -> np.ndarray:
+    """`comm_features` of device `devices[n, j]` ([N, K]) in layout n after it takes `added_width[n]` more columns
+    and its compute becomes `new_compute_ms[n, j]`, the rest of the layout unchanged -> [N, K, 7]. What search
+    asks of every candidate device for a shard, in O(N x D) instead of building N x K layouts."""
     widths, compute_ms = _layouts(widths, compute_ms)
+    n, d = widths.shape
     devices = np.asarray(devices, dtype=np.int64)
-    if devices.shape != (widths.shape[0],):
-        raise ValueError(f"devices must be one index per layout ({widths.shape[0]}), got shape {devices.shape}")
-    rows = np.arange(len(devices))
-    own = (widths[rows, devices][:, None], compute_ms[rows, devices][:, None])
-    return _device_features(*own, widths, compute_ms)[:, 0]
+    added = np.asarray(added_width, dtype=np.float64).reshape(n, 1)
+    new_compute_ms = np.asarray(new_compute_ms, dtype=np.float64)
+    if devices.ndim != 2 or devices.shape[0] != n or new_compute_ms.shape != devices.shape:
+        raise ValueError(f"devices and new_compute_ms must be [{n}, K] alike, got {devices.shape} and "
+                         f"{new_compute_ms.shape}")
+    own_width = widths[np.arange(n)[:, None], devices] + added
+    peak = np.maximum(widths.max(axis=1, keepdims=True), own_width)
+    # the slowest other device: the layout's slowest, or its second slowest where the candidate is the slowest
+    top = np.sort(np.partition(compute_ms, d - 2, axis=1)[:, -2:], axis=1) if d > 1 else np.full((n, 2), -np.inf)
+    slowest = compute_ms.argmax(axis=1)[:, None]
+    others = np.where(devices == slowest, top[:, :1], top[:, 1:])
+    skew = np.maximum(others, new_compute_ms) - new_compute_ms
+    return _device_features(own_width, widths.sum(axis=1, keepdims=True) + added, peak, skew, d)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .features import (
     FeatureNormaliser,
     TableFeatureCache,
     comm_features,
-    comm_features_at,
+    comm_features_after,
     network_inputs,
 )
 from .networks import CommNet, ComputeNet, load_checked_state
@@ -186,11 +186,13 @@ class NeuralCostModel:
         return self._comm_ms(comm_features(widths, compute_ms))
 
     @torch.inference_mode()
-    def predict_comm_at(self, widths: np.ndarray, compute_ms: np.ndarray, devices: np.ndarray) -> np.ndarray:
-        """[N, D] layouts and [N] device indices -> [N, 2] fwd/bwd all-to-all ms of that device in its layout
-        (`predict_comm`'s rows for one device per layout; the network runs on N rows instead of N x D)."""
+    def predict_comm_after(self, widths: np.ndarray, compute_ms: np.ndarray, devices: np.ndarray,
+                           added_width: np.ndarray, new_compute_ms: np.ndarray) -> np.ndarray:
+        """[N, K, 2] fwd/bwd all-to-all ms of device `devices[n, j]` of layout n ([N, D] `widths`, `compute_ms`)
+        once it takes `added_width[n]` more columns and computes for `new_compute_ms[n, j]`: `predict_comm`'s row
+        for that device in that changed layout, with the network run on N x K rows instead of N x K x D."""
         self._check_comm()
-        return self._comm_ms(comm_features_at(widths, compute_ms, devices))
+        return self._comm_ms(comm_features_after(widths, compute_ms, devices, added_width, new_compute_ms))
 
     def _check_comm(self) -> None:
         if self.comm_net is None or self.comm_normaliser is None:

@@ -21,11 +21,14 @@ from shardwise.workload.tables import DIM_ALIGNMENT
 from .plan import Plan, PlanError, Shard, check_memory_bounds, shard_state_bytes
 from .registry import MethodOptions, MethodSpec, register_method
 from .report import finish_plan
-from .simulator import ShardCostCache, predict_comm_at_ms, predict_comm_ms
+from .simulator import ShardCostCache, predict_comm_after_ms, predict_comm_ms
 from .threads import single_thread
 
-#: the greedy re-prices every device's all-to-all once per this many placements (the chosen device's each time)
+#: the greedy re-prices every device's all-to-all once per this many placements (the chosen device's at each),
+#: and once per devices / COMM_REFRESH_DEVICES placements on more devices: one placement moves a layout's totals
+#: by about 1 / devices, and re-pricing all of them is the slowest part of a step at a thousand devices
 COMM_REFRESH_STEPS = 8
+COMM_REFRESH_DEVICES = 32
 #: pieces per table (1 = whole table, 2 = halves, 4 = quarters, ...), indexed like task.tables
 SplitState = tuple[int, ...]
 
@@ -147,19 +150,20 @@ class _Placer:
         width = np.zeros((rows, num_devices))
         free = np.full((rows, num_devices), task.device_memory_bytes, dtype=np.int64)
         # slices of one table go to different devices: two on one device would only add a kernel input
-        holds = np.zeros((rows, num_devices, len(task.tables)), dtype=bool)
+        holds = np.zeros((rows, len(task.tables), num_devices), dtype=bool)  # [R, table, device]: rows contiguous
         alive = np.ones(rows, dtype=bool)
         chosen = np.full((rows, emb.shape[1]), -1)
         row_idx = np.arange(rows)
         comm_now = predict_comm_ms(model, width, compute).sum(axis=2)
         near_count = min(num_devices, config.device_candidates)
         k = min(near_count, config.comm_candidates)
+        refresh = max(COMM_REFRESH_STEPS, num_devices // COMM_REFRESH_DEVICES)
 
         for step in range(emb.shape[1]):
             u = order[state_of, step]
             e, m, dm, tb = emb[state_of, u], memory[state_of, u], dims[state_of, u], table_of[state_of, u]
             su = size[row_idx, u]
-            feasible = (free >= m[:, None]) & ~holds[row_idx, :, tb] & alive[:, None]
+            feasible = (free >= m[:, None]) & ~holds[row_idx, tb] & alive[:, None]
             alive &= feasible.any(axis=1)
             if not alive.any():
                 break
@@ -179,13 +183,7 @@ class _Placer:
             pos = _lowest(approx, k)  # [R, k] positions in `near`
             short = np.take_along_axis(near, pos, axis=1)
             short_compute = np.take_along_axis(new_compute, pos, axis=1)
-            onehot = np.arange(num_devices)[None, None, :] == short[:, :, None]  # [R, k, D]
-            layout_width = width[:, None, :] + dm[:, None, None] * onehot
-            layout_compute = np.where(onehot, short_compute[:, :, None], compute[:, None, :])
-            own_comm = predict_comm_at_ms(
-                model, layout_width.reshape(-1, num_devices), layout_compute.reshape(-1, num_devices),
-                short.reshape(-1),
-            ).sum(axis=1).reshape(rows, k)
+            own_comm = predict_comm_after_ms(model, width, compute, short, dm, short_compute).sum(axis=2)
             score = np.where(np.take_along_axis(near_allowed, pos, axis=1), short_compute + own_comm, np.inf)
             pick = np.argmin(score, axis=1)
             live = row_idx[alive]
@@ -196,11 +194,11 @@ class _Placer:
             width[live, d] += dm[live]
             load[live, d] += su[live]
             free[live, d] -= m[live]
-            holds[live, d, tb[live]] = True
+            holds[live, tb[live], d] = True
             # the chosen device's all-to-all is the one just priced; the others' move a little with the layout's
             # totals and are re-priced every few steps (all of them each step is the slowest part at scale)
             comm_now[live, d] = own_comm[live, pick[live]]
-            if step % COMM_REFRESH_STEPS == COMM_REFRESH_STEPS - 1:
+            if step % refresh == refresh - 1:
                 comm_now[live] = predict_comm_ms(model, width[live], compute[live]).sum(axis=2)
             self.head_calls += 2
 

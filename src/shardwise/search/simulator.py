@@ -110,18 +110,24 @@ def predict_comm_ms(cost_model: CostModel, widths: np.ndarray, compute_ms: np.nd
     return np.asarray(cost_model.predict_comm(widths, compute_ms), dtype=np.float64)
 
 
-def predict_comm_at_ms(
-    cost_model: CostModel, widths: np.ndarray, compute_ms: np.ndarray, devices: np.ndarray
-) -> np.ndarray:
-    """[N, 2] all-to-all ms of device `devices[n]` in layout n: `predict_comm_ms`'s rows for one device per
-    layout, through the model's `predict_comm_at` where it has one (the network runs on N rows, not N x D)."""
+def predict_comm_after_ms(cost_model: CostModel, widths: np.ndarray, compute_ms: np.ndarray, devices: np.ndarray,
+                          added_width: np.ndarray, new_compute_ms: np.ndarray) -> np.ndarray:
+    """[N, K, 2] all-to-all ms of candidate device `devices[n, j]` of layout n once it takes `added_width[n]` more
+    columns and computes for `new_compute_ms[n, j]`: through the model's `predict_comm_after` where it has one,
+    else `predict_comm_ms` on each changed layout."""
     devices = np.asarray(devices)
     if not getattr(cost_model, "has_comm", True):
-        return np.zeros((len(devices), 2))
-    at = getattr(cost_model, "predict_comm_at", None)
-    if at is not None:
-        return np.asarray(at(widths, compute_ms, devices), dtype=np.float64)
-    return predict_comm_ms(cost_model, widths, compute_ms)[np.arange(len(devices)), devices]
+        return np.zeros((*devices.shape, 2))
+    after = getattr(cost_model, "predict_comm_after", None)
+    if after is not None:
+        return np.asarray(after(widths, compute_ms, devices, added_width, new_compute_ms), dtype=np.float64)
+    n, k = devices.shape
+    num_devices = widths.shape[1]
+    onehot = np.arange(num_devices)[None, None, :] == devices[:, :, None]  # [N, K, D]
+    layout_width = widths[:, None, :] + np.asarray(added_width)[:, None, None] * onehot
+    layout_compute = np.where(onehot, np.asarray(new_compute_ms)[:, :, None], compute_ms[:, None, :])
+    comm = predict_comm_ms(cost_model, layout_width.reshape(-1, num_devices), layout_compute.reshape(-1, num_devices))
+    return comm.reshape(n, k, num_devices, 2)[np.arange(n)[:, None], np.arange(k)[None, :], devices]
 
 
 def simulate_devices(
