@@ -1,7 +1,9 @@
 """Memory safety at scale: seeded random tasks through every method, each plan checked by arithmetic of its own.
 
-Tasks: 1-500 tables, 1-128 devices, memory slack 1.0-3.0 (per-device memory = slack x the tables' total / devices),
-tables from tiny (10 rows, 4 columns) to huge (10^8 rows, 512 columns), random batch size and optimizer. Every
+Tasks: 1-500 tables, 1-128 devices, memory slack 1.0-3.0 (per-device memory = slack x the floor no plan goes
+under: the larger of an even share of the tables' total and the largest table's thinnest column slice, so slack
+1.0 is at the edge of feasible), tables from tiny (10 rows, 4 columns) to huge (10^8 rows, 512 columns), random
+batch size, optimizer and precision. Every
 method that plans without measuring on this machine runs, NeuroShard and the DreamShard/AutoShard policies
 included (a small cost model trained here on synthetic measurements; policies trained for a few episodes). The
 check does not call `validate_plan`: it recomputes each device's bytes from the shards (weights, optimizer state,
@@ -11,6 +13,8 @@ why) and how many of them another method did plan (a weaker search, with the fir
 
     python benchmarks/bench_memory_property.py                   # 10,000 tasks per method (hours on 2 cores)
     python benchmarks/bench_memory_property.py --tasks 500       # a sample; tests/unit/test_search_memory_property.py
+    python benchmarks/bench_memory_property.py --start 2000 --tasks 250 --chunk   # one piece, saved
+    python benchmarks/bench_memory_property.py --merge --record  # the pieces added up
     (--record also writes benchmarks/results/memory_property.json)
 """
 
@@ -51,9 +55,14 @@ def random_task(rng: np.random.Generator, index: int, *, max_tables: int = 500, 
     optimizer = str(rng.choice(list(STATE_VALUES)))
     precision = str(rng.choice(list(WEIGHT_BYTES)))
     total = sum(device_bytes([(t.rows, t.dim)], batch_size, optimizer, precision) for t in tables)
+    # the floor no plan goes under: an even share of everything, and each table's thinnest column slice (split
+    # over every device on the 4-column grid); slack 1.0 is at the edge of feasible, 3.0 roomy
+    thinnest = max(device_bytes([(t.rows, -(-t.dim // min(num_devices, t.dim // 4 or 1)))], batch_size, optimizer,
+                                precision) for t in tables)
     slack = float(rng.uniform(1.0, 3.0))
+    memory = slack * max(total / num_devices, thinnest)
     return ShardingTask(tables=tables, num_devices=num_devices, batch_size=batch_size, optimizer=optimizer,
-                        weights_precision=precision, device_memory_bytes=max(1, int(slack * total / num_devices)))
+                        weights_precision=precision, device_memory_bytes=max(1, min(int(memory), 2**50 - 1)))
 
 
 def device_bytes(shards: list[tuple[int, int]], batch_size: int, optimizer: str, precision: str) -> int:
@@ -156,16 +165,17 @@ def searchers(cost_model, seed: int) -> dict[str, Callable[[], Searcher]]:  # no
     return made
 
 
-def run(num_tasks: int, seed: int = 0, *, max_tables: int = 500, max_devices: int = 128,
+def run(num_tasks: int, seed: int = 0, *, start: int = 0, max_tables: int = 500, max_devices: int = 128,
         torchrec_max_tables: int = 100, progress: bool = True) -> dict[str, Tally]:
-    """Plan `num_tasks` random tasks with every method; the tallies per method."""
+    """Plan random tasks `start` .. `start + num_tasks - 1` with every method; the tallies per method. Task i is
+    drawn from its own seed (seed, i), so any range is the same tasks whichever run draws it."""
     from tqdm.auto import tqdm
 
     cost_model = small_cost_model(seed)
     made = searchers(cost_model, seed)
     tallies = {name: Tally() for name in made}
-    rng = np.random.default_rng(seed)
-    for index in tqdm(range(num_tasks), desc="tasks", disable=not progress):
+    for index in tqdm(range(start, start + num_tasks), desc="tasks", disable=not progress):
+        rng = np.random.default_rng([seed, index])
         task = random_task(rng, index, max_tables=max_tables, max_devices=max_devices)
         impossible = certainly_infeasible(task) or task_fits(task) is not None
         refusals: dict[str, str] = {}
@@ -204,18 +214,84 @@ def run(num_tasks: int, seed: int = 0, *, max_tables: int = 500, max_devices: in
     return tallies
 
 
+#: the Tally fields that add up over chunks of tasks
+COUNTS = ("tasks", "plans", "over_memory", "mis_tiled", "infeasible_planned", "refused", "refused_feasible",
+          "refused_without_reason", "skipped")
+#: where `--chunk` runs keep their tallies (one file per range of tasks; `--merge` adds them up)
+CHUNKS = Path(__file__).resolve().parent / "results" / "memory_property"
+
+
+def save_chunk(tallies: dict[str, Tally], args: argparse.Namespace) -> Path:
+    """One range of tasks' tallies as a JSON file under CHUNKS, named by its range."""
+    import datetime as dt
+    import json
+
+    CHUNKS.mkdir(parents=True, exist_ok=True)
+    path = CHUNKS / f"tasks-{args.start:05d}-{args.start + args.tasks - 1:05d}.json"
+    doc = {"seed": args.seed, "start": args.start, "tasks": args.tasks, "max_tables": args.max_tables,
+           "max_devices": args.max_devices, "torchrec_max_tables": args.torchrec_max_tables,
+           "date": dt.date.today().isoformat(),
+           "methods": {name: {**{k: getattr(t, k) for k in COUNTS}, "seconds": round(t.seconds, 1),
+                              "first_refusal": t.first_refusal, "failures": t.failures}
+                       for name, t in tallies.items()}}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def merged_chunks(seed: int) -> tuple[dict[str, Tally], int, list[str]]:
+    """The tallies of every saved chunk of `seed` added up, the tasks they cover, and the ranges (refused when
+    two overlap: a task counted twice would inflate the figure)."""
+    import json
+
+    tallies: dict[str, Tally] = {}
+    covered: set[int] = set()
+    ranges = []
+    for path in sorted(CHUNKS.glob("tasks-*.json")):
+        doc = json.loads(path.read_text())
+        if doc["seed"] != seed:
+            continue
+        span = set(range(doc["start"], doc["start"] + doc["tasks"]))
+        if span & covered:
+            raise SystemExit(f"{path.name}: its tasks overlap another chunk's; remove one of them")
+        covered |= span
+        ranges.append(f"{doc['start']}-{doc['start'] + doc['tasks'] - 1}")
+        for name, counts in doc["methods"].items():
+            t = tallies.setdefault(name, Tally())
+            for k in COUNTS:
+                setattr(t, k, getattr(t, k) + counts[k])
+            t.seconds += counts["seconds"]
+            t.first_refusal = t.first_refusal or counts["first_refusal"]
+            t.failures += counts["failures"]
+    return tallies, len(covered), ranges
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=10_000, help="random tasks (each through every method)")
+    parser.add_argument("--start", type=int, default=0, help="index of the first task (task i is the same in "
+                        "every run: chunks of one run add up)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-tables", type=int, default=500)
     parser.add_argument("--max-devices", type=int, default=128)
     parser.add_argument("--torchrec-max-tables", type=int, default=100,
                         help="TorchRec's planner only on tasks up to this many tables (its column-wise search is slow)")
+    parser.add_argument("--chunk", action="store_true",
+                        help=f"save this range's tallies under {CHUNKS.relative_to(CHUNKS.parents[2])}/ (to add up "
+                             "with --merge: the 10,000 tasks in pieces, over several sessions)")
+    parser.add_argument("--merge", action="store_true", help="add up the saved chunks instead of planning")
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/memory_property.json")
     args = parser.parse_args()
-    tallies = run(args.tasks, args.seed, max_tables=args.max_tables, max_devices=args.max_devices,
-                  torchrec_max_tables=args.torchrec_max_tables)
+    if args.merge:
+        tallies, covered, ranges = merged_chunks(args.seed)
+        print(f"{covered} tasks from {len(ranges)} chunks ({', '.join(ranges)})")
+    else:
+        tallies = run(args.tasks, args.seed, start=args.start, max_tables=args.max_tables,
+                      max_devices=args.max_devices, torchrec_max_tables=args.torchrec_max_tables)
+        covered = args.tasks
+        if args.chunk:
+            print(f"saved {save_chunk(tallies, args)}")
     header = (f"{'method':<20}{'tasks':>7}{'plans':>7}{'over mem':>9}{'mis-tiled':>10}{'impossible':>11}"
               f"{'refused':>8}{'of them planned by another':>27}{'skipped':>8}{'seconds':>9}  first such refusal")
     print(header)
@@ -232,7 +308,9 @@ def main() -> None:
         from record import record
 
         record("memory_property", "Memory safety: random tasks, plans checked by independent arithmetic", rows,
-               notes=f"{args.tasks} tasks, 1-{args.max_tables} tables, 1-{args.max_devices} devices, slack 1.0-3.0")
+               notes=f"{covered} tasks (seed {args.seed}), 1-{args.max_tables} tables, 1-{args.max_devices} devices, "
+                     "memory slack 1.0-3.0 over the feasibility floor"
+                     + (", added up from the chunks in benchmarks/results/memory_property/" if args.merge else ""))
     raise SystemExit(1 if bad else 0)
 
 
