@@ -18,8 +18,9 @@ class ProfileJobSettings(JobSettings):
     """What to measure (shards of which tables, how many) and how (device, timing protocol)."""
 
     tables: str = Field(description="shardwise.tables/v1 file to sample shards from")
-    out: str = Field(description="cost dataset directory (Parquet part files) to append to; reruns resume; "
-                     "a single-file dataset is converted")
+    out: str = Field(description="cost dataset to append to: a directory of Parquet part files, or an object-store "
+                     "prefix s3://bucket/prefix (one per hardware kind); reruns resume; a single-file dataset is "
+                     "converted")
     indices: str | None = Field(default=None, description="index data in the DLRM dataset format (default: sampled)")
     num_shards: int = Field(default=100, ge=0, description="shard configurations to measure")
     comm_layouts: int = Field(default=_PROFILER["comm_layouts"].default, ge=0, description="all-to-all layouts to measure")
@@ -40,6 +41,10 @@ class ProfileJobSettings(JobSettings):
     timing_iters: int = Field(default=_TIMING["iters"].default, ge=1, description="timed kernel iterations per shard")
     threads: int = Field(default=_TIMING["num_threads"].default, ge=1,
                          description="CPU threads per measurement (one device)")
+    worker: int = Field(default=_PROFILER["worker"].default, ge=0,
+                        description="this worker's slice of the run (0 .. workers-1): K profiling pods with the same "
+                                    "settings and dataset measure it once between them")
+    workers: int = Field(default=_PROFILER["workers"].default, ge=1, description="workers splitting the run")
     no_reference_normalisation: bool = Field(
         default=False, description="report raw medians (normalisation is on by default on CPU, off on CUDA)"
     )
@@ -48,6 +53,8 @@ class ProfileJobSettings(JobSettings):
     def _measures_something(self) -> ProfileJobSettings:
         if self.num_shards == 0 and self.comm_layouts == 0:
             raise ValueError("num_shards and comm_layouts are both 0: nothing to measure")
+        if self.worker >= self.workers:
+            raise ValueError(f"worker {self.worker} is not one of 0..{self.workers - 1} (workers {self.workers})")
         return self
 
 
@@ -105,6 +112,8 @@ def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult
         weights_precision=settings.weights_precision,
         memory_cap_bytes=settings.memory_cap_bytes,
         max_devices=settings.max_devices,
+        worker=settings.worker,
+        workers=settings.workers,
         protocol=TimingProtocol(
             warmup_iters=settings.warmup_iters,
             iters=settings.timing_iters,

@@ -6,6 +6,11 @@ under a hidden temp name and renamed into place: readers never see half a part, 
 overwrite each other, and an interrupt or a SIGKILL at any moment loses at most the rows not yet written. A
 dataset from before part files (one Parquet file) still loads; appending to it first turns it into a directory
 with the old file as its first part (hard link, unlink, rename: the old rows are never copied or rewritten).
+
+A dataset may also live at an object-store prefix (`s3://bucket/prefix`): the same part files, each one PUT (an
+object appears whole or not at all), so profiling pods of every run add to one history that pre-training reads
+whole. Credentials and endpoint come from the usual AWS variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+`AWS_ENDPOINT_URL`, else `MLFLOW_S3_ENDPOINT_URL`, the one the manifests set for MLflow's artifacts).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardwise.errors import ShardwiseError
+from shardwise.errors import ShardwiseError, redacted
 
 from .schema import COMM_COLUMNS, COMMON_COLUMNS, COMPUTE_COLUMNS, DATASET_FORMAT
 
@@ -64,6 +69,47 @@ SCHEMA = pa.schema(
 PART_PREFIX = "part-"
 #: the single file of a dataset from before part files becomes the part that sorts first
 _LEGACY_PART_PREFIX = f"{PART_PREFIX}{0:020d}-legacy-"
+#: the object-store schemes a dataset location may use
+OBJECT_STORE_SCHEMES = ("s3://",)
+
+
+def is_object_store(location: str | Path) -> bool:
+    """True for an object-store prefix (`s3://bucket/prefix`), False for a local path."""
+    return isinstance(location, str) and location.startswith(OBJECT_STORE_SCHEMES)
+
+
+def _object_store(location: str) -> tuple[Any, str]:
+    """A pyarrow filesystem for `location`'s bucket and the prefix path in it ("bucket/prefix")."""
+    from pyarrow import fs  # the S3 client loads only for object-store datasets
+
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("MLFLOW_S3_ENDPOINT_URL")
+    options: dict[str, Any] = {}
+    if endpoint:
+        scheme, _, host = endpoint.partition("://")
+        options = {"endpoint_override": host or scheme, "scheme": scheme if host else "https"}
+    region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
+    if region:
+        options["region"] = region
+    path = location.split("://", 1)[1].strip("/")
+    if not path or path.startswith("/"):
+        raise DatasetError(f"{location}: an object-store dataset is s3://bucket/prefix")
+    return fs.S3FileSystem(**options), path
+
+
+def _object_store_error(location: str, err: Exception) -> DatasetError:
+    return DatasetError(f"{location}: the object store refused ({redacted(str(err).splitlines()[0])})")
+
+
+def _remote_parts(location: str) -> tuple[Any, list[str]]:
+    """The filesystem and the part files under an object-store prefix, in name (time) order."""
+    from pyarrow import fs
+
+    store, prefix = _object_store(location)
+    try:
+        infos = store.get_file_info(fs.FileSelector(prefix, recursive=True, allow_not_found=True))
+    except (OSError, pa.ArrowException) as err:
+        raise _object_store_error(location, err) from None
+    return store, sorted(i.path for i in infos if i.type == fs.FileType.File and i.path.endswith(".parquet"))
 
 
 class DatasetError(ShardwiseError, ValueError):
@@ -221,7 +267,20 @@ def _convert_single_file(path: Path) -> bool:
 
 def prepare_dataset(path: str | Path) -> bool:
     """Make `path` a dataset directory, ready for parts: create it, or turn a single-file dataset from before
-    into a directory with that file as its first part. True when it converted a file (it also logs so)."""
+    into a directory with that file as its first part. True when it converted a file (it also logs so). An
+    object-store prefix needs nothing made: its bucket is checked now, so a wrong one fails before measuring."""
+    if is_object_store(path):
+        from pyarrow import fs
+
+        store, prefix = _object_store(str(path))
+        bucket = prefix.split("/", 1)[0]
+        try:
+            found = store.get_file_info(bucket).type != fs.FileType.NotFound
+        except (OSError, pa.ArrowException) as err:
+            raise _object_store_error(str(path), err) from None
+        if not found:
+            raise DatasetError(f"{path}: bucket {bucket!r} does not exist (or these credentials cannot see it)")
+        return False
     path = Path(path)
     converted = False
     try:
@@ -252,6 +311,14 @@ def write_part(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path | None:
     if not rows:
         return None
     table = rows_to_table(rows)
+    if is_object_store(path):
+        store, prefix = _object_store(str(path))
+        key = f"{prefix}/{_part_name()}"
+        try:  # one object, visible only once whole
+            pq.write_table(table, key, filesystem=store)
+        except (OSError, pa.ArrowException) as err:
+            raise _object_store_error(str(path), err) from None
+        return Path(key)
     path = Path(path)
     if not path.is_dir():
         prepare_dataset(path)
@@ -306,6 +373,9 @@ def _parquet_files(paths: Iterable[str | Path]) -> list[Path]:
 
 def count_rows(path: str | Path) -> int:
     """Rows in the dataset at `path`, from the part files' footers (0 when it does not exist or is empty)."""
+    if is_object_store(path):
+        store, keys = _remote_parts(str(path))
+        return sum(_read_remote(store, key, str(path)).num_rows for key in keys)
     path = Path(path)
     if not path.exists():
         return 0
@@ -318,11 +388,21 @@ def count_rows(path: str | Path) -> int:
     return total
 
 
-def _read_part(file: Path) -> pd.DataFrame:
+def _read_remote(store: Any, key: str, location: str) -> pa.Table:
     try:
-        table = pq.read_table(file)
+        return pq.read_table(key, filesystem=store)
     except (OSError, pa.ArrowException) as err:
-        raise DatasetError(f"{file}: not a readable Parquet file ({err})") from None
+        raise DatasetError(f"s3://{key}: not a readable Parquet object in {redacted(location)} ({err})") from None
+
+
+def _read_part(file: Path | pa.Table) -> pd.DataFrame:
+    if isinstance(file, pa.Table):  # an object-store part, already read
+        table = file
+    else:
+        try:
+            table = pq.read_table(file)
+        except (OSError, pa.ArrowException) as err:
+            raise DatasetError(f"{file}: not a readable Parquet file ({err})") from None
     missing = [c for c in COMMON_COLUMNS if c not in table.column_names]
     if missing:
         raise DatasetError(f"{file}: missing columns of {DATASET_FORMAT}: {missing}")
@@ -339,7 +419,13 @@ def load_costs(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
     """One DataFrame of all rows in one or more cost datasets (directories of part files, or single files)."""
     if isinstance(paths, str | Path):
         paths = [paths]
-    frames = [_read_part(file) for file in _parquet_files(paths)]
+    local = [p for p in paths if not is_object_store(p)]
+    frames = [_read_part(file) for file in _parquet_files(local)] if local else []
+    for location in (str(p) for p in paths if is_object_store(p)):
+        store, keys = _remote_parts(location)
+        if not keys:
+            raise MissingDatasetError(f"cost dataset {location} holds no .parquet part files")
+        frames += [_read_part(_read_remote(store, key, location)) for key in keys]
     if not frames:
         return rows_to_table([]).to_pandas()
     return pd.concat(frames, ignore_index=True)
@@ -347,6 +433,10 @@ def load_costs(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
 
 def load_stored(path: str | Path) -> pd.DataFrame | None:
     """The rows already in the dataset at `path` for resuming; None when it does not exist or holds no parts."""
+    if is_object_store(path):
+        store, keys = _remote_parts(str(path))
+        parts = [_read_part(_read_remote(store, key, str(path))) for key in keys]
+        return pd.concat(parts, ignore_index=True) if parts else None
     path = Path(path)
     if not path.exists():
         return None

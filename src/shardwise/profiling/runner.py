@@ -20,13 +20,20 @@ from typing import Any
 
 import pandas as pd
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm import tqdm
 
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision
 
 from .comm import CommTiming, default_backend, measure_all_to_all_many
-from .dataset import count_rows, interrupts_deferred, load_stored, prepare_dataset, write_part
+from .dataset import (
+    count_rows,
+    interrupts_deferred,
+    is_object_store,
+    load_stored,
+    prepare_dataset,
+    write_part,
+)
 from .hardware import hardware_info, resolve_device
 from .kernel import IndexData, TimingProtocol, calibrate_reference, measure_shard
 from .sampling import (
@@ -64,6 +71,16 @@ class ProfileSettings(BaseModel):
     comm_iters: int = Field(default=10, ge=1)
     max_devices: int | None = Field(default=None, ge=2)  # None: GPU count, or max(4, cores) on CPU
     chunk_size: int = Field(default=25, ge=1)  # rows per flush to disk
+    #: this worker's slice of the run (shard configs and all-to-all layouts i with i % workers == worker): K
+    #: workers with the same settings measure the run once between them, into one dataset
+    worker: int = Field(default=0, ge=0)
+    workers: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _worker_in_range(self) -> ProfileSettings:
+        if self.worker >= self.workers:
+            raise ValueError(f"worker {self.worker} is not one of 0..{self.workers - 1} (workers {self.workers})")
+        return self
 
 
 @dataclass(frozen=True)
@@ -140,7 +157,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 class _RowBuffer:
     """Rows waiting to be appended; flushed every `chunk_size` rows and on exit (also when interrupted)."""
 
-    def __init__(self, out: Path, chunk_size: int) -> None:
+    def __init__(self, out: str | Path, chunk_size: int) -> None:
         self.out, self.chunk_size = out, chunk_size
         self.rows: list[dict[str, Any]] = []
 
@@ -166,7 +183,7 @@ def profile(
 ) -> ProfileSummary:
     """Measure sampled shards (and all-to-all layouts) on `settings.device`; append rows to the dataset `out`
     (a directory of Parquet part files; a single-file dataset from before is converted into one first)."""
-    out = Path(out)
+    out = out if is_object_store(out) else Path(out)
     device = resolve_device(settings.device)
     protocol = settings.protocol.for_device(device)
     info = hardware_info(device)
@@ -192,7 +209,8 @@ def profile(
         for c in configs
     ]
     jobs = _schedule(len(configs), settings.repeats, settings.repeat_shards)
-    todo = [j for j in jobs if (ids[j.index], j.repeat) not in done]
+    mine = settings.worker, settings.workers
+    todo = [j for j in jobs if (ids[j.index], j.repeat) not in done and j.index % mine[1] == mine[0]]
 
     backend = default_backend(device.type)
     max_devices = settings.max_devices or default_max_devices(device.type)
@@ -208,7 +226,7 @@ def profile(
         else []
     )
     layout_ids = [comm_config_id(w, settings.batch_size, backend, kind) for w in layouts]
-    comm_todo = [k for k, cid in enumerate(layout_ids) if (cid, 0) not in done]
+    comm_todo = [k for k, cid in enumerate(layout_ids) if (cid, 0) not in done and k % mine[1] == mine[0]]
 
     if protocol.reference_normalised and protocol.reference_ms is None and todo:
         reused = _reuse_reference_ms(stored, kind, timing)
