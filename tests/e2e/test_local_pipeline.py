@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardwise.pipelines.params import preset
+from shardwise.profiling import load_costs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -36,7 +37,12 @@ def test_local_pipeline_then_the_next_commands(tmp_path):
     out = result.stdout
     # a quiet console: one line per step with its time, then the summary; the libraries' logs are in the file
     steps = re.findall(r"^([\w-]+)\s+success\s+[\d.]+ s$", out, re.M)
-    assert len(steps) == 8, out
+    assert len(steps) == 10, out
+    # the kernel profile fanned out over the preset's workers, each its slice, and pretrain read them all
+    slices = sorted((tmp_path / "runs/local/pipeline_root").glob("*/for-loop-*-iteration-*/profile-costs/costs"))
+    assert len(slices) == preset("smoke")["profile_workers"] == 2
+    profiled = [load_costs(path)["config_id"] for path in slices]
+    assert not set(profiled[0]) & set(profiled[1])  # no shard measured by both
     assert len(out.splitlines()) < 60 and "INFO" not in out
     assert (tmp_path / "runs/local/pipeline.log").stat().st_size > 10_000
     assert {p.stem for p in (tmp_path / "runs/local/logs").glob("*.log")} == set(steps)  # a log per step

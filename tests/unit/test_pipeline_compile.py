@@ -23,7 +23,15 @@ from shardwise.pipelines.run import compile_components
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "pipelines" / "shardwise_pipeline.yaml"
 REGENERATE = "regenerate with `.venv/bin/python pipelines/compile.py` and review the diff"
-GPU_EXECUTORS = ("exec-profile-costs", "exec-evaluate-plans")
+GPU_EXECUTORS = ("exec-profile-costs", "exec-profile-all-to-alls", "exec-evaluate-plans")
+
+
+def _tasks(spec: dict) -> dict:
+    """Every task of the pipeline by name, those inside loops (the profiling fan-out) included."""
+    tasks = dict(spec["root"]["dag"]["tasks"])
+    for component in spec["components"].values():
+        tasks |= component.get("dag", {}).get("tasks", {})
+    return tasks
 
 
 def _compile(tmp_path: Path, *extra: str) -> tuple[dict, dict]:
@@ -69,11 +77,13 @@ def test_gpu_steps_ask_for_accelerators_and_tolerate_gpu_taints(tmp_path):
         # NCCL between the GPUs of one pod needs more than the container's 64 MiB /dev/shm
         (shm,) = k8s[name]["emptyDirMounts"]
         assert shm["mountPath"] == "/dev/shm" and shm["medium"] == "Memory", name
-    # what each step's command needs: evaluation runs one process per device of the task, and profiling measures
-    # all-to-alls over all the GPUs it sees (with one, profiling stops at "max_devices must be >= 2")
-    for name in ("exec-evaluate-plans", "exec-profile-costs"):
+    # what each step's command needs: evaluation runs one process per device of the task, all-to-all profiling
+    # spans all the GPUs it sees (with one, profiling stops at "max_devices must be >= 2"), and each kernel
+    # profiling pod of the fan-out times its slice of the shards on one GPU
+    for name in ("exec-evaluate-plans", "exec-profile-all-to-alls"):
         count = executors[name]["container"]["resources"]["accelerator"]["resourceCount"]
         assert count == "{{$.inputs.parameters['pipelinechannel--num_devices']}}", name
+    assert executors["exec-profile-costs"]["container"]["resources"]["accelerator"]["resourceCount"] == "1"
     for name in set(executors) - set(GPU_EXECUTORS):
         assert "accelerator" not in executors[name]["container"]["resources"], name
         assert "tolerations" not in k8s[name] and "nodeSelector" not in k8s[name], name
@@ -118,8 +128,8 @@ def test_parameters_cover_size_devices_method_and_alias(tmp_path):
 
 def test_measurement_steps_are_never_cached(tmp_path):
     spec, _ = _compile(tmp_path)
-    tasks = spec["root"]["dag"]["tasks"]
-    for name in ("profile-costs", "evaluate-plans"):
+    tasks = _tasks(spec)
+    for name in ("profile-costs", "profile-all-to-alls", "evaluate-plans"):
         assert tasks[name]["cachingOptions"] == {}, name  # enableCache absent = false
     assert tasks["search-plan"]["cachingOptions"] == {"enableCache": True}
 
@@ -154,15 +164,34 @@ def test_held_out_tables_are_profiled_apart_and_named_to_pretrain(tmp_path):
     tasks = spec["root"]["dag"]["tasks"]
     holdout = {"outputArtifactKey": "holdout_tables", "producerTask": "synth-workload"}
     # the tables the task is drawn from are the ones profiled apart and held out by pretrain
-    for name in ("make-task", "profile-costs", "pretrain-cost-model"):
+    for name in ("make-task", "pretrain-cost-model"):
         artifacts = tasks[name]["inputs"]["artifacts"]
         key = "tables" if name == "make-task" else "holdout_tables"
         assert artifacts[key]["taskOutputArtifact"] == holdout, name
-    assert tasks["profile-costs"]["inputs"]["artifacts"]["tables"]["taskOutputArtifact"]["producerTask"] == (
-        "augment-tables"
-    )
-    assert tasks["profile-costs"]["inputs"]["parameters"]["holdout_shards"] == {
-        "componentInputParameter": "profile_holdout_shards"
+    profile = _tasks(spec)["profile-costs"]["inputs"]  # inside the fan-out: the loop passes the tables through
+    assert profile["artifacts"]["holdout_tables"] == {"componentInputArtifact": "pipelinechannel--synth-workload-holdout_tables"}
+    assert profile["artifacts"]["tables"] == {"componentInputArtifact": "pipelinechannel--augment-tables-augmented"}
+    assert profile["parameters"]["holdout_shards"] == {
+        "componentInputParameter": "pipelinechannel--profile_holdout_shards"
     }
     local = preset("local")
     assert 0 < local["profile_holdout_shards"] < local["profile_num_shards"]
+
+
+def test_kernel_profiling_fans_out_over_workers_and_pretrain_collects_every_slice(tmp_path):
+    spec, _ = _compile(tmp_path)
+    tasks = spec["root"]["dag"]["tasks"]
+    (loop,) = [name for name in tasks if name.startswith("for-loop")]
+    iterator = tasks[loop]["parameterIterator"]
+    assert iterator["items"] == {"inputParameter": "pipelinechannel--worker-slices-Output"}
+    profile = _tasks(spec)["profile-costs"]["inputs"]["parameters"]
+    assert profile["worker"] == {"componentInputParameter": iterator["itemInput"]}
+    assert profile["workers"] == {"componentInputParameter": "pipelinechannel--profile_workers"}
+    assert tasks["worker-slices"]["inputs"]["parameters"]["workers"] == {"componentInputParameter": "profile_workers"}
+    pretrain = tasks["pretrain-cost-model"]["inputs"]
+    assert pretrain["artifacts"]["costs"]["taskOutputArtifact"] == {"outputArtifactKey": "pipelinechannel--profile-costs-costs",
+                                                                    "producerTask": loop}
+    assert pretrain["artifacts"]["comm_costs"]["taskOutputArtifact"]["producerTask"] == "profile-all-to-alls"
+    assert pretrain["parameters"]["dataset_uri"] == {"componentInputParameter": "dataset_uri"}
+    with pytest.raises(PipelineArgumentError, match="dataset_uri"):
+        pipeline_params({"dataset_uri": "/local/dir"})

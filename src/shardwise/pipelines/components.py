@@ -8,6 +8,7 @@ lacks the pipeline-building API.
 """
 
 # No `from __future__ import annotations`: KFP reads the component signatures' types at import time.
+
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
 
@@ -19,7 +20,9 @@ IMAGE = f"ghcr.io/shardwise/shardwise:{__version__}"
 STEPS = (
     "synth_workload",
     "augment_tables",
+    "worker_slices",
     "profile_costs",
+    "profile_all_to_alls",
     "pretrain_cost_model",
     "make_task",
     "search_plan",
@@ -62,47 +65,83 @@ def augment_tables(tables: Input[Dataset], seed: int, augmented: Output[Dataset]
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
+def worker_slices(workers: int) -> list[int]:
+    """The profiling workers' indices 0 .. workers-1: the items the profiling fan-out loops over."""
+    if workers < 1:
+        raise ValueError(f"profile_workers {workers}: at least 1 profiling worker")
+    return list(range(workers))
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
 def profile_costs(
     tables: Input[Dataset],
     holdout_tables: Input[Dataset],
     num_shards: int,
     holdout_shards: int,
-    comm_layouts: int,
     max_tables: int,
     repeats: int,
     timing_iters: int,
     seed: int,
     device: str,
+    worker: int,
+    workers: int,
+    dataset_uri: str,
     costs: Output[Dataset],
 ) -> str:
-    """Measure shards of the training tables, shards of the held-out tables alone, and all-to-alls on this
-    node's hardware, into one dataset; returns its hardware kind."""
+    """One worker's slice of the kernel profile (shards of the training tables, and shards of the held-out tables
+    alone) on this node's GPU, into `dataset_uri` (an object-store prefix every run adds to) or, when it is "",
+    into this step's own dataset; returns the hardware kind."""
     from shardwise.jobs import profile as job
 
-    settings = job.ProfileJobSettings(tables=tables.path, out=costs.path, num_shards=num_shards,
-                                      comm_layouts=comm_layouts, max_tables=max_tables, repeats=repeats,
-                                      timing_iters=timing_iters, seed=seed, device=device)
+    out = dataset_uri or costs.path
+    settings = job.ProfileJobSettings(tables=tables.path, out=out, num_shards=num_shards, comm_layouts=0,
+                                      max_tables=max_tables, repeats=repeats, timing_iters=timing_iters, seed=seed,
+                                      device=device, worker=worker, workers=workers)
     result = job.run_apart(settings, holdout_tables.path, holdout_shards)
     print(result.summary())
-    costs.metadata["hardware_kind"] = result.hardware_kind
+    costs.metadata.update({"hardware_kind": result.hardware_kind, "dataset": out})
+    return result.hardware_kind
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def profile_all_to_alls(
+    tables: Input[Dataset],
+    comm_layouts: int,
+    seed: int,
+    device: str,
+    dataset_uri: str,
+    costs: Output[Dataset],
+) -> str:
+    """All-to-all layouts over the GPUs of this node, into `dataset_uri` or this step's own dataset; returns the
+    hardware kind."""
+    from shardwise.jobs import profile as job
+
+    out = dataset_uri or costs.path
+    result = job.run(job.ProfileJobSettings(tables=tables.path, out=out, num_shards=0, comm_layouts=comm_layouts,
+                                            seed=seed, device=device))
+    print(result.summary())
+    costs.metadata.update({"hardware_kind": result.hardware_kind, "dataset": out})
     return result.hardware_kind
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
 def pretrain_cost_model(
-    costs: Input[Dataset],
+    costs: Input[list[Dataset]],
+    comm_costs: Input[Dataset],
+    dataset_uri: str,
     holdout_tables: Input[Dataset],
     seed: int,
     epochs: int,
     model: Output[Model],
     metrics: Output[Metrics],
 ):
-    """Train the cost model on the training tables' shards, evaluate it on the held-out tables' shards, register
-    it in MLflow (the promotion gate decides on `champion`)."""
+    """Train the cost model on the training tables' shards (every profiling worker's, or the whole history at
+    `dataset_uri`), evaluate it on the held-out tables' shards, register it in MLflow (the promotion gate decides
+    on `champion`)."""
     from shardwise.jobs import pretrain as job
 
-    settings = job.PretrainSettings(data=(costs.path,), holdout_tables=holdout_tables.path, out=model.path,
-                                    seed=seed)
+    data = (dataset_uri,) if dataset_uri else (*(c.path for c in costs), comm_costs.path)
+    settings = job.PretrainSettings(data=data, holdout_tables=holdout_tables.path, out=model.path, seed=seed)
     if epochs > 0:  # 0: training's own default
         settings = settings.model_copy(update={"epochs": epochs})
     result = job.run(settings)

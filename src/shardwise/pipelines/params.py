@@ -36,7 +36,11 @@ class PipelineParams(BaseModel):
     memory_slack: float = Field(gt=0, description="memory per device = slack x total memory / devices")
     profile_num_shards: int = Field(ge=1, description="shards of training tables to profile")
     profile_holdout_shards: int = Field(ge=1, description="shards of held-out tables to profile (pretrain's test set)")
-    profile_comm_layouts: int = Field(ge=0, description="all-to-all layouts to profile")
+    profile_comm_layouts: int = Field(ge=1, description="all-to-all layouts to profile (their own step, on "
+                                      "num_devices GPUs)")
+    profile_workers: int = Field(ge=1, le=256, description="profiling pods the shards are split over (one GPU each)")
+    dataset_uri: str = Field(description="object-store prefix (s3://bucket/prefix, one per hardware kind) that "
+                             "every run's profiles add to and pretrain reads whole; '' = this run's profiles only")
     profile_max_tables: int = Field(ge=1, description="most tables in one profiled shard")
     profile_repeats: int = Field(ge=0, description="re-measure some shards this many more times (noise floor)")
     profile_timing_iters: int = Field(ge=1, description="timed kernel iterations per profiled shard (their median)")
@@ -46,6 +50,13 @@ class PipelineParams(BaseModel):
     device: Literal["cpu", "cuda"] = Field(description="hardware the profile and evaluate steps run on")
     validate_iters: int = Field(ge=0, description="DLRM training iterations per plan (0: no throughput)")
     seed: int = Field(description="seed of every random draw")
+
+    @field_validator("dataset_uri")
+    @classmethod
+    def _dataset_uri(cls, uri: str) -> str:
+        if uri and not uri.startswith("s3://"):
+            raise ValueError(f"{uri!r} is not an object-store prefix (s3://bucket/prefix) or ''")
+        return uri
 
     @field_validator("search_method")
     @classmethod

@@ -1,4 +1,5 @@
-"""The shardwise pipeline: workload -> augment -> profile (GPU) -> pretrain -> task -> plan x2 -> evaluate (GPU).
+"""The shardwise pipeline: workload -> augment -> profile (K GPU pods in parallel) + all-to-alls (GPUs of one node)
+-> pretrain -> task -> plan x2 -> evaluate (GPU).
 
 The held-out tables of the workload split go three ways: the profile step measures shards built only from them
 (besides the training tables' shards), pretrain evaluates on those shards, and the task is drawn from them.
@@ -21,9 +22,11 @@ from shardwise.pipelines.components import (
     evaluate_plans,
     make_task,
     pretrain_cost_model,
+    profile_all_to_alls,
     profile_costs,
     search_plan,
     synth_workload,
+    worker_slices,
 )
 from shardwise.pipelines.params import DEFAULTS
 
@@ -82,7 +85,8 @@ def _on_gpu(task: dsl.PipelineTask, count: Any, gpu_product: str | None) -> dsl.
 #: CPU and memory per step: requests, so steps on GPU nodes are not best-effort pods (noisy timings, first to be
 #: evicted), and a memory limit twice the request
 STEP_RESOURCES = {
-    "workload": ("1", "2G"), "augment": ("1", "2G"), "profile": ("8", "32G"), "pretrain": ("4", "8G"),
+    "workload": ("1", "2G"), "augment": ("1", "2G"), "workers": ("1", "1G"), "profile": ("8", "32G"),
+    "pretrain": ("4", "8G"),
     "task": ("1", "1G"), "plan": ("2", "4G"), "evaluate": ("8", "32G"),
 }
 
@@ -116,6 +120,8 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
         profile_num_shards: int = DEFAULTS.profile_num_shards,
         profile_holdout_shards: int = DEFAULTS.profile_holdout_shards,
         profile_comm_layouts: int = DEFAULTS.profile_comm_layouts,
+        profile_workers: int = DEFAULTS.profile_workers,
+        dataset_uri: str = DEFAULTS.dataset_uri,
         profile_max_tables: int = DEFAULTS.profile_max_tables,
         profile_repeats: int = DEFAULTS.profile_repeats,
         profile_timing_iters: int = DEFAULTS.profile_timing_iters,
@@ -139,34 +145,55 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
         augment = _sized(_with_cluster_settings(
             augment_tables(tables=workload.outputs["train_tables"], seed=seed)
         ), "augment")
-        profile = _sized(_on_gpu(
+        # kernel profiling fans out over profile_workers pods of one GPU each, every one its slice of the shards
+        workers = _sized(_with_cluster_settings(worker_slices(workers=profile_workers)), "workers")
+        with dsl.ParallelFor(items=workers.output) as worker:
+            profile = _sized(_on_gpu(
+                _with_cluster_settings(
+                    profile_costs(
+                        tables=augment.outputs["augmented"],
+                        holdout_tables=workload.outputs["holdout_tables"],
+                        num_shards=profile_num_shards,
+                        holdout_shards=profile_holdout_shards,
+                        max_tables=profile_max_tables,
+                        repeats=profile_repeats,
+                        timing_iters=profile_timing_iters,
+                        seed=seed,
+                        device=device,
+                        worker=worker,
+                        workers=profile_workers,
+                        dataset_uri=dataset_uri,
+                    )
+                ),
+                1,
+                gpu_product,
+            ), "profile")
+        # all-to-alls span the GPUs of one node: their own step, on the task's device count (with one GPU,
+        # profiling stops at "max_devices must be >= 2")
+        comm = _sized(_on_gpu(
             _with_cluster_settings(
-                profile_costs(
+                profile_all_to_alls(
                     tables=augment.outputs["augmented"],
-                    holdout_tables=workload.outputs["holdout_tables"],
-                    num_shards=profile_num_shards,
-                    holdout_shards=profile_holdout_shards,
                     comm_layouts=profile_comm_layouts,
-                    max_tables=profile_max_tables,
-                    repeats=profile_repeats,
-                    timing_iters=profile_timing_iters,
                     seed=seed,
                     device=device,
+                    dataset_uri=dataset_uri,
                 )
             ),
-            # the all-to-alls it profiles span up to all the GPUs it sees (profile's max_devices default):
-            # the task's device count, on one node; one GPU would fail with "max_devices must be >= 2"
             num_devices,
             gpu_product,
-        ), "profile")
+        ), "profile-comm")
         pretrain = _sized(_with_cluster_settings(
             pretrain_cost_model(
-                costs=profile.outputs["costs"],
+                costs=dsl.Collected(profile.outputs["costs"]),
+                comm_costs=comm.outputs["costs"],
+                dataset_uri=dataset_uri,
                 holdout_tables=workload.outputs["holdout_tables"],
                 seed=seed,
                 epochs=pretrain_epochs,
             )
         ), "pretrain")
+        pretrain.after(comm)
         task = _sized(_with_cluster_settings(
             make_task(
                 tables=workload.outputs["holdout_tables"],
@@ -181,7 +208,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                 task=task.outputs["task"],
                 method=search_method,
                 model_alias=model_alias,
-                hardware_kind=profile.outputs["Output"],
+                hardware_kind=comm.outputs["Output"],
                 model=pretrain.outputs["model"],
             )
         ), "plan")
@@ -190,7 +217,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                 task=task.outputs["task"],
                 method="torchrec",
                 model_alias="",
-                hardware_kind=profile.outputs["Output"],
+                hardware_kind=comm.outputs["Output"],
             )
         ), "plan-torchrec")
         evaluate = _sized(_on_gpu(
@@ -201,7 +228,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                     baseline_plan=baseline.outputs["plan"],
                     model=pretrain.outputs["model"],
                     model_alias=model_alias,
-                    hardware_kind=profile.outputs["Output"],
+                    hardware_kind=comm.outputs["Output"],
                     device=device,
                     validate_iters=validate_iters,
                 )
@@ -210,7 +237,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
             gpu_product,
         ), "evaluate")
         # measurements are never reused from a cache: the point is to measure this run's hardware
-        for step in (profile, evaluate):
+        for step in (profile, comm, evaluate):
             step.set_caching_options(False)
         return evaluate.outputs["comparison"]
 

@@ -209,8 +209,8 @@ def profile(
         for c in configs
     ]
     jobs = _schedule(len(configs), settings.repeats, settings.repeat_shards)
-    mine = settings.worker, settings.workers
-    todo = [j for j in jobs if (ids[j.index], j.repeat) not in done and j.index % mine[1] == mine[0]]
+    jobs = [j for j in jobs if j.index % settings.workers == settings.worker]  # this worker's slice
+    todo = [j for j in jobs if (ids[j.index], j.repeat) not in done]
 
     backend = default_backend(device.type)
     max_devices = settings.max_devices or default_max_devices(device.type)
@@ -226,7 +226,8 @@ def profile(
         else []
     )
     layout_ids = [comm_config_id(w, settings.batch_size, backend, kind) for w in layouts]
-    comm_todo = [k for k, cid in enumerate(layout_ids) if (cid, 0) not in done and k % mine[1] == mine[0]]
+    comm_mine = [k for k in range(len(layout_ids)) if k % settings.workers == settings.worker]
+    comm_todo = [k for k in comm_mine if (layout_ids[k], 0) not in done]
 
     if protocol.reference_normalised and protocol.reference_ms is None and todo:
         reused = _reuse_reference_ms(stored, kind, timing)
@@ -284,7 +285,7 @@ def profile(
         buffer.flush()
     return ProfileSummary(
         measured=measured,
-        skipped=len(jobs) - len(todo) + len(layouts) - len(comm_todo),
+        skipped=len(jobs) - len(todo) + len(comm_mine) - len(comm_todo),
         total_rows=count_rows(out),
         hardware_kind=kind,
         reference_ms=protocol.reference_ms,
