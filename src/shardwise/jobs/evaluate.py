@@ -9,10 +9,11 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from shardwise.evaluation import MeasuredPlanCost, PlanComparison, evaluate_plans
+from shardwise.evaluation.refine import Refinement, refine_plan
 from shardwise.evaluation.report import summary_page
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
-from shardwise.search import Plan, PlanError, load_plan, validate_plan
+from shardwise.search import Plan, PlanError, load_plan, save_plan, validate_plan
 from shardwise.workload import ShardingTask, load_task
 
 from .base import JobResult, JobSettings, SettingsError
@@ -38,6 +39,9 @@ class EvaluateSettings(JobSettings):
     model: str | None = Field(default=None,
                               description="cost model URI: its reference timing, batch, predictions")
     tracking_uri: str | None = Field(default=None, description="MLflow tracking URI (else $MLFLOW_TRACKING_URI)")
+    refine: int = Field(default=0, ge=0, le=50,
+                        description="refine the first plan on this machine for up to this many rounds (needs "
+                                    "--model): the refined plan is measured beside the others as <name>-refined")
     measurement: MeasurementSettings = MeasurementSettings()
 
     @model_validator(mode="after")
@@ -60,12 +64,15 @@ class EvaluateResult(JobResult):
     comparison: PlanComparison
     paths: list[str]
     run_id: str | None = None
+    refinement: Refinement | None = None
 
     def summary(self) -> str:
-        """Per-device tables, the comparison when several plans, the files."""
+        """Per-device tables, the comparison when several plans, the refinement's rounds, the files."""
         parts = [f"{n}:\n{c.table()}" if len(self.costs) > 1 else c.table() for n, c in zip(self.names, self.costs)]
         if len(self.costs) > 1:
             parts.append(self.comparison.table())
+        if self.refinement:
+            parts.append(self.refinement.table())
         parts.append(f"wrote {', '.join(self.paths)}")
         if self.run_id:
             parts.append(f"mlflow run {self.run_id}")
@@ -106,6 +113,21 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
         cost_model, _ = load_cost_model(service, settings.model, device="cpu", required=True)
     first = Path(settings.plan[0])
     out = Path(settings.out) if settings.out else first.with_name(first.stem + "_eval")
+    refinement = None
+    if settings.refine:
+        if cost_model is None:
+            raise SettingsError("--refine needs --model: refinement corrects the cost model's predictions by "
+                                "measured residuals")
+        measurement = settings.measurement.for_cost_model(getattr(cost_model, "reference_ms", None),
+                                                          cost_model.batch_size)
+        try:
+            refined, _ = refine_plan(task, plans[0], cost_model, measurement, rounds=settings.refine,
+                                     progress=progress)
+        except ValueError as err:  # measurement settings the machine cannot honour
+            raise SettingsError(str(err)) from None
+        names.append(f"{names[0]}-refined")
+        plans.append(refined)
+        refinement = Refinement.model_validate(refined.extra["refinement"])
     try:
         costs, comparison, paths = evaluate_plans(
             task, list(zip(names, plans)), out, cost_model=cost_model, measurement=settings.measurement,
@@ -113,6 +135,8 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
         )
     except ValueError as err:  # measurement settings the machine cannot honour (e.g. no such device)
         raise SettingsError(str(err)) from None
+    if settings.refine:
+        paths.append(save_plan(plans[-1], out / f"{names[-1]}.plan.json"))
     run_id = None
     if tracking or mlflow is not None:
         metrics: dict[str, float] = {}
@@ -128,7 +152,7 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
             metrics=metrics, artifacts_dir=out, artifact_path="evaluation",
         )
     return EvaluateResult(names=names, costs=costs, comparison=comparison, paths=[str(p) for p in paths],
-                          run_id=run_id)
+                          run_id=run_id, refinement=refinement if settings.refine else None)
 
 
 def versus_baseline(evaluated: EvaluateResult, baseline: str) -> dict[str, float]:

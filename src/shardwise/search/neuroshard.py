@@ -3,7 +3,7 @@
 The inner greedy places shards in descending predicted cost, each on the device whose predicted cost
 (compute + all-to-all) after taking it is lowest, under memory and a cap on the dims a device holds.
 Adding a shard to a device is one vector add in the cost model's table-embedding space, so one step
-is a single batched head call over every (cap, device) candidate; the caps of the grid run in lockstep.
+is a single batched head call over every cap's least-loaded devices; the caps of the grid run in lockstep.
 """
 
 from __future__ import annotations

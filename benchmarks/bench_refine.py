@@ -1,0 +1,78 @@
+"""Refinement on hardware: NeuroShard's plan before and after refinement, next to the measured-cost greedy and
+TorchRec's planner, all measured in one session on this machine's kernels and all-to-alls.
+
+Tasks: the first N of each paper task set (bench_plan_quality.py's, from held-out synthetic tables, at the cost
+model's batch). Per task it prints each plan's measured slowest device, the refined plan over NeuroShard's and
+over the measured greedy's, and the refinement's rounds (measured gain per round) and extra time.
+
+    python benchmarks/bench_refine.py --model MODEL_DIR [--tasks 3] [--rounds 4] [--record]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from bench_torchrec_dropin import paper_tasks
+from record import record
+
+from shardwise.evaluation import measure_plans
+from shardwise.evaluation.refine import refine_plan
+from shardwise.integrations.mlflow import MlflowService
+from shardwise.profiling import MeasurementSettings
+from shardwise.search import make_searcher
+
+METHODS = ("neuroshard", "measured_greedy", "torchrec")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="cost model directory or URI")
+    parser.add_argument("--tasks", type=int, default=3, help="tasks per paper task set")
+    parser.add_argument("--rounds", type=int, default=4, help="refinement rounds per plan")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/refine.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model = MlflowService().load_cost_model(args.model)
+    measurement = MeasurementSettings(device="cpu").for_cost_model(model.reference_ms, model.batch_size)
+    rows = []
+    header = (f"{'task':<18}{'neuroshard':>11}{'refined':>9}{'meas.greedy':>12}{'torchrec':>9}{'ref/ns':>8}"
+              f"{'ref/greedy':>11}{'ref/torchrec':>13}{'refine s':>9}  measured slowest device per round")
+    lines = []
+    for index, (name, task) in enumerate(paper_tasks(args.tasks, args.seed, model.batch_size)):
+        plans = {m: make_searcher(m, **({"measurement": measurement} if m == "measured_greedy" else {}))
+                 .search(task, model, args.seed) for m in METHODS}
+        started = time.perf_counter()
+        refined, refinement = refine_plan(task, plans["neuroshard"], model, measurement, rounds=args.rounds,
+                                          progress=False)
+        refine_s = time.perf_counter() - started
+        order = [*METHODS, "refined"]
+        measured = dict(zip(order, measure_plans([(task, plans[m]) for m in METHODS] + [(task, refined)],
+                                                 measurement, progress=False)))
+        ms = {m: measured[m].max_cost_ms for m in order}
+        per_round = " ".join(f"{r.measured_max_ms:.2f}{'*' if r.kept else ''}" for r in refinement.rounds)
+        label = f"{name} #{index % args.tasks + 1}"
+        lines.append(f"{label:<18}{ms['neuroshard']:>11.3f}{ms['refined']:>9.3f}{ms['measured_greedy']:>12.3f}"
+                     f"{ms['torchrec']:>9.3f}{ms['refined'] / ms['neuroshard']:>8.3f}"
+                     f"{ms['refined'] / ms['measured_greedy']:>11.3f}{ms['refined'] / ms['torchrec']:>13.3f}"
+                     f"{refine_s:>9.1f}  {per_round} -> {refinement.after_ms:.2f}")
+        print(lines[-1] if len(lines) > 1 else f"{header}\n{lines[-1]}", flush=True)
+        rows.append({"task": label, "tables": len(task.tables), "devices": task.num_devices,
+                     **{f"{m}_ms": round(ms[m], 3) for m in order},
+                     "refined_over_neuroshard": round(ms["refined"] / ms["neuroshard"], 3),
+                     "refined_over_measured_greedy": round(ms["refined"] / ms["measured_greedy"], 3),
+                     "refined_over_torchrec": round(ms["refined"] / ms["torchrec"], 3),
+                     "rounds_kept": sum(r.kept for r in refinement.rounds), "refine_s": round(refine_s, 1)})
+    for key in ("refined_over_neuroshard", "refined_over_measured_greedy", "refined_over_torchrec"):
+        print(f"mean {key}: {statistics.fmean(r[key] for r in rows):.3f}")
+    print("per round: the measured slowest device (compute + predicted all-to-all) before it; * = its change was kept")
+    if args.record:
+        record("refine", "Refinement on hardware: NeuroShard before and after, the measured greedy, TorchRec",
+               rows, notes=f"first {args.tasks} task(s) of each paper set, {args.rounds} rounds, CPU")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""Refinement on hardware: a searched plan made better by measuring it.
+
+Search balances the cost model's predictions almost exactly, so the slowest device on hardware is the one whose
+prediction was furthest off. Refinement measures each device's shard with the profiler's protocol, scales the
+model's prediction of every device by its measured residual (measured / predicted), and looks for the move of
+one shard off the slowest device, or the swap of one of its shards with another device's, that lowers the
+corrected slowest device, within memory. It measures only the devices that changed and keeps the change only when
+the measured slowest device got faster; it stops when a round gains nothing, or after `rounds` rounds or
+`time_budget_s` seconds. The returned plan is never slower, measured, than the searched one (compute, the part
+refinement measures; the all-to-all is the model's, the same for both). Each round is recorded in the plan's
+`extra["refinement"]`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import BaseModel
+
+from shardwise.costmodel.types import CostModel
+from shardwise.profiling import MeasurementSettings
+from shardwise.profiling.kernel import resolve_timing
+from shardwise.search.plan import Plan, Shard, validate_plan
+from shardwise.search.report import finish_plan
+from shardwise.search.simulator import ShardCostCache, predict_comm_ms
+from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
+
+from .measured import KernelShard, time_shards_in_rounds
+
+
+class RefinementRound(BaseModel):
+    """One round: the measured slowest device before, what changed, and whether it was kept."""
+
+    round: int
+    measured_max_ms: float  #: the slowest device's measured compute + predicted all-to-all before this round
+    slowest_device: int
+    change: str  #: "t3 0->2" (a move) or "t3 0->2, t7 2->0" (a swap); "" when nothing promised a gain
+    predicted_max_ms: float | None = None  #: the corrected prediction of the change
+    after_ms: float | None = None  #: measured after the change
+    kept: bool = False
+    seconds: float = 0.0
+
+
+class Refinement(BaseModel):
+    """What refinement did: every round, the measured slowest device before and after, and the time it took."""
+
+    rounds: list[RefinementRound]
+    before_ms: float
+    after_ms: float
+    seconds: float
+    devices_measured: int
+
+    def table(self) -> str:
+        """One line per round, then the measured slowest device before and after and the time it took."""
+        lines = [f"{'round':>5}  {'slowest ms':>10}  {'device':>6}  {'after ms':>8}  {'kept':>4}  change"]
+        for r in self.rounds:
+            after = f"{r.after_ms:.3f}" if r.after_ms is not None else "-"
+            lines.append(f"{r.round:>5}  {r.measured_max_ms:>10.3f}  {r.slowest_device:>6}  {after:>8}  "
+                         f"{'yes' if r.kept else 'no':>4}  {r.change or 'nothing promised a gain'}")
+        lines.append(f"refinement: slowest device {self.before_ms:.3f} -> {self.after_ms:.3f} ms measured "
+                     f"({self.after_ms / self.before_ms:.3f}x), {self.devices_measured} device shards timed in "
+                     f"{self.seconds:.1f} s")
+        return "\n".join(lines)
+
+
+@dataclass
+class _Layout:
+    shards: list[Shard]
+
+    def on(self, device: int) -> list[Shard]:
+        return [s for s in self.shards if s.device == device]
+
+
+def _specs(shards: Sequence[Shard], task: ShardingTask) -> list[TableSpec]:
+    return [s.spec(task.table(s.table)) for s in shards]
+
+
+class _Refiner:
+    def __init__(self, task: ShardingTask, cost_model: CostModel, measurement: MeasurementSettings,
+                 progress: bool) -> None:
+        self.task, self.model = task, cost_model
+        self.device, self.protocol = resolve_timing(measurement)
+        self.rounds = measurement.timing_rounds
+        self.batch = measurement.batch_size or task.batch_size
+        self.cache = ShardCostCache(cost_model)
+        self.progress = progress
+        self.devices_measured = 0
+
+    def measure(self, groups: Sequence[Sequence[Shard]]) -> list[float]:
+        """Measured fwd + bwd ms of each group of shards (one device's), median over interleaved rounds."""
+        shards = [KernelShard(_specs(g, self.task), self.batch, self.task.optimizer, self.task.weights_precision)
+                  for g in groups if g]
+        timed = iter(time_shards_in_rounds(shards, self.rounds, device=self.device, protocol=self.protocol,
+                                           progress=self.progress))
+        self.devices_measured += len(shards)
+        out = []
+        for g in groups:
+            if not g:
+                out.append(0.0)
+                continue
+            timings = next(timed)
+            out.append(statistics.median(t.fwd_ms + t.bwd_ms for t in timings))
+        return out
+
+    def predicted(self, groups: Sequence[Sequence[Shard]]) -> np.ndarray:
+        return self.cache.compute_ms([_specs(g, self.task) for g in groups]).sum(axis=1)
+
+    def comm(self, layout: _Layout) -> np.ndarray:
+        widths = np.array([[sum(s.dim for s in layout.on(d)) for d in range(self.task.num_devices)]], dtype=float)
+        compute = self.predicted([layout.on(d) for d in range(self.task.num_devices)])[None, :]
+        return predict_comm_ms(self.model, widths, compute)[0].sum(axis=1)
+
+    def fits(self, shards: Sequence[Shard]) -> bool:
+        task = self.task
+        names = [s.table for s in shards]
+        return len(names) == len(set(names)) and shard_memory_bytes(
+            _specs(shards, task), task.batch_size, task.optimizer, task.weights_precision) <= task.device_memory_bytes
+
+
+def _candidates(refiner: _Refiner, layout: _Layout, measured: list[float], comm: np.ndarray,
+                slowest: int, tried: set[str]) -> list[tuple[float, str, list[Shard]]]:
+    """Moves and swaps off the slowest device with their corrected predicted slowest device, best first (one
+    cost-model call for all of them)."""
+    task = refiner.task
+    devices = range(task.num_devices)
+    predicted = refiner.predicted([layout.on(d) for d in devices])
+    residual = [m / p if p > 0 else 1.0 for m, p in zip(measured, predicted, strict=True)]
+    costs = np.array(measured) + comm
+    options: list[tuple[str, int, list[Shard], list[Shard]]] = []
+    source = layout.on(slowest)
+    for other in devices:
+        if other == slowest:
+            continue
+        target = layout.on(other)
+        for s in source:
+            rest = [x for x in source if x is not s]
+            moved = s.model_copy(update={"device": other})
+            options.append((f"{s.table}[{s.col_offset}] {slowest}->{other}", other, rest, [*target, moved]))
+            for t in target:
+                back = t.model_copy(update={"device": slowest})
+                options.append((f"{s.table}[{s.col_offset}] {slowest}->{other}, {t.table}[{t.col_offset}] "
+                                f"{other}->{slowest}", other, [*rest, back], [*[x for x in target if x is not t], moved]))
+    options = [o for o in options if o[0] not in tried and refiner.fits(o[2]) and refiner.fits(o[3])]
+    if not options:
+        return []
+    ms = refiner.predicted([group for o in options for group in (o[2], o[3])]).reshape(-1, 2)
+    found = []
+    for (change, other, a_shards, b_shards), (a_ms, b_ms) in zip(options, ms, strict=True):
+        new = costs.copy()
+        new[slowest] = a_ms * residual[slowest] + comm[slowest]
+        new[other] = b_ms * residual[other] + comm[other]
+        found.append((float(new.max()), change, [*a_shards, *b_shards]))
+    found.sort(key=lambda c: c[0])
+    return found
+
+
+def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measurement: MeasurementSettings | None = None,
+                *, rounds: int = 3, time_budget_s: float | None = None, progress: bool = True) -> tuple[Plan, Refinement]:
+    """`plan` refined on this machine's kernels (see the module docstring); the refinement record."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    validate_plan(plan, task)
+    started = time.perf_counter()
+    measurement = measurement or MeasurementSettings()
+    refiner = _Refiner(task, cost_model, measurement, progress)
+    layout = _Layout(list(plan.shards))
+    devices = range(task.num_devices)
+    measured = refiner.measure([layout.on(d) for d in devices])
+    comm = refiner.comm(layout)
+    before = float(max(np.array(measured) + comm))
+    history: list[RefinementRound] = []
+    tried: set[str] = set()
+    for index in range(rounds):
+        if time_budget_s is not None and time.perf_counter() - started > time_budget_s:
+            break
+        round_started = time.perf_counter()
+        costs = np.array(measured) + comm
+        slowest = int(costs.argmax())
+        options = [c for c in _candidates(refiner, layout, measured, comm, slowest, tried) if c[0] < costs.max()]
+        if not options:
+            history.append(RefinementRound(round=index + 1, measured_max_ms=float(costs.max()),
+                                           slowest_device=slowest, change="",
+                                           seconds=time.perf_counter() - round_started))
+            break
+        predicted_max, change, changed = options[0]
+        tried.add(change)
+        touched = sorted({s.device for s in changed} | {slowest})
+        trial = _Layout([s for s in layout.shards if s.device not in touched] + changed)
+        remeasured = refiner.measure([trial.on(d) for d in touched])
+        trial_measured = list(measured)
+        for d, ms in zip(touched, remeasured):
+            trial_measured[d] = ms
+        trial_comm = refiner.comm(trial)
+        after = float(max(np.array(trial_measured) + trial_comm))
+        kept = after < costs.max()
+        history.append(RefinementRound(round=index + 1, measured_max_ms=float(costs.max()), slowest_device=slowest,
+                                       change=change, predicted_max_ms=predicted_max, after_ms=after, kept=kept,
+                                       seconds=time.perf_counter() - round_started))
+        if kept:
+            layout, measured, comm = trial, trial_measured, trial_comm
+    after_ms = float(max(np.array(measured) + comm))
+    record = Refinement(rounds=history, before_ms=before, after_ms=after_ms, seconds=time.perf_counter() - started,
+                        devices_measured=refiner.devices_measured)
+    shards = tuple(sorted(layout.shards, key=lambda s: (s.table, s.col_offset)))
+    refined = Plan(num_devices=plan.num_devices, shards=shards, method=f"{plan.method}+refine")
+    # predicted costs, memory and provenance of the refined layout (validated: never over memory)
+    refined = finish_plan(refined, task, cost_model, planning_time_s=record.seconds, seed=0,
+                          options={"rounds": rounds, "time_budget_s": time_budget_s}, cache=refiner.cache)
+    return refined.model_copy(update={"extra": {**refined.extra, "refinement": record.model_dump()}}), record

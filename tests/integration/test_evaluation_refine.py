@@ -1,0 +1,66 @@
+"""Refinement on real kernels: a plan the cost model got wrong is measured, corrected and made faster; a change is
+kept only when the measured slowest device got faster, memory always holds, and every round is recorded."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardwise.evaluation.refine import refine_plan
+from shardwise.profiling import MeasurementSettings
+from shardwise.search import Plan, Shard, validate_plan
+from shardwise.workload import ShardingTask, TableSpec
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+from search_doubles import FeatureCostModel  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+MEASUREMENT = MeasurementSettings(device="cpu", warmup_iters=2, timing_iters=5, timing_rounds=2)
+
+
+def _task() -> ShardingTask:
+    heavy = [TableSpec(name=f"h{i}", rows=20_000, dim=64, pooling_factor=40.0) for i in range(2)]
+    light = [TableSpec(name=f"l{i}", rows=500, dim=16, pooling_factor=1.0) for i in range(4)]
+    return ShardingTask(num_devices=3, device_memory_bytes=2**30, batch_size=1024, tables=(*heavy, *light))
+
+
+def test_refinement_moves_work_off_the_slowest_device_and_keeps_only_measured_gains():
+    """Both heavy tables on device 0: a model that thinks every table costs about the same sees balance; the
+    measurements do not, and refinement takes a heavy table off device 0."""
+    task = _task()
+    plan = Plan(num_devices=3, method="handmade", shards=(
+        Shard(table="h0", col_offset=0, dim=64, device=0), Shard(table="h1", col_offset=0, dim=64, device=0),
+        Shard(table="l0", col_offset=0, dim=16, device=1), Shard(table="l1", col_offset=0, dim=16, device=1),
+        Shard(table="l2", col_offset=0, dim=16, device=2), Shard(table="l3", col_offset=0, dim=16, device=2),
+    ))
+    refined, record = refine_plan(task, plan, FeatureCostModel(), MEASUREMENT, rounds=3, progress=False)
+    validate_plan(refined, task)
+    assert refined.method == "handmade+refine" and refined.extra["refinement"]["before_ms"] == record.before_ms
+    assert record.rounds and record.rounds[0].slowest_device == 0
+    kept = [r for r in record.rounds if r.kept]
+    assert kept, record
+    assert {s.device for s in refined.shards if s.table.startswith("h")} != {0}  # the heavy tables split up
+    # never slower, measured: a change stays only when the slowest device got faster
+    assert record.after_ms < record.before_ms
+    for r in record.rounds:
+        assert r.kept == (r.after_ms is not None and r.after_ms < r.measured_max_ms)
+    assert record.devices_measured >= 3 + 2  # every device once, then only the changed ones
+
+
+def test_memory_bounds_every_change_and_a_balanced_plan_is_left_alone():
+    task = _task().model_copy(update={"device_memory_bytes": 8 * 2**20})  # a heavy table and a bit per device
+    plan = Plan(num_devices=3, method="handmade", shards=(
+        Shard(table="h0", col_offset=0, dim=64, device=0), Shard(table="h1", col_offset=0, dim=64, device=1),
+        Shard(table="l0", col_offset=0, dim=16, device=2), Shard(table="l1", col_offset=0, dim=16, device=2),
+        Shard(table="l2", col_offset=0, dim=16, device=2), Shard(table="l3", col_offset=0, dim=16, device=2),
+    ))
+    validate_plan(plan, task)
+    refined, record = refine_plan(task, plan, FeatureCostModel(), MEASUREMENT, rounds=2, progress=False)
+    validate_plan(refined, task)  # no move put both heavy tables on one device: they do not fit together
+    assert len({s.device for s in refined.shards if s.table.startswith("h")}) == 2
+    assert record.after_ms <= record.before_ms
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        refine_plan(task, plan, FeatureCostModel(), MEASUREMENT, rounds=0)
