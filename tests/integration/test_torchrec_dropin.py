@@ -82,6 +82,20 @@ def test_the_storage_reservation_keeps_part_of_each_device_free():
         ShardwisePlanner(_topology(2, 2), batch_size=512, storage_reservation=1.5)
 
 
+def test_a_shardwise_task_gives_its_budget_skew_and_precision():
+    from shardwise.integrations.torchrec import ebc_on_meta
+    from shardwise.workload import ShardingTask, TableSpec
+
+    task = ShardingTask(num_devices=2, device_memory_bytes=GIB, batch_size=512, weights_precision="fp16",
+                        tables=tuple(TableSpec(name=f"t{i}", rows=rows, dim=dim, pooling_factor=2.0, zipf_alpha=1.1)
+                                     for i, (rows, dim) in enumerate(TABLES)))
+    module = torch.nn.Module()
+    module.sparse = ebc_on_meta(task)
+    planner = ShardwisePlanner(task=task, method="size_greedy", device_type="cpu")
+    planner.plan(module)
+    assert planner.last_task == task  # nothing of the task lost on the way through the module
+
+
 def test_pooling_of_a_table_serving_several_features_adds_up():
     from torchrec.distributed.planner import ParameterConstraints
 

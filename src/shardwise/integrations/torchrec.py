@@ -39,7 +39,7 @@ from shardwise.search.torchrec_plan import (
     to_module_sharding_plan,
     to_sharding_plan,
 )
-from shardwise.workload import Optimizer, ShardingTask, TableSpec
+from shardwise.workload import Optimizer, ShardingTask, TableSpec, WeightsPrecision
 from shardwise.workload.memory import activation_buffer_bytes, table_memory_bytes
 
 from .mlflow import MlflowService, champion_uri, cost_model_name
@@ -183,6 +183,7 @@ class ShardwisePlanner(ShardingPlanner):
         self.task = task
         self.constraints = dict(constraints or {})
         self.optimizer: Optimizer = task.optimizer if task else optimizer
+        self.weights_precision: WeightsPrecision = task.weights_precision if task else "fp32"
         self.seed = seed
         self.searcher = searcher or make_searcher(method)
         #: the shardwise plan behind the last returned ShardingPlan (with predicted costs in `extra`)
@@ -305,12 +306,14 @@ class ShardwisePlanner(ShardingPlanner):
         assert self.batch_size is not None  # checked by the caller
         reserved = 0
         for table in tables:
-            lookups = self._pooling_factor(table.name) if table.sequence else 1.0
+            # a sequence table outputs one vector per id; at least one per sample is what the planner counts
+            lookups = max(1.0, self._pooling_factor(table.name)) if table.sequence else 1.0
             outputs = activation_buffer_bytes(self.batch_size, math.ceil(lookups * table.dim))
             if table.sharding == "row_wise":
-                reserved += table_memory_bytes(row_wise_rows(table.rows, world_size)[0], table.dim, self.optimizer)
+                reserved += table_memory_bytes(row_wise_rows(table.rows, world_size)[0], table.dim, self.optimizer,
+                                               self.weights_precision)
             elif table.sharding == "data_parallel":
-                reserved += table_memory_bytes(table.rows, table.dim, self.optimizer)
+                reserved += table_memory_bytes(table.rows, table.dim, self.optimizer, self.weights_precision)
             else:
                 outputs -= activation_buffer_bytes(self.batch_size, table.dim)  # the planner counts one vector
             reserved += outputs
@@ -347,6 +350,7 @@ class ShardwisePlanner(ShardingPlanner):
             batch_size=self.batch_size,
             tables=tuple(self._table_spec(t) for t in planned),
             optimizer=self.optimizer,
+            weights_precision=self.weights_precision,
         )
 
     def _stats(self, plan: Plan, task: ShardingTask, tables: Sequence[ModuleTable], local: int) -> str:
