@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="cost model directory or URI")
     parser.add_argument("--tasks", type=int, default=3, help="tasks per paper task set")
     parser.add_argument("--rounds", type=int, default=4, help="refinement rounds per plan")
+    parser.add_argument("--sets", default=None, help="only these paper task sets (comma separated names)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/refine.json")
     args = parser.parse_args()
@@ -42,7 +43,10 @@ def main() -> None:
     header = (f"{'task':<18}{'neuroshard':>11}{'refined':>9}{'meas.greedy':>12}{'torchrec':>9}{'ref/ns':>8}"
               f"{'ref/greedy':>11}{'ref/torchrec':>13}{'refine s':>9}  measured slowest device per round")
     lines = []
-    for index, (name, task) in enumerate(paper_tasks(args.tasks, args.seed, model.batch_size)):
+    tasks = paper_tasks(args.tasks, args.seed, model.batch_size)
+    if args.sets:
+        tasks = [(name, task) for name, task in tasks if name in args.sets.split(",")]
+    for index, (name, task) in enumerate(tasks):
         plans = {m: make_searcher(m, **({"measurement": measurement} if m == "measured_greedy" else {}))
                  .search(task, model, args.seed) for m in METHODS}
         started = time.perf_counter()
@@ -71,7 +75,7 @@ def main() -> None:
     print("per round: the measured slowest device (compute + predicted all-to-all) before it; * = its change was kept")
     if args.record:
         record("refine", "Refinement on hardware: NeuroShard before and after, the measured greedy, TorchRec",
-               rows, notes=f"first {args.tasks} task(s) of each paper set, {args.rounds} rounds, CPU")
+               rows, notes=f"first {args.tasks} task(s) of {args.sets or 'each paper set'}, {args.rounds} rounds, CPU")
 
 
 if __name__ == "__main__":

@@ -375,7 +375,10 @@ def count_rows(path: str | Path) -> int:
     """Rows in the dataset at `path`, from the part files' footers (0 when it does not exist or is empty)."""
     if is_object_store(path):
         store, keys = _remote_parts(str(path))
-        return sum(_read_remote(store, key, str(path)).num_rows for key in keys)
+        try:  # the footers only, as for local parts
+            return sum(pq.read_metadata(store.open_input_file(key)).num_rows for key in keys)
+        except (OSError, pa.ArrowException) as err:
+            raise _object_store_error(str(path), err) from None
     path = Path(path)
     if not path.exists():
         return 0
@@ -395,12 +398,17 @@ def _read_remote(store: Any, key: str, location: str) -> pa.Table:
         raise DatasetError(f"s3://{key}: not a readable Parquet object in {redacted(location)} ({err})") from None
 
 
-def _read_part(file: Path | pa.Table) -> pd.DataFrame:
-    if isinstance(file, pa.Table):  # an object-store part, already read
-        table = file
+def _remote_part(store: Any, key: str, location: str) -> tuple[str, pa.Table]:
+    return f"s3://{key}", _read_remote(store, key, location)
+
+
+def _read_part(part: Path | tuple[str, pa.Table]) -> pd.DataFrame:
+    if isinstance(part, tuple):  # an object-store part, already read: (its s3:// name, its rows)
+        file, table = part
     else:
+        file = str(part)
         try:
-            table = pq.read_table(file)
+            table = pq.read_table(part)
         except (OSError, pa.ArrowException) as err:
             raise DatasetError(f"{file}: not a readable Parquet file ({err})") from None
     missing = [c for c in COMMON_COLUMNS if c not in table.column_names]
@@ -425,7 +433,7 @@ def load_costs(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
         store, keys = _remote_parts(location)
         if not keys:
             raise MissingDatasetError(f"cost dataset {location} holds no .parquet part files")
-        frames += [_read_part(_read_remote(store, key, location)) for key in keys]
+        frames += [_read_part(_remote_part(store, key, location)) for key in keys]
     if not frames:
         return rows_to_table([]).to_pandas()
     return pd.concat(frames, ignore_index=True)
@@ -435,7 +443,7 @@ def load_stored(path: str | Path) -> pd.DataFrame | None:
     """The rows already in the dataset at `path` for resuming; None when it does not exist or holds no parts."""
     if is_object_store(path):
         store, keys = _remote_parts(str(path))
-        parts = [_read_part(_read_remote(store, key, str(path))) for key in keys]
+        parts = [_read_part(_remote_part(store, key, str(path))) for key in keys]
         return pd.concat(parts, ignore_index=True) if parts else None
     path = Path(path)
     if not path.exists():
