@@ -193,7 +193,6 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                 epochs=pretrain_epochs,
             )
         ), "pretrain")
-        pretrain.after(comm)
         task = _sized(_with_cluster_settings(
             make_task(
                 tables=workload.outputs["holdout_tables"],
