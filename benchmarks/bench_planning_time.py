@@ -84,6 +84,9 @@ def main() -> None:
                         "(minutes at 1,000 tables)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sizes", default="100x8,1000x64,5000x1024", help="tables x devices, comma separated")
+    parser.add_argument("--quality-max-tables", type=int, default=1000,
+                        help="on tasks up to this many tables, also plan pricing every device (device_candidates = "
+                             "devices) and print the predicted cost ratio: what the device shortlist costs in quality")
     parser.add_argument("--torchrec-max-tables", type=int, default=1000,
                         help="run TorchRec's planner on tasks up to this many tables (it takes many minutes beyond)")
     parser.add_argument("--batch-size", type=int, default=4096, help="the tasks' batch size (reuse bins are "
@@ -97,19 +100,24 @@ def main() -> None:
     model, source = cost_model_for(args.model, tableset.tables, batch_size)
     print(f"cost model: {source}")
     baselines = ["torchrec", "torchrec_cw"] if args.with_cw else ["torchrec"]
-    header = f"{'task':>12}  {'neuroshard s':>12}  {'(cpu s)':>8}  {'peak GiB':>8}  " + "  ".join(f"{b + ' s':>14}  {'ratio':>6}" for b in baselines)
+    header = f"{'task':>12}  {'neuroshard s':>12}  {'(cpu s)':>8}  {'peak GiB':>8}  {'cost/all':>8}  " + "  ".join(f"{b + ' s':>14}  {'ratio':>6}" for b in baselines)
     print(header + f"  {'target':>8}")
     rows = []
     for num_tables, num_devices in sizes:
         task = sample_task(tableset, num_tables, num_devices, seed=args.seed)
         started, cpu_started = time.perf_counter(), time.process_time()
-        make_searcher("neuroshard").search(task, model, args.seed)
+        plan = make_searcher("neuroshard").search(task, model, args.seed)
         neuro_s = time.perf_counter() - started
         neuro_cpu_s = time.process_time() - cpu_started
         peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux: kilobytes
-        cells = []
+        quality = None
+        if num_tables <= args.quality_max_tables:
+            everywhere = make_searcher("neuroshard", device_candidates=num_devices).search(task, model, args.seed)
+            quality = plan.extra["predicted"]["max_cost_ms"] / everywhere.extra["predicted"]["max_cost_ms"]
+        cells = [f"{quality:>8.4f}" if quality else f"{'-':>8}"]
         row = {"task": f"{num_tables}x{num_devices}", "neuroshard_s": round(neuro_s, 2),
-               "neuroshard_cpu_s": round(neuro_cpu_s, 2), "peak_gib": round(peak_gib, 2)}
+               "neuroshard_cpu_s": round(neuro_cpu_s, 2), "peak_gib": round(peak_gib, 2),
+               "predicted_cost_over_every_device_priced": quality and round(quality, 4)}
         for method in baselines:
             if num_tables > args.torchrec_max_tables:
                 cells.append(f"{'not run':>14}  {'-':>6}")
@@ -138,6 +146,8 @@ def main() -> None:
     print("ratio = TorchRec's planner time / NeuroShard's time on the same task (same process, same run);")
     print("cpu s = NeuroShard's process CPU time: far below wall time means the machine was busy with others")
     print("peak GiB = the process's peak resident memory after the search (torch and the tables included)")
+    print("cost/all = predicted plan cost over the plan that prices every device for every shard (1.0: the "
+          "shortlist of least-loaded devices costs nothing)")
     if args.record:
         record("planning_time", "Planning time: NeuroShard next to TorchRec's planner", rows,
                notes=f"cost model: {source}; synthetic DLRM tables at full size, batch {batch_size}, memory "
