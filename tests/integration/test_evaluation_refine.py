@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardwise.evaluation.refine import refine_plan
-from shardwise.profiling import MeasurementSettings
+from shardwise.profiling import MeasurementSettings, load_costs
 from shardwise.search import Plan, Shard, validate_plan
 from shardwise.workload import ShardingTask, TableSpec
 
@@ -27,7 +27,7 @@ def _task() -> ShardingTask:
     return ShardingTask(num_devices=3, device_memory_bytes=2**30, batch_size=1024, tables=(*heavy, *light))
 
 
-def test_refinement_moves_work_off_the_slowest_device_and_keeps_only_measured_gains():
+def test_refinement_moves_work_off_the_slowest_device_and_keeps_only_measured_gains(tmp_path):
     """Both heavy tables on device 0: a model that thinks every table costs about the same sees balance; the
     measurements do not, and refinement takes a heavy table off device 0."""
     task = _task()
@@ -36,7 +36,8 @@ def test_refinement_moves_work_off_the_slowest_device_and_keeps_only_measured_ga
         Shard(table="l0", col_offset=0, dim=16, device=1), Shard(table="l1", col_offset=0, dim=16, device=1),
         Shard(table="l2", col_offset=0, dim=16, device=2), Shard(table="l3", col_offset=0, dim=16, device=2),
     ))
-    refined, record = refine_plan(task, plan, FeatureCostModel(), MEASUREMENT, rounds=3, progress=False)
+    refined, record = refine_plan(task, plan, FeatureCostModel(), MEASUREMENT, rounds=3, progress=False,
+                                  dataset=str(tmp_path / "costs"))
     validate_plan(refined, task)
     assert refined.method == "handmade+refine" and refined.extra["refinement"]["before_ms"] == record.before_ms
     assert record.rounds and record.rounds[0].slowest_device == 0
@@ -48,6 +49,11 @@ def test_refinement_moves_work_off_the_slowest_device_and_keeps_only_measured_ga
     for r in record.rounds:
         assert r.kept == (r.after_ms is not None and r.after_ms < r.measured_max_ms)
     assert record.devices_measured >= 3 + 2  # every device once, then only the changed ones
+    # every device shard it timed is in the cost dataset, once each, for the next pre-training
+    stored = load_costs(tmp_path / "costs")
+    assert (stored["provenance"] == "refine").all() and (stored["kind"] == "compute").all()
+    assert 3 <= len(stored) <= record.devices_measured and stored["config_id"].is_unique
+    assert stored["fwd_ms"].gt(0).all() and stored["tables_json"].str.contains('"h0"').any()
 
 
 def test_memory_bounds_every_change_and_a_balanced_plan_is_left_alone():

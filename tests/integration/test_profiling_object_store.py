@@ -72,7 +72,7 @@ def test_workers_split_one_run_into_one_prefix_and_runs_accumulate(s3, tmp_path,
     for kind in ("compute", "comm"):
         split, whole = df[df["kind"] == kind], alone[alone["kind"] == kind]
         assert sorted(split["config_id"]) == sorted(whole["config_id"]), kind
-    assert len(df) == 12  # 8 shards, and 2 all-to-all layouts of 2 devices
+    assert len(df) == 12 and (df["provenance"] == "profile").all()  # 8 shards, 2 all-to-all layouts of 2 devices
     # the whole run with one worker on the prefix finds nothing left to measure: the slices covered it exactly
     capsys.readouterr()
     assert main(_argv(tables, prefix, 0)) == 0

@@ -8,7 +8,7 @@ corrected slowest device, within memory. It measures only the devices that chang
 the measured slowest device got faster; it stops when a round gains nothing, or after `rounds` rounds or
 `time_budget_s` seconds. The returned plan is never slower, measured, than the searched one (compute, the part
 refinement measures; the all-to-all is the model's, the same for both). Each round is recorded in the plan's
-`extra["refinement"]`.
+`extra["refinement"]`; with a cost dataset, every device shard timed is appended to it for the next pre-training.
 """
 
 from __future__ import annotations
@@ -17,13 +17,17 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from pydantic import BaseModel
 
 from shardwise.costmodel.types import CostModel
-from shardwise.profiling import MeasurementSettings
+from shardwise.profiling import MeasurementSettings, ShardTiming, hardware_info
+from shardwise.profiling.dataset import prepare_dataset, write_part
 from shardwise.profiling.kernel import resolve_timing
+from shardwise.profiling.runner import compute_row
+from shardwise.profiling.sampling import shard_config_id
 from shardwise.search.plan import Plan, Shard, validate_plan
 from shardwise.search.report import finish_plan
 from shardwise.search.simulator import ShardCostCache, predict_comm_ms
@@ -81,7 +85,7 @@ def _specs(shards: Sequence[Shard], task: ShardingTask) -> list[TableSpec]:
 
 class _Refiner:
     def __init__(self, task: ShardingTask, cost_model: CostModel, measurement: MeasurementSettings,
-                 progress: bool) -> None:
+                 progress: bool, dataset: str | Path | None) -> None:
         self.task, self.model = task, cost_model
         self.device, self.protocol = resolve_timing(measurement)
         self.rounds = measurement.timing_rounds
@@ -89,6 +93,27 @@ class _Refiner:
         self.cache = ShardCostCache(cost_model)
         self.progress = progress
         self.devices_measured = 0
+        self.dataset = dataset
+        info = hardware_info(self.device)
+        self.kind = info["hardware_kind"]
+        self.common = {**info, "batch_size": self.batch}
+        self.written: set[str] = set()
+
+    def _store(self, specs: list[TableSpec], timings: Sequence[ShardTiming]) -> None:
+        """Append one device shard's measurement to the cost dataset (once per shard per refinement)."""
+        task = self.task
+        config = shard_config_id(specs, self.batch, task.optimizer, task.weights_precision, self.kind)
+        if self.dataset is None or config in self.written:
+            return
+        fwd, bwd, raw_fwd, raw_bwd = (statistics.median(getattr(t, f) for t in timings)
+                                      for f in ("fwd_ms", "bwd_ms", "raw_fwd_ms", "raw_bwd_ms"))
+        median = ShardTiming(fwd_ms=fwd, bwd_ms=bwd, raw_fwd_ms=raw_fwd, raw_bwd_ms=raw_bwd,
+                             reference_ms=timings[0].reference_ms)
+        row = compute_row(specs, median, config_id=config, repeat=0, common=self.common,
+                          timing=self.protocol.settings_json(), optimizer=task.optimizer,
+                          weights_precision=task.weights_precision, provenance="refine")
+        write_part(self.dataset, [row])
+        self.written.add(config)
 
     def measure(self, groups: Sequence[Sequence[Shard]]) -> list[float]:
         """Measured fwd + bwd ms of each group of shards (one device's), median over interleaved rounds."""
@@ -103,6 +128,7 @@ class _Refiner:
                 out.append(0.0)
                 continue
             timings = next(timed)
+            self._store(_specs(g, self.task), timings)
             out.append(statistics.median(t.fwd_ms + t.bwd_ms for t in timings))
         return out
 
@@ -159,14 +185,19 @@ def _candidates(refiner: _Refiner, layout: _Layout, measured: list[float], comm:
 
 
 def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measurement: MeasurementSettings | None = None,
-                *, rounds: int = 3, time_budget_s: float | None = None, progress: bool = True) -> tuple[Plan, Refinement]:
-    """`plan` refined on this machine's kernels (see the module docstring); the refinement record."""
+                *, rounds: int = 3, time_budget_s: float | None = None, dataset: str | Path | None = None,
+                progress: bool = True) -> tuple[Plan, Refinement]:
+    """`plan` refined on this machine's kernels (see the module docstring); the refinement record. With
+    `dataset` (a cost dataset directory or s3:// prefix), every device shard it times is appended there
+    (`provenance` "refine"), so the next pre-training learns from the shards plans actually produce."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     validate_plan(plan, task)
     started = time.perf_counter()
     measurement = measurement or MeasurementSettings()
-    refiner = _Refiner(task, cost_model, measurement, progress)
+    if dataset is not None:
+        prepare_dataset(dataset)  # a path that cannot hold the dataset fails before anything is measured
+    refiner = _Refiner(task, cost_model, measurement, progress, dataset)
     layout = _Layout(list(plan.shards))
     devices = range(task.num_devices)
     measured = refiner.measure([layout.on(d) for d in devices])

@@ -42,6 +42,9 @@ class EvaluateSettings(JobSettings):
     refine: int = Field(default=0, ge=0, le=50,
                         description="refine the first plan on this machine for up to this many rounds (needs "
                                     "--model): the refined plan is measured beside the others as <name>-refined")
+    refine_dataset: str | None = Field(default=None,
+                                       description="append every device shard refinement times to this cost dataset "
+                                                   "(directory or s3:// prefix), for the next pre-training")
     measurement: MeasurementSettings = MeasurementSettings()
 
     @model_validator(mode="after")
@@ -122,7 +125,7 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
                                                           cost_model.batch_size)
         try:
             refined, _ = refine_plan(task, plans[0], cost_model, measurement, rounds=settings.refine,
-                                     progress=progress)
+                                     dataset=settings.refine_dataset, progress=progress)
         except ValueError as err:  # measurement settings the machine cannot honour
             raise SettingsError(str(err)) from None
         names.append(f"{names[0]}-refined")

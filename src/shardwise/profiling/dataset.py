@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from shardwise.errors import ShardwiseError, redacted
 
-from .schema import COMM_COLUMNS, COMMON_COLUMNS, COMPUTE_COLUMNS, DATASET_FORMAT
+from .schema import COMM_COLUMNS, COMMON_COLUMNS, COMPUTE_COLUMNS, DATASET_FORMAT, PROVENANCE_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ _TYPES: dict[str, pa.DataType] = {
     "num_devices": _INT,
     "device": _INT,
 }
-ALL_COLUMNS: tuple[str, ...] = COMMON_COLUMNS + COMPUTE_COLUMNS + COMM_COLUMNS
+ALL_COLUMNS: tuple[str, ...] = COMMON_COLUMNS + COMPUTE_COLUMNS + COMM_COLUMNS + PROVENANCE_COLUMNS
 #: every part file has every column with these types (None where a column does not apply to a row's kind)
 SCHEMA = pa.schema(
     [pa.field(name, _TYPES.get(name, _STR)) for name in ALL_COLUMNS],

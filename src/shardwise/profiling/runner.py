@@ -35,7 +35,7 @@ from .dataset import (
     write_part,
 )
 from .hardware import hardware_info, resolve_device
-from .kernel import IndexData, TimingProtocol, calibrate_reference, measure_shard
+from .kernel import IndexData, ShardTiming, TimingProtocol, calibrate_reference, measure_shard
 from .sampling import (
     comm_config_id,
     default_max_devices,
@@ -173,6 +173,40 @@ class _RowBuffer:
             self.rows = []
 
 
+def compute_row(
+    shard: Sequence[TableSpec],
+    timing_result: ShardTiming,
+    *,
+    config_id: str,
+    repeat: int,
+    common: dict[str, Any],
+    timing: str,
+    optimizer: str,
+    weights_precision: str,
+    provenance: str,
+) -> dict[str, Any]:
+    """One `kind == "compute"` row of the cost dataset: a shard's measured medians with what measured them
+    (`common`: the hardware columns and batch size; `timing`: the protocol's JSON)."""
+    return {
+        **common,
+        "kind": "compute",
+        "config_id": config_id,
+        "repeat": repeat,
+        "fwd_ms": timing_result.fwd_ms,
+        "bwd_ms": timing_result.bwd_ms,
+        "raw_fwd_ms": timing_result.raw_fwd_ms,
+        "raw_bwd_ms": timing_result.raw_bwd_ms,
+        "reference_ms": timing_result.reference_ms,
+        "measured_at": time.time(),
+        "timing": timing,
+        "tables_json": json.dumps([{**t.model_dump(mode="json"), "source": t.source or t.name} for t in shard]),
+        "num_tables": len(shard),
+        "optimizer": optimizer,
+        "weights_precision": weights_precision,
+        "provenance": provenance,
+    }
+
+
 def profile(
     tables: Sequence[TableSpec],
     out: str | Path,
@@ -252,29 +286,9 @@ def profile(
                     weights_precision=settings.weights_precision,
                     index_data=index_data,
                 )
-                buffer.add(
-                    [
-                        {
-                            **common,
-                            "kind": "compute",
-                            "config_id": ids[job.index],
-                            "repeat": job.repeat,
-                            "fwd_ms": timing_result.fwd_ms,
-                            "bwd_ms": timing_result.bwd_ms,
-                            "raw_fwd_ms": timing_result.raw_fwd_ms,
-                            "raw_bwd_ms": timing_result.raw_bwd_ms,
-                            "reference_ms": timing_result.reference_ms,
-                            "measured_at": time.time(),
-                            "timing": timing,
-                            "tables_json": json.dumps(
-                                [{**t.model_dump(mode="json"), "source": t.source or t.name} for t in shard]
-                            ),
-                            "num_tables": len(shard),
-                            "optimizer": settings.optimizer,
-                            "weights_precision": settings.weights_precision,
-                        }
-                    ]
-                )
+                buffer.add([compute_row(shard, timing_result, config_id=ids[job.index], repeat=job.repeat,
+                                        common=common, timing=timing, optimizer=settings.optimizer,
+                                        weights_precision=settings.weights_precision, provenance="profile")])
                 measured += 1
                 bar.update()
             measured += _profile_comm(
@@ -363,6 +377,7 @@ def _comm_rows(
             "device": rank,
             "widths_json": json.dumps(widths),
             "backend": backend,
+            "provenance": "profile",
         }
         for rank, t in enumerate(per_device)
     ]

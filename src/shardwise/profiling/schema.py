@@ -33,6 +33,9 @@ COMPUTE_COLUMNS = (
     "optimizer",
     "weights_precision",
 )
+#: what took the measurement: "profile" (sampled shards and layouts) or "refine" (a plan's device shard, timed
+#: while refining it); null in datasets written before the column existed
+PROVENANCE_COLUMNS = ("provenance",)
 #: kind == "comm"
 COMM_COLUMNS = (
     "num_devices",
