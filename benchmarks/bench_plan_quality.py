@@ -38,8 +38,9 @@ from shardwise.evaluation import (
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import Searcher, get_method, make_searcher, method_names
+from shardwise.workload import ShardingTask
 from shardwise.workload.synthetic import synthesize_tables
-from shardwise.workload.tableset import load_tables, split_tables
+from shardwise.workload.tableset import TableSet, load_tables, split_tables
 
 MEASURED_GREEDY = "measured_greedy"
 #: the columns of the printed summary table, as recorded (the throughput ones only when measured)
@@ -47,6 +48,22 @@ RECORDED_COLUMNS = ("task_set", "method", "tasks", "failed", "mean_cost_ms", "me
                     "ratio_to_torchrec", "ratio_to_best_baseline", "imbalance", "memory_headroom",
                     "planning_time_s", "prediction_error")
 THROUGHPUT_COLUMNS = ("mean_samples_per_s", "throughput_ratio_to_torchrec")
+
+
+def held_out_pool(seed: int, row_scale: float = 0.01, batch_size: int = 65536, *, small: bool = False) -> TableSet:
+    """The held-out share of synthetic DLRM tables the task sets draw from (800 tables, 20% held out; small: 200,
+    half)."""
+    tables = synthesize_tables(num_tables=200 if small else 800, seed=seed, row_scale=row_scale,
+                               batch_size=batch_size, progress=False)
+    return split_tables(tables, holdout_fraction=0.5 if small else 0.2, seed=seed)[1]
+
+
+def paper_tasks(per_set: int, seed: int, batch_size: int) -> list[tuple[str, ShardingTask]]:
+    """(set name, task) for the first `per_set` tasks of each paper task set, at `batch_size` (other benchmarks
+    compare on these: at 65536, TorchRec's storage estimate finds no plan for them)."""
+    pool = held_out_pool(seed, batch_size=batch_size)
+    return [(spec.name, task) for spec in PAPER_TASK_SETS
+            for task in make_task_set(pool, spec.model_copy(update={"num_tasks": per_set}), seed=seed)]
 
 
 def default_methods() -> tuple[str, ...]:
@@ -122,10 +139,7 @@ def main() -> None:
     if args.tables:
         pool = load_tables(args.tables)
     else:
-        synthetic_batch = 2048 if args.small else 65536
-        tables = synthesize_tables(num_tables=200 if args.small else 800, seed=args.seed,
-                                   row_scale=args.row_scale, batch_size=synthetic_batch, progress=False)
-        _, pool = split_tables(tables, holdout_fraction=0.2 if not args.small else 0.5, seed=args.seed)
+        pool = held_out_pool(args.seed, args.row_scale, 2048 if args.small else 65536, small=args.small)
     specs = SMALL_TASK_SETS if args.small else PAPER_TASK_SETS
     measurement = MeasurementSettings(batch_size=args.batch_size, comm_iters=3 if args.small else 5,
                                       **({"warmup_iters": 2, "timing_iters": 5} if args.small else {}))

@@ -15,7 +15,7 @@ import statistics
 import time
 
 import torch
-from bench_torchrec_dropin import paper_tasks
+from bench_plan_quality import paper_tasks
 from record import record
 
 from shardwise.evaluation import measure_plans

@@ -19,15 +19,14 @@ import time
 from typing import Any
 
 import torch
+from bench_plan_quality import paper_tasks
 from record import record
 
-from shardwise.evaluation import PAPER_TASK_SETS, make_task_set, measure_plans
+from shardwise.evaluation import measure_plans
 from shardwise.integrations.torchrec import ShardwisePlanner, ebc_on_meta
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import Plan, PlanError, Searcher, make_searcher
 from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
-from shardwise.workload.synthetic import synthesize_tables
-from shardwise.workload.tableset import split_tables
 
 #: MLPerf DLRM-DCNv2 (training v3.0 reference): rows per table (max_ind_range 40M) and multi-hot sizes
 MLPERF_ROWS = (40_000_000, 39_060, 17_295, 7_424, 20_265, 3, 7_122, 1_543, 63, 40_000_000, 3_067_956, 405_282, 10,
@@ -67,15 +66,6 @@ def plan_both(planner: ShardwisePlanner, module: Any, torchrec: Searcher) -> tup
         print(f"{len(task.tables)} tables on {task.num_devices} devices: {err}")
         theirs = None
     return task, ours, theirs, ours_s, time.perf_counter() - start
-
-
-def paper_tasks(per_set: int, seed: int, batch_size: int) -> list[tuple[str, ShardingTask]]:
-    """The first `per_set` tasks of each paper task set (bench_plan_quality.py's, from held-out synthetic tables),
-    at `batch_size` (at 65536, TorchRec's storage estimate finds no plan for them)."""
-    tables = synthesize_tables(num_tables=800, seed=seed, row_scale=0.01, batch_size=batch_size, progress=False)
-    _, pool = split_tables(tables, holdout_fraction=0.2, seed=seed)
-    return [(spec.name, task) for spec in PAPER_TASK_SETS
-            for task in make_task_set(pool, spec.model_copy(update={"num_tasks": per_set}), seed=seed)]
 
 
 def main() -> None:

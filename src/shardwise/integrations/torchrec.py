@@ -51,7 +51,6 @@ __all__ = [
     "PlannerError",
     "ShardwisePlanner",
     "ebc_on_meta",
-    "embedding_bag_collections",
     "planned_modules",
     "parameter_sharding",
     "plan_from_module_sharding",
@@ -91,11 +90,6 @@ class ModuleTable:
     dim: int
     sequence: bool  #: from an EmbeddingCollection: one output vector per id instead of one pooled vector
     sharding: str  #: "planned" (table-wise / column-wise by the search), "row_wise" or "data_parallel"
-
-
-def embedding_bag_collections(module: nn.Module) -> dict[str, Any]:
-    """Every `EmbeddingBagCollection` in `module` by its module path ("" for `module` itself)."""
-    return {path: m for path, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)}
 
 
 def _configs(collection: nn.Module) -> list[Any]:
@@ -319,8 +313,9 @@ class ShardwisePlanner(ShardingPlanner):
             reserved += outputs
         return reserved
 
-    def task_for(self, tables: Sequence[ModuleTable]) -> ShardingTask:
-        """The sharding task of the tables the search places, on each rank's memory left by the rest."""
+    def task_for(self, tables: Sequence[ModuleTable]) -> tuple[ShardingTask, int]:
+        """The sharding task of the tables the search places, on each rank's memory left by the rest; and the
+        bytes every rank keeps for the rest (`_emitted_bytes`)."""
         world_size = self.world_size
         if world_size is None and dist.is_initialized():
             world_size = dist.get_world_size()
@@ -351,9 +346,9 @@ class ShardwisePlanner(ShardingPlanner):
             tables=tuple(self._table_spec(t) for t in planned),
             optimizer=self.optimizer,
             weights_precision=self.weights_precision,
-        )
+        ), reserved
 
-    def _stats(self, plan: Plan, task: ShardingTask, tables: Sequence[ModuleTable], local: int) -> str:
+    def _stats(self, plan: Plan, task: ShardingTask, tables: Sequence[ModuleTable], local: int, emitted: int) -> str:
         """TorchRec-style per-rank stats, and what the cost model did not see."""
         reserved = f", {self.storage_reservation:.0%} of memory reserved" if self.device_memory_bytes else ""
         lines = [f"ShardwisePlanner: {len(tables)} tables on {task.num_devices} ranks ({local} per host{reserved})",
@@ -366,7 +361,6 @@ class ShardwisePlanner(ShardingPlanner):
         sequence = [t.name for t in tables if t.sequence]
         if sequence:
             lines.append(f"sequence tables (EmbeddingCollection), costed as pooled lookups: {', '.join(sequence)}")
-        emitted = self._emitted_bytes(tables, task.num_devices)
         if emitted:
             lines.append(f"memory cap above is what is left per rank after {emitted / GIB:.3f} GiB for those")
         return "\n".join(lines)
@@ -376,12 +370,12 @@ class ShardwisePlanner(ShardingPlanner):
         """A `ShardingPlan` for every `EmbeddingBagCollection` and `EmbeddingCollection` in `module` (those with a
         sharder among `sharders`, as TorchRec passes them)."""
         tables = self.tables_of(module, sharders)
-        task = self.task_for(tables)
+        task, emitted = self.task_for(tables)
         plan = self.searcher.search(task, self.resolved_cost_model(), self.seed)
         self._check_plan_constraints(plan, tables)
         self.last_plan, self.last_task = plan, task
         local = self._local_world_size(task.num_devices)
-        self.last_stats = self._stats(plan, task, tables, local)
+        self.last_stats = self._stats(plan, task, tables, local, emitted)
         log.info("%s", self.last_stats)
         modules: dict[str, Any] = {}
         for path in dict.fromkeys(t.path for t in tables):

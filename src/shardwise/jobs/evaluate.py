@@ -116,7 +116,7 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
         cost_model, _ = load_cost_model(service, settings.model, device="cpu", required=True)
     first = Path(settings.plan[0])
     out = Path(settings.out) if settings.out else first.with_name(first.stem + "_eval")
-    refinement = None
+    refinement: Refinement | None = None
     if settings.refine:
         if cost_model is None:
             raise SettingsError("--refine needs --model: refinement corrects the cost model's predictions by "
@@ -124,13 +124,12 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
         measurement = settings.measurement.for_cost_model(getattr(cost_model, "reference_ms", None),
                                                           cost_model.batch_size)
         try:
-            refined, _ = refine_plan(task, plans[0], cost_model, measurement, rounds=settings.refine,
-                                     dataset=settings.refine_dataset, progress=progress)
+            refined, refinement = refine_plan(task, plans[0], cost_model, measurement, rounds=settings.refine,
+                                              dataset=settings.refine_dataset, progress=progress)
         except ValueError as err:  # measurement settings the machine cannot honour
             raise SettingsError(str(err)) from None
         names.append(f"{names[0]}-refined")
         plans.append(refined)
-        refinement = Refinement.model_validate(refined.extra["refinement"])
     try:
         costs, comparison, paths = evaluate_plans(
             task, list(zip(names, plans)), out, cost_model=cost_model, measurement=settings.measurement,
@@ -155,7 +154,7 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
             metrics=metrics, artifacts_dir=out, artifact_path="evaluation",
         )
     return EvaluateResult(names=names, costs=costs, comparison=comparison, paths=[str(p) for p in paths],
-                          run_id=run_id, refinement=refinement if settings.refine else None)
+                          run_id=run_id, refinement=refinement)
 
 
 def versus_baseline(evaluated: EvaluateResult, baseline: str) -> dict[str, float]:

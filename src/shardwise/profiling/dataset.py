@@ -391,15 +391,17 @@ def count_rows(path: str | Path) -> int:
     return total
 
 
-def _read_remote(store: Any, key: str, location: str) -> pa.Table:
-    try:
-        return pq.read_table(key, filesystem=store)
-    except (OSError, pa.ArrowException) as err:
-        raise DatasetError(f"s3://{key}: not a readable Parquet object in {redacted(location)} ({err})") from None
-
-
-def _remote_part(store: Any, key: str, location: str) -> tuple[str, pa.Table]:
-    return f"s3://{key}", _read_remote(store, key, location)
+def _remote_frames(location: str) -> list[pd.DataFrame]:
+    """Every part under an object-store prefix as a DataFrame, in name (time) order ([] when it holds none)."""
+    store, keys = _remote_parts(location)
+    frames = []
+    for key in keys:
+        try:
+            table = pq.read_table(key, filesystem=store)
+        except (OSError, pa.ArrowException) as err:
+            raise DatasetError(f"s3://{key}: not a readable Parquet object in {redacted(location)} ({err})") from None
+        frames.append(_read_part((f"s3://{key}", table)))
+    return frames
 
 
 def _read_part(part: Path | tuple[str, pa.Table]) -> pd.DataFrame:
@@ -430,10 +432,10 @@ def load_costs(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
     local = [p for p in paths if not is_object_store(p)]
     frames = [_read_part(file) for file in _parquet_files(local)] if local else []
     for location in (str(p) for p in paths if is_object_store(p)):
-        store, keys = _remote_parts(location)
-        if not keys:
+        remote = _remote_frames(location)
+        if not remote:
             raise MissingDatasetError(f"cost dataset {location} holds no .parquet part files")
-        frames += [_read_part(_remote_part(store, key, location)) for key in keys]
+        frames += remote
     if not frames:
         return rows_to_table([]).to_pandas()
     return pd.concat(frames, ignore_index=True)
@@ -442,8 +444,7 @@ def load_costs(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
 def load_stored(path: str | Path) -> pd.DataFrame | None:
     """The rows already in the dataset at `path` for resuming; None when it does not exist or holds no parts."""
     if is_object_store(path):
-        store, keys = _remote_parts(str(path))
-        parts = [_read_part(_remote_part(store, key, str(path))) for key in keys]
+        parts = _remote_frames(str(path))
         return pd.concat(parts, ignore_index=True) if parts else None
     path = Path(path)
     if not path.exists():
