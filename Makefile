@@ -7,8 +7,12 @@ WORK ?= runs/local
 # the image every pipeline step runs (shardwise.pipelines.components.IMAGE); BASE_IMAGE: see the Dockerfile
 IMAGE ?= ghcr.io/shardwise/shardwise:0.1.0
 BASE_IMAGE ?=
+# requirements/<STACK>.txt in the image: cuda (GPU nodes) or cpu (make image-cpu)
+STACK ?= cuda
+# where torch's CPU wheel is for make image-cpu (default: this host's pip find-links)
+WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 
-.PHONY: setup run test test-fast lint bench clean image base-image
+.PHONY: setup run test test-fast lint bench clean image image-cpu base-image
 
 $(STAMP): requirements/cpu.txt requirements/dev.txt requirements/torchrec.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,10 +45,19 @@ bench: $(STAMP)
 # the GPU image: CUDA torch, fbgemm-gpu and torchrec from the package index; this host's CA certificates reach
 # the build stage only (for hosts behind a TLS-inspecting proxy)
 image:
-	mkdir -p .build/ca
+	mkdir -p .build/ca .build/wheels
 	if [ -f /etc/ssl/certs/ca-certificates.crt ]; then cp /etc/ssl/certs/ca-certificates.crt .build/ca/ca.crt; \
 	else : > .build/ca/ca.crt; fi
-	docker build $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) -t $(IMAGE) .
+	rm -f .build/wheels/*.whl
+	if [ "$(STACK)" = cpu ]; then cp $(WHEELS)/torch-2.13.0+cpu-*.whl .build/wheels/ || { echo \
+	  "make image-cpu needs torch's CPU wheel (torch-2.13.0+cpu, download.pytorch.org/whl/cpu) in WHEELS=DIR" >&2; \
+	  exit 2; }; fi
+	docker build $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) --build-arg STACK=$(STACK) -t $(IMAGE) .
+
+# the same image with the CPU builds of torch and fbgemm: the pipeline's steps in containers on a machine
+# without a GPU (shardwise pipeline run --local --containers); BASE_IMAGE as for make image
+image-cpu:
+	$(MAKE) image STACK=cpu IMAGE=$(IMAGE)-cpu
 
 # a Debian base made here, for machines that cannot pull images: make image BASE_IMAGE=shardwise-base:bookworm
 base-image:

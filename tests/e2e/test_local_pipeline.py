@@ -65,7 +65,9 @@ def test_local_pipeline_then_the_next_commands(tmp_path):
     (comparison_path,) = (tmp_path / "runs/local/pipeline_root").glob("*/evaluate-plans/evaluation/comparison.json")
     comparison = json.loads(comparison_path.read_text())
     assert comparison["format"] == "shardwise.comparison/v1"
-    assert [p["name"] for p in comparison["plans"]] == [plan["method"], "torchrec"]
+    # refined on the evaluate step's machine (the preset's refine_rounds), measured in the same session
+    assert [p["name"] for p in comparison["plans"]] == [plan["method"], "torchrec", f"{plan['method']}-refined"]
+    assert re.search(r"^refined on this machine \(evaluate step\): [\d.]+ ms per iteration", out, re.M), out[-2000:]
     assert comparison["plans"][0]["max_cost_ms"] == pytest.approx(method_ms, rel=1e-3)
 
     # next: plan a task of one's own; `plan` without --model finds the model the run registered

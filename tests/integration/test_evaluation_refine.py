@@ -70,3 +70,22 @@ def test_memory_bounds_every_change_and_a_balanced_plan_is_left_alone():
     assert record.after_ms <= record.before_ms
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         refine_plan(task, plan, FeatureCostModel(), MEASUREMENT, rounds=0)
+
+
+def test_refinement_goes_on_from_the_fastest_start():
+    """A bad searched plan and a good other start (both heavy tables apart): both are measured in one session, the
+    record names each start's measured figure, and refinement goes on from the faster one, never slower than it."""
+    task = _task()
+    light = tuple(Shard(table=f"l{i}", col_offset=0, dim=16, device=i % 3) for i in range(4))
+    bad = Plan(num_devices=3, method="bad", shards=(
+        Shard(table="h0", col_offset=0, dim=64, device=0), Shard(table="h1", col_offset=0, dim=64, device=0), *light))
+    good = Plan(num_devices=3, method="good", shards=(
+        Shard(table="h0", col_offset=0, dim=64, device=1), Shard(table="h1", col_offset=0, dim=64, device=2), *light))
+    refined, record = refine_plan(task, bad, FeatureCostModel(), MEASUREMENT, rounds=1, starts=[good],
+                                  progress=False)
+    validate_plan(refined, task)
+    assert set(record.starts) == {"bad", "good"} and record.starts["good"] < record.starts["bad"]
+    assert record.start == "good" and record.before_ms == record.starts["good"]
+    assert record.after_ms <= record.before_ms
+    assert "refined from good" in record.table()
+    assert {s.device for s in refined.shards if s.table.startswith("h")} != {0}

@@ -116,6 +116,21 @@ def test_submit_creates_experiment_and_one_run(kfp_api, capsys):
     assert not _posts(requests, "/apis/v2beta1/recurringruns")
 
 
+def test_submit_with_the_commits_image_runs_every_step_in_it(kfp_api, capsys):
+    """CI passes the image it built from the commit: every executor runs it, so a run uses the committed code and
+    KFP's cache (keyed on the image among the rest) does not reuse steps of older code."""
+    host, requests = kfp_api
+    image = "ghcr.io/team/shardwise:0123abcd"
+    assert main(["pipeline", "submit", "--host", host, "--image", image]) == 0
+    (run,) = _posts(requests, "/apis/v2beta1/runs")
+    executors = run["body"]["pipeline_spec"]["pipeline_spec"]["deploymentSpec"]["executors"]
+    assert len(executors) >= 9 and {e["container"]["image"] for e in executors.values()} == {image}
+    from shardwise.pipelines.components import IMAGE, STEPS, profile_costs
+
+    assert profile_costs.component_spec.implementation.container.image == IMAGE  # put back afterwards
+    assert len(STEPS) == 9
+
+
 def test_schedule_creates_recurring_run_with_cron(kfp_api, capsys):
     host, requests = kfp_api
     status = main(["pipeline", "schedule", "--host", host, "--cron", "0 3 * * 1", "--name", "weekly-retrain",

@@ -48,6 +48,9 @@ class LocalRun(JobResult):
             f"{c.get('torchrec_max_cost_ms', float('nan')):.3f} ms per iteration "
             f"(ratio {c.get('ratio_to_torchrec', float('nan')):.3f}; below 1 is better)",
         ]
+        if "refined_ratio_to_torchrec" in c:
+            lines.append(f"refined on this machine (evaluate step): {c['refined_max_cost_ms']:.3f} ms per iteration "
+                         f"(ratio {c['refined_ratio_to_torchrec']:.3f} to TorchRec's planner)")
         if "throughput_ratio_to_torchrec" in c:
             lines.append(
                 f"DLRM training throughput vs TorchRec's planner: {c['method_samples_per_s']:,.0f} vs "
@@ -77,16 +80,20 @@ class Submitted(JobResult):
 def _compile(args: argparse.Namespace) -> None:
     from shardwise.pipelines import run  # kfp: heavy, only for the pipeline verbs that need it
 
-    print(run.compile_pipeline(args.out, gpu_product=args.gpu_product))
+    print(run.compile_pipeline(args.out, gpu_product=args.gpu_product, image=args.image))
 
 
 def _run(args: argparse.Namespace) -> LocalRun:
-    from shardwise.pipelines import run  # kfp: heavy, only for the pipeline verbs that need it
+    from shardwise.pipelines import containers, run  # kfp: heavy, only for the pipeline verbs that need it
 
     if not args.local:
         raise UsageError("only --local runs here; use `shardwise pipeline submit --host URL` for a cluster")
     started = time.monotonic()
-    done = run.run_local(args.workdir, _params(args), tracking_uri=args.tracking_uri, verbose=args.verbose)
+    image = (args.image or containers.default_image()) if args.containers else None
+    if args.image and not args.containers:
+        raise UsageError("--image names the image of --containers; add --containers")
+    done = run.run_local(args.workdir, _params(args), tracking_uri=args.tracking_uri, verbose=args.verbose,
+                         image=image)
     return LocalRun(plan_path=str(done.plan_path), plan_text=format_plan(load_plan(done.plan_path)),
                     report_path=str(done.report_path), comparison=done.comparison,
                     elapsed_s=time.monotonic() - started)
@@ -97,7 +104,7 @@ def _submit(args: argparse.Namespace) -> Submitted:
 
     # a bearer token from the environment, never a flag (flags show in process lists and CI logs)
     common = dict(experiment=args.experiment, namespace=args.namespace, service_account=args.service_account,
-                  gpu_product=args.gpu_product, existing_token=os.environ.get(TOKEN_ENV) or None)
+                  gpu_product=args.gpu_product, image=args.image, existing_token=os.environ.get(TOKEN_ENV) or None)
     if args.pipeline_verb == "schedule":
         done = run.schedule(args.host, args.cron, _params(args), job_name=args.name, **common)
         return Submitted(what="recurring run", cron=args.cron, run_id=done.run_id, experiment_id=done.experiment_id)
@@ -105,6 +112,8 @@ def _submit(args: argparse.Namespace) -> Submitted:
     return Submitted(what="run", run_id=done.run_id, experiment_id=done.experiment_id, state=done.state)
 
 
+IMAGE_HELP = ("the image every step runs (default: ghcr.io/shardwise/shardwise:VERSION); CI passes the one it "
+              "built from the commit")
 #: the environment variable holding the Kubeflow Pipelines API's bearer token (a service account's)
 TOKEN_ENV = "KFP_TOKEN"
 
@@ -125,6 +134,7 @@ def configure(verb: str, parser: argparse.ArgumentParser) -> None:
     compile_ = actions.add_parser("compile", help="write the compiled pipeline YAML")
     compile_.add_argument("--out", required=True, help="output YAML path")
     compile_.add_argument("--gpu-product", help="pin GPU steps to nodes labelled nvidia.com/gpu.product=VALUE")
+    compile_.add_argument("--image", help=IMAGE_HELP)
     compile_.set_defaults(handler=_compile)
 
     run = actions.add_parser("run", help="run the pipeline through kfp.local in this environment (CPU)")
@@ -132,6 +142,12 @@ def configure(verb: str, parser: argparse.ArgumentParser) -> None:
     run.add_argument("--workdir", default="runs/local", help="pipeline root, MLflow store and artifacts")
     run.add_argument("--tracking-uri", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else "
                      "sqlite:///mlflow.db: the store `shardwise plan` reads by default)")
+    run.add_argument("--containers", action="store_true",
+                     help="run each step in a container of the project's image through kfp.local's Docker runner, "
+                     "as a cluster does (read-only root, no network, only the run's folders mounted; needs a "
+                     "Docker engine and `make image-cpu`, or `make image` where NVIDIA's driver is)")
+    run.add_argument("--image", help="the image of --containers (default: ghcr.io/shardwise/shardwise:VERSION-cpu, "
+                     "or the GPU image where nvidia-smi is)")
     _parameters(run, "local")
     run.set_defaults(handler=_run)
 
@@ -146,6 +162,7 @@ def configure(verb: str, parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--namespace", help="Kubeflow namespace (multi-user installs)")
         sub.add_argument("--service-account", help="Kubernetes service account the run uses")
         sub.add_argument("--gpu-product", help="pin GPU steps to nodes labelled nvidia.com/gpu.product=VALUE")
+        sub.add_argument("--image", help=IMAGE_HELP)
         if name == "submit":
             sub.add_argument("--wait", type=float, metavar="SECONDS",
                              help="wait up to SECONDS for the run to end; exit 2 unless it succeeded")

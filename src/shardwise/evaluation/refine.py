@@ -6,8 +6,9 @@ model's prediction of every device by its measured residual (measured / predicte
 one shard off the slowest device, or the swap of one of its shards with another device's, that lowers the
 corrected slowest device, within memory. It measures only the devices that changed and keeps the change only when
 the measured slowest device got faster; it stops when a round gains nothing, or after `rounds` rounds or
-`time_budget_s` seconds. The returned plan is never slower, measured, than the searched one (compute, the part
-refinement measures; the all-to-all is the model's, the same for both). Each round is recorded in the plan's
+`time_budget_s` seconds. Other plans of the same task (`starts`: the greedy on measured single-table costs, say)
+are measured beside the searched one, and refinement goes on from the fastest: the returned plan is never slower,
+measured, than any of them (compute, the part refinement measures; the all-to-all is the model's). Each round is recorded in the plan's
 `extra["refinement"]`; with a cost dataset, every device shard timed is appended to it for the next pre-training.
 """
 
@@ -53,6 +54,9 @@ class Refinement(BaseModel):
     """What refinement did: every round, the measured slowest device before and after, and the time it took."""
 
     rounds: list[RefinementRound]
+    #: the measured slowest device of each plan refinement could start from, by method; it went on from the fastest
+    starts: dict[str, float] = {}
+    start: str = ""
     before_ms: float
     after_ms: float
     seconds: float
@@ -65,6 +69,9 @@ class Refinement(BaseModel):
             after = f"{r.after_ms:.3f}" if r.after_ms is not None else "-"
             lines.append(f"{r.round:>5}  {r.measured_max_ms:>10.3f}  {r.slowest_device:>6}  {after:>8}  "
                          f"{'yes' if r.kept else 'no':>4}  {r.change or 'nothing promised a gain'}")
+        if len(self.starts) > 1:
+            lines.insert(0, "start: " + ", ".join(f"{m} {ms:.3f} ms" for m, ms in self.starts.items())
+                         + f" measured; refined from {self.start}")
         lines.append(f"refinement: slowest device {self.before_ms:.3f} -> {self.after_ms:.3f} ms measured "
                      f"({self.after_ms / self.before_ms:.3f}x), {self.devices_measured} device shards timed in "
                      f"{self.seconds:.1f} s")
@@ -186,23 +193,30 @@ def _candidates(refiner: _Refiner, layout: _Layout, measured: list[float], comm:
 
 def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measurement: MeasurementSettings | None = None,
                 *, rounds: int = 3, time_budget_s: float | None = None, dataset: str | Path | None = None,
-                progress: bool = True) -> tuple[Plan, Refinement]:
+                starts: Sequence[Plan] = (), progress: bool = True) -> tuple[Plan, Refinement]:
     """`plan` refined on this machine's kernels (see the module docstring); the refinement record. With
-    `dataset` (a cost dataset directory or s3:// prefix), every device shard it times is appended there
-    (`provenance` "refine"), so the next pre-training learns from the shards plans actually produce."""
+    `starts`, other plans of the task are measured too and refinement goes on from the fastest. With `dataset`
+    (a cost dataset directory or s3:// prefix), every device shard it times is appended there (`provenance`
+    "refine"), so the next pre-training learns from the shards plans actually produce."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    validate_plan(plan, task)
+    for candidate in (plan, *starts):
+        validate_plan(candidate, task)
     started = time.perf_counter()
     measurement = measurement or MeasurementSettings()
     if dataset is not None:
         prepare_dataset(dataset)  # a path that cannot hold the dataset fails before anything is measured
     refiner = _Refiner(task, cost_model, measurement, progress, dataset)
-    layout = _Layout(list(plan.shards))
     devices = range(task.num_devices)
-    measured = refiner.measure([layout.on(d) for d in devices])
-    comm = refiner.comm(layout)
-    before = float(max(np.array(measured) + comm))
+    candidates = [(c.method, _Layout(list(c.shards))) for c in (plan, *starts)]
+    # every start's device shards timed in one interleaved session, so their figures compare
+    timed = refiner.measure([layout.on(d) for _, layout in candidates for d in devices])
+    measured_of = [timed[i * task.num_devices:(i + 1) * task.num_devices] for i in range(len(candidates))]
+    comm_of = [refiner.comm(layout) for _, layout in candidates]
+    totals = [float(max(np.array(m) + c)) for m, c in zip(measured_of, comm_of, strict=True)]
+    best = int(np.argmin(totals))
+    start, layout = candidates[best]
+    measured, comm, before = measured_of[best], comm_of[best], totals[best]
     history: list[RefinementRound] = []
     tried: set[str] = set()
     for index in range(rounds):
@@ -234,7 +248,8 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
         if kept:
             layout, measured, comm = trial, trial_measured, trial_comm
     after_ms = float(max(np.array(measured) + comm))
-    record = Refinement(rounds=history, before_ms=before, after_ms=after_ms, seconds=time.perf_counter() - started,
+    record = Refinement(rounds=history, starts={m: ms for (m, _), ms in zip(candidates, totals, strict=True)},
+                        start=start, before_ms=before, after_ms=after_ms, seconds=time.perf_counter() - started,
                         devices_measured=refiner.devices_measured)
     shards = tuple(sorted(layout.shards, key=lambda s: (s.table, s.col_offset)))
     refined = Plan(num_devices=plan.num_devices, shards=shards, method=f"{plan.method}+refine")

@@ -136,19 +136,28 @@ def _params(values: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(v)[:PARAM_CHARS] for k, v in values.items()}
 
 
-def _local_store_missing(uri: str) -> bool:
-    """True for an embedded store (sqlite file, file-store directory) that does not exist: opening it would
-    create it."""
+def local_store_path(uri: str) -> Path | None:
+    """The file or folder of an embedded store or a local artifact location (sqlite file, file: URI, plain path);
+    None for a server, an object store or an in-memory database."""
     parsed = urlparse(uri)
     if parsed.scheme == "sqlite":
         path = uri.removeprefix("sqlite://").split("?", 1)[0]
         path = path[1:] if path.startswith("/") else path  # sqlite:///rel.db -> rel.db; sqlite:////abs -> /abs
-        return path not in ("", ":memory:") and not Path(path).is_file()
+        return None if path in ("", ":memory:") else Path(path)
     if parsed.scheme == "file":
-        return not Path(parsed.path).is_dir()
+        return Path(parsed.path)
     if not parsed.scheme or len(parsed.scheme) == 1:  # a plain path (or a Windows drive)
-        return not Path(uri).is_dir()
-    return False
+        return Path(uri)
+    return None
+
+
+def _local_store_missing(uri: str) -> bool:
+    """True for an embedded store (sqlite file, file-store directory) that does not exist: opening it would
+    create it."""
+    path = local_store_path(uri)
+    if path is None:
+        return False
+    return not (path.is_file() if urlparse(uri).scheme == "sqlite" else path.is_dir())
 
 
 @contextmanager
@@ -197,6 +206,21 @@ class MlflowService:
         """False when the tracking or registry store is an embedded sqlite file (or file store) that does not
         exist: looking in it would create it."""
         return not (_local_store_missing(self.tracking_uri) or _local_store_missing(self.registry_uri))
+
+    def local_folders(self) -> list[Path]:
+        """The folders on this machine the store keeps its data in: an embedded store's own folder and its
+        experiments' local artifact folders (none for a server or an object store)."""
+        folders = []
+        for uri in {self.tracking_uri, self.registry_uri}:
+            path = local_store_path(uri)
+            if path is not None:
+                folders.append(path.resolve().parent if urlparse(uri).scheme == "sqlite" else path.resolve())
+        if folders and self.store_exists():
+            for experiment in self._client().search_experiments():
+                path = local_store_path(experiment.artifact_location)
+                if path is not None:
+                    folders.append(path.resolve())
+        return folders
 
     def _client(self) -> MlflowClient:
         from mlflow import MlflowClient  # heavy: only when talking to a store

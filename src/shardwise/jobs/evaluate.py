@@ -14,12 +14,15 @@ from shardwise.evaluation.report import summary_page
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import Plan, PlanError, load_plan, save_plan, validate_plan
+from shardwise.search.baselines import MEASURED_KEY, GreedySearch
 from shardwise.workload import ShardingTask, load_task
 
 from .base import JobResult, JobSettings, SettingsError
 from .models import load_cost_model
 
 EXPERIMENT = "shardwise-evaluate"
+#: refinement rounds when a cost model is given and --refine is not
+DEFAULT_REFINE_ROUNDS = 3
 #: a report name becomes a file name in the output folder: letters, digits, '.', '_', '-' only
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")
 
@@ -39,9 +42,14 @@ class EvaluateSettings(JobSettings):
     model: str | None = Field(default=None,
                               description="cost model URI: its reference timing, batch, predictions")
     tracking_uri: str | None = Field(default=None, description="MLflow tracking URI (else $MLFLOW_TRACKING_URI)")
-    refine: int = Field(default=0, ge=0, le=50,
-                        description="refine the first plan on this machine for up to this many rounds (needs "
-                                    "--model): the refined plan is measured beside the others as <name>-refined")
+    refine: int | None = Field(
+        default=None, ge=0, le=50,
+        description=f"refine the first plan on this machine for up to this many rounds (needs --model; default "
+                    f"{DEFAULT_REFINE_ROUNDS} with --model, 0 without): the refined plan is measured beside the others "
+                    "as <name>-refined")
+    refine_from_greedy: bool = Field(
+        default=True, description="refinement also measures the greedy on measured single-table costs and goes on "
+                                  "from the faster of the two plans (each table timed alone once)")
     refine_dataset: str | None = Field(default=None,
                                        description="append every device shard refinement times to this cost dataset "
                                                    "(directory or s3:// prefix), for the next pre-training")
@@ -96,6 +104,15 @@ def load_task_and_plans(task_path: str, plan_paths: tuple[str, ...]) -> tuple[Sh
     return task, plans
 
 
+def _measured_greedy(task: ShardingTask, measurement: MeasurementSettings) -> list[Plan]:
+    """The greedy on each table's measured single-table cost, as a start for refinement ([] when it finds no
+    plan within memory: the searched plan is then the only start)."""
+    try:
+        return [GreedySearch(MEASURED_KEY, measurement=measurement).search(task, None, 0)]
+    except PlanError:
+        return []
+
+
 def report_names(paths: tuple[str, ...], plans: list[Plan]) -> list[str]:
     """Report names: file stems, else methods, else stem-<i>; all unique and safe as file names."""
     for names in ([Path(p).stem for p in paths], [plan.method for plan in plans]):
@@ -117,15 +134,17 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
     first = Path(settings.plan[0])
     out = Path(settings.out) if settings.out else first.with_name(first.stem + "_eval")
     refinement: Refinement | None = None
-    if settings.refine:
+    rounds = settings.refine if settings.refine is not None else DEFAULT_REFINE_ROUNDS if cost_model else 0
+    if rounds:
         if cost_model is None:
             raise SettingsError("--refine needs --model: refinement corrects the cost model's predictions by "
                                 "measured residuals")
         measurement = settings.measurement.for_cost_model(getattr(cost_model, "reference_ms", None),
                                                           cost_model.batch_size)
         try:
-            refined, refinement = refine_plan(task, plans[0], cost_model, measurement, rounds=settings.refine,
-                                              dataset=settings.refine_dataset, progress=progress)
+            starts = _measured_greedy(task, measurement) if settings.refine_from_greedy else []
+            refined, refinement = refine_plan(task, plans[0], cost_model, measurement, rounds=rounds,
+                                              dataset=settings.refine_dataset, starts=starts, progress=progress)
         except ValueError as err:  # measurement settings the machine cannot honour
             raise SettingsError(str(err)) from None
         names.append(f"{names[0]}-refined")
@@ -137,7 +156,7 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
         )
     except ValueError as err:  # measurement settings the machine cannot honour (e.g. no such device)
         raise SettingsError(str(err)) from None
-    if settings.refine:
+    if refinement:
         paths.append(save_plan(plans[-1], out / f"{names[-1]}.plan.json"))
     run_id = None
     if tracking or mlflow is not None:
@@ -161,13 +180,19 @@ def versus_baseline(evaluated: EvaluateResult, baseline: str) -> dict[str, float
     """The first plan's measured cost against the plan named `baseline` (ratio < 1: the first plan wins)."""
     first = evaluated.costs[0]
     base = evaluated.costs[evaluated.names.index(baseline)]
-    return {
+    figures = {
         "method_max_cost_ms": first.max_cost_ms,
         "torchrec_max_cost_ms": base.max_cost_ms,
         "ratio_to_torchrec": first.max_cost_ms / base.max_cost_ms if base.max_cost_ms > 0 else float("nan"),
         "method_imbalance": first.imbalance,
         "torchrec_imbalance": base.imbalance,
     }
+    if evaluated.refinement:  # the refined plan is the last one measured
+        refined = evaluated.costs[-1]
+        figures |= {"refined_max_cost_ms": refined.max_cost_ms,
+                    "refined_ratio_to_torchrec": refined.max_cost_ms / base.max_cost_ms if base.max_cost_ms > 0
+                    else float("nan")}
+    return figures
 
 
 def comparison_page(method: str, figures: dict[str, float], evaluated: EvaluateResult) -> str:

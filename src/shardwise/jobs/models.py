@@ -42,6 +42,12 @@ def store_uri(tracking_uri: str | None = None) -> str:
     return uri
 
 
+def store_folders(tracking_uri: str) -> list[Path]:
+    """The folders on this machine an MLflow store keeps its data in (none for a server): what a step in a
+    container must see of it."""
+    return MlflowService(tracking_uri).local_folders()
+
+
 def load_cost_model(
     mlflow: MlflowService, uri: str | None, *, device: str | None, required: bool
 ) -> tuple[NeuralCostModel | None, str | None]:

@@ -199,12 +199,13 @@ def evaluate_plans(
     hardware_kind: str,
     device: str,
     validate_iters: int,
+    refine_rounds: int,
     evaluation: Output[Artifact],
     comparison: Output[Metrics],
     report: Output[HTML],
 ):
-    """Measure the plan and TorchRec's plan on this node in one session (same reference, interleaved
-    all-to-alls); train the DLRM under both; compare; report."""
+    """Refine the plan on this node (measurement in the loop); measure it, the refined plan and TorchRec's plan in
+    one session (same reference, interleaved all-to-alls); train the DLRM under both; compare; report."""
     import json
     import os
 
@@ -218,7 +219,7 @@ def evaluate_plans(
     uri = registered_model_uri(hardware_kind, model_alias) if model_alias else model.path
     evaluated = evaluate.run(evaluate.EvaluateSettings(
         task=task.path, plan=(plan.path, baseline_plan.path), name=names, out=evaluation.path, model=uri,
-        measurement=MeasurementSettings(device=device),
+        refine=refine_rounds, measurement=MeasurementSettings(device=device),
     ))
     print(evaluated.summary())
     figures = evaluate.versus_baseline(evaluated, names[1])

@@ -49,6 +49,8 @@ class PipelineParams(BaseModel):
     model_alias: str = Field(description="plan with shardwise-cost-<hardware>@ALIAS; '' = this run's model")
     device: Literal["cpu", "cuda"] = Field(description="hardware the profile and evaluate steps run on")
     validate_iters: int = Field(ge=0, description="DLRM training iterations per plan (0: no throughput)")
+    refine_rounds: int = Field(ge=0, le=50, description="refine the plan on the evaluate step's hardware for up to "
+                               "this many rounds, from the faster of it and the measured-cost greedy (0: no refinement)")
     seed: int = Field(description="seed of every random draw")
 
     @field_validator("dataset_uri")

@@ -130,6 +130,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
         model_alias: str = DEFAULTS.model_alias,
         device: str = DEFAULTS.device,
         validate_iters: int = DEFAULTS.validate_iters,
+        refine_rounds: int = DEFAULTS.refine_rounds,
         seed: int = DEFAULTS.seed,
     ) -> dsl.Metrics:
         """The whole method; returns the measured comparison against TorchRec's planner."""
@@ -230,6 +231,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                     hardware_kind=comm.outputs["Output"],
                     device=device,
                     validate_iters=validate_iters,
+                    refine_rounds=refine_rounds,
                 )
             ),
             num_devices,

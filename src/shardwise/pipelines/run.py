@@ -24,7 +24,7 @@ from shardwise.errors import ShardwiseError, redacted
 from shardwise.jobs.models import store_uri
 from shardwise.search import get_method
 
-from . import components
+from . import components, containers
 from .params import PipelineArgumentError, PipelineParams
 from .pipeline import build_pipeline
 
@@ -33,11 +33,13 @@ class PipelineRunError(ShardwiseError):
     """A local pipeline run that failed in one of its steps."""
 
 
-def compile_pipeline(out: str | Path, *, gpu_product: str | None = None) -> Path:
-    """Compile the pipeline to Kubeflow's YAML (IR) at `out`."""
+def compile_pipeline(out: str | Path, *, gpu_product: str | None = None, image: str | None = None) -> Path:
+    """Compile the pipeline to Kubeflow's YAML (IR) at `out`; with `image`, every step runs that image (CI: the
+    image built from the commit, so a run uses the code committed and cached steps are keyed on it)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(build_pipeline(gpu_product), str(out))
+    with containers.steps_in_image(image) if image else contextlib.nullcontext():
+        compiler.Compiler().compile(build_pipeline(gpu_product), str(out))
     return out
 
 
@@ -194,10 +196,16 @@ def _check_method(params: PipelineParams) -> None:
 
 
 def run_local(
-    workdir: str | Path, params: PipelineParams, *, tracking_uri: str | None = None, verbose: bool = False
+    workdir: str | Path,
+    params: PipelineParams,
+    *,
+    tracking_uri: str | None = None,
+    verbose: bool = False,
+    image: str | None = None,
 ) -> LocalRunResult:
-    """Run the pipeline through kfp.local in this environment (CPU, the default embedded MLflow store); the steps'
-    output goes to `workdir/pipeline.log` (to the terminal with `verbose`)."""
+    """Run the pipeline through kfp.local: in this environment (CPU, the default embedded MLflow store), or with
+    `image` each step in a container of that image (`containers`); the steps' output goes to
+    `workdir/pipeline.log` (to the terminal with `verbose`)."""
     _check_method(params)
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -205,16 +213,19 @@ def run_local(
     pipeline_root = workdir / "pipeline_root"
     log_path = workdir / "pipeline.log"
     before = set(pipeline_root.glob("*")) if pipeline_root.exists() else set()
-    # The steps run as subprocesses of this one and inherit its environment (kfp.local ignores the
+    # The steps inherit this process's environment, or get it from the Docker runner (kfp.local ignores the
     # config-map/secret settings): point them at the store the next command will look in.
     # the store the CLI and the TorchRec planner read by default: the next `shardwise plan` finds the model
     uri = store_uri(tracking_uri)
+    runner = (containers.docker_runner(workdir, uri, image=image, remote_data=bool(params.dataset_uri)) if image
+              else local.SubprocessRunner(use_venv=False))
     saved = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = uri
     console = contextlib.nullcontext() if verbose else _console_to_log(log_path)
+    in_image = containers.steps_in_image(image) if image else contextlib.nullcontext()
     try:
-        with console:
-            local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+        with console, in_image:
+            local.init(runner=runner, pipeline_root=str(pipeline_root))
             # MLflow's default artifact root is relative to the working directory: keep it in the workdir
             with _working_directory(workdir):
                 task = build_pipeline()(**args)
@@ -296,10 +307,10 @@ def _experiment(host: str, namespace: str | None, token: str | None, name: str) 
 
 
 @contextlib.contextmanager
-def _package(gpu_product: str | None) -> Iterator[str]:
+def _package(gpu_product: str | None, image: str | None) -> Iterator[str]:
     """The pipeline compiled into a temporary file, for the API to upload."""
     with tempfile.TemporaryDirectory() as tmp:
-        yield str(compile_pipeline(Path(tmp) / "shardwise_pipeline.yaml", gpu_product=gpu_product))
+        yield str(compile_pipeline(Path(tmp) / "shardwise_pipeline.yaml", gpu_product=gpu_product, image=image))
 
 
 def submit(
@@ -311,6 +322,7 @@ def submit(
     namespace: str | None = None,
     service_account: str | None = None,
     gpu_product: str | None = None,
+    image: str | None = None,
     existing_token: str | None = None,
     wait_s: float | None = None,
 ) -> Submitted:
@@ -318,7 +330,7 @@ def submit(
     that long for it to end and raise unless it succeeded (CI retraining fails when its run fails)."""
     _check_method(params)
     client, experiment_id = _experiment(host, namespace, existing_token, experiment)
-    with _package(gpu_product) as package, _api_errors(host):
+    with _package(gpu_product, image) as package, _api_errors(host):
         run = client.run_pipeline(
             experiment_id=experiment_id,
             job_name=run_name,
@@ -350,6 +362,7 @@ def schedule(
     namespace: str | None = None,
     service_account: str | None = None,
     gpu_product: str | None = None,
+    image: str | None = None,
     max_concurrency: int = 1,
     existing_token: str | None = None,
 ) -> Submitted:
@@ -362,7 +375,7 @@ def schedule(
         # KFP's scheduler reads seconds first; a standard 5-field cron runs at second 0
         cron = "0 " + cron
     client, experiment_id = _experiment(host, namespace, existing_token, experiment)
-    with _package(gpu_product) as package, _api_errors(host):
+    with _package(gpu_product, image) as package, _api_errors(host):
         job = client.create_recurring_run(
             experiment_id=experiment_id,
             job_name=job_name,

@@ -1,0 +1,61 @@
+"""The pipeline with every step in a container of the project's image (`shardwise pipeline run --local
+--containers`), as a cluster runs it: the image's code, a read-only root, no network, only the run's folders and
+the MLflow store mounted. Skipped where no Docker engine answers or the CPU image is not built (`make image-cpu`);
+CI has neither."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardwise.pipelines.containers import CPU_IMAGE
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+HANG_GUARD_S = 1800  # the smoke run takes about 4 minutes in containers on 2 cores; this only stops a hung run
+
+
+def _why_not() -> str | None:
+    try:
+        found = subprocess.run(["docker", "image", "inspect", CPU_IMAGE], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "no Docker engine answers"
+    return None if found.returncode == 0 else f"no Docker engine, or {CPU_IMAGE} not built (make image-cpu)"
+
+
+SKIP = _why_not()
+
+
+def _shardwise(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)  # the default store, shared by the run and the next command
+    return subprocess.run([sys.executable, "-m", "shardwise.cli", *argv], capture_output=True, text=True,
+                          timeout=HANG_GUARD_S, env=env, cwd=cwd)
+
+
+@pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
+@pytest.mark.timeout(HANG_GUARD_S + 120)
+def test_every_step_runs_in_the_image_and_the_next_command_finds_the_model(tmp_path):
+    result = _shardwise("pipeline", "run", "--local", "--containers", "--preset", "smoke", "--workdir", "runs",
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    steps = re.findall(r"^([\w-]+)\s+success\s+[\d.]+ s$", result.stdout, re.M)
+    assert len(steps) == 10, result.stdout
+    log = (tmp_path / "runs/pipeline.log").read_text()
+    # kfp.local's Docker runner found the image for every step (one line per container started)
+    assert log.count(f"Found image '{CPU_IMAGE}'") >= len(steps), log[-3000:]
+    # nothing outside the folders mounted: the run's workdir and the store's folder (here the same place)
+    assert {p.name for p in tmp_path.iterdir()} == {"runs", "mlflow.db"}
+    # the steps ran as the caller: the files they left are the caller's
+    made = [p for p in (tmp_path / "runs").rglob("*") if p.is_file()]
+    assert made and {p.stat().st_uid for p in made} == {os.getuid()}
+
+    task = next((tmp_path / "runs/pipeline_root").glob("*/make-task/task"))
+    planned = _shardwise("plan", "--task", str(task), "--out", "plan.json", cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    assert "models:/shardwise-cost-" in (tmp_path / "plan.json").read_text()
