@@ -231,6 +231,28 @@ def _train_dlrm(
     return measured
 
 
+#: the baseline refinement also starts from (the strongest simple one: greedy on measured single-table costs)
+REFINE_START = "measured_greedy"
+_Planned = tuple[str, int, str, ShardingTask, Plan, float]
+
+
+def _refined(planned: Sequence[_Planned], learned: Collection[str], cost_model: CostModel,
+             measurement: MeasurementSettings, rounds: int) -> list[_Planned]:
+    """Each learned method's plan refined on this machine, from the faster of it and the task's measured greedy
+    plan (when benchmarked)."""
+    from .refine import refine_plan  # the kernels' timing: only when refining
+
+    starts = {(s, k): plan for s, k, method, _, plan, _ in planned if method == REFINE_START}
+    todo = [p for p in planned if p[2] in learned]
+    out: list[_Planned] = []
+    for set_name, k, method, task, plan, planning_s in tqdm(todo, desc="refine", unit="plan"):
+        start = [starts[set_name, k]] if (set_name, k) in starts else []
+        refined, record = refine_plan(task, plan, cost_model, measurement, rounds=rounds, starts=start,
+                                      progress=False)
+        out.append((set_name, k, f"{method}+refine", task, refined, planning_s + record.seconds))
+    return out
+
+
 def run_benchmark(
     task_sets: Mapping[str, Sequence[ShardingTask]],
     searchers: Mapping[str, Searcher],
@@ -244,6 +266,7 @@ def run_benchmark(
     throughput_tasks: int = 0,
     throughput_iters: int = 20,
     throughput_warmup: int = 5,
+    refine_rounds: int = 0,
 ) -> tuple[list[PlanResult], list[dict[str, Any]]]:
     """Plan every task with every searcher, measure every plan in one session; per-plan results and the summary.
 
@@ -253,7 +276,10 @@ def run_benchmark(
     unless `measurement` sets them) and its predictions are reported. With `throughput_tasks` N > 0, the
     TorchRec DLRM is also trained under every method's plan of the first N tasks of each set
     (`throughput_iters` timed iterations after `throughput_warmup`, as `shardwise validate` does) and the rows
-    get samples/s and its ratio to TorchRec's plan. Plans, measurements and reports go under `out_dir` when given."""
+    get samples/s and its ratio to TorchRec's plan. With `refine_rounds` and a cost model, every learned
+    method's plan is also refined on this machine (`refine_plan`, from the faster of it and the measured greedy's
+    plan of the task, when that method is benchmarked) and reported as method "<method>+refine", its planning
+    time including the refinement's. Plans, measurements and reports go under `out_dir` when given."""
     if throughput_tasks < 0:
         raise ValueError(f"throughput_tasks must be >= 0 (0 = no DLRM training), got {throughput_tasks}")
     if throughput_tasks and (throughput_iters < 1 or throughput_warmup < 0):
@@ -285,6 +311,10 @@ def run_benchmark(
                     planned.append((set_name, k, method, task, plan, planning_s))
                     bar.update()
 
+    if refine_rounds and cost_model is not None:
+        refined = _refined(planned, learned, cost_model, measurement, refine_rounds)
+        planned += refined
+        learned = [*learned, *{method for _, _, method, _, _, _ in refined}]
     measured = measure_plans([(task, plan) for _, _, _, task, plan, _ in planned], measurement)
     throughput = _train_dlrm(
         [(set_name, k, method, task, plan) for set_name, k, method, task, plan, _ in planned if k < throughput_tasks],

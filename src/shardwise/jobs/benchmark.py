@@ -51,6 +51,10 @@ class BenchmarkSettings(JobSettings):
     )
     throughput_iters: int = Field(default=20, ge=1, description="timed training iterations per plan")
     throughput_warmup: int = Field(default=5, ge=0, description="warm-up training iterations per plan (not timed)")
+    refine: int = Field(
+        default=3, ge=0, le=50, description="also refine every learned method's plan on this machine for up to this "
+        "many rounds, from the faster of it and the measured greedy's plan, reported as <method>+refine (needs "
+        "--model; 0: off)")
     measurement: MeasurementSettings = MeasurementSettings()
 
     @field_validator("methods")
@@ -109,7 +113,7 @@ def run(settings: BenchmarkSettings, *, mlflow: MlflowService | None = None) -> 
         task_sets, searchers, learned=[m for m in methods if get_method(m).learned], cost_model=cost_model,
         measurement=measurement, seed=settings.seed, out_dir=settings.out,
         throughput_tasks=settings.throughput_tasks, throughput_iters=settings.throughput_iters,
-        throughput_warmup=settings.throughput_warmup,
+        throughput_warmup=settings.throughput_warmup, refine_rounds=settings.refine,
     )
     run_id = None
     if tracking or mlflow is not None:
