@@ -5,7 +5,10 @@ Tasks: the first N of each paper task set (bench_plan_quality.py's, from held-ou
 model's batch). Per task it prints each plan's measured slowest device, the refined plan over NeuroShard's and
 over the measured greedy's, and the refinement's rounds (measured gain per round) and extra time.
 
-    python benchmarks/bench_refine.py --model MODEL_DIR [--tasks 3] [--rounds 4] [--record]
+Refinement goes on from the faster, measured, of NeuroShard's plan and the measured greedy's (as `evaluate` and
+`benchmark` do); `--searched-only` refines NeuroShard's plan alone.
+
+    python benchmarks/bench_refine.py --model MODEL_DIR [--tasks 3] [--rounds 4] [--searched-only] [--record]
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=3, help="tasks per paper task set")
     parser.add_argument("--rounds", type=int, default=4, help="refinement rounds per plan")
     parser.add_argument("--sets", default=None, help="only these paper task sets (comma separated names)")
+    parser.add_argument("--searched-only", action="store_true",
+                        help="refine NeuroShard's plan only (not also from the measured greedy's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/refine.json")
     args = parser.parse_args()
@@ -41,7 +46,7 @@ def main() -> None:
     measurement = MeasurementSettings(device="cpu").for_cost_model(model.reference_ms, model.batch_size)
     rows = []
     header = (f"{'task':<18}{'neuroshard':>11}{'refined':>9}{'meas.greedy':>12}{'torchrec':>9}{'ref/ns':>8}"
-              f"{'ref/greedy':>11}{'ref/torchrec':>13}{'refine s':>9}  measured slowest device per round")
+              f"{'ref/greedy':>11}{'ref/torchrec':>13}{'refine s':>9}  start: measured slowest device per round")
     lines = []
     tasks = paper_tasks(args.tasks, args.seed, model.batch_size)
     if args.sets:
@@ -50,8 +55,9 @@ def main() -> None:
         plans = {m: make_searcher(m, **({"measurement": measurement} if m == "measured_greedy" else {}))
                  .search(task, model, args.seed) for m in METHODS}
         started = time.perf_counter()
+        starts = [] if args.searched_only else [plans["measured_greedy"]]
         refined, refinement = refine_plan(task, plans["neuroshard"], model, measurement, rounds=args.rounds,
-                                          progress=False)
+                                          starts=starts, progress=False)
         refine_s = time.perf_counter() - started
         order = [*METHODS, "refined"]
         measured = dict(zip(order, measure_plans([(task, plans[m]) for m in METHODS] + [(task, refined)],
@@ -62,20 +68,27 @@ def main() -> None:
         lines.append(f"{label:<18}{ms['neuroshard']:>11.3f}{ms['refined']:>9.3f}{ms['measured_greedy']:>12.3f}"
                      f"{ms['torchrec']:>9.3f}{ms['refined'] / ms['neuroshard']:>8.3f}"
                      f"{ms['refined'] / ms['measured_greedy']:>11.3f}{ms['refined'] / ms['torchrec']:>13.3f}"
-                     f"{refine_s:>9.1f}  {per_round} -> {refinement.after_ms:.2f}")
+                     f"{refine_s:>9.1f}  {refinement.start}: {per_round} -> {refinement.after_ms:.2f}")
         print(lines[-1] if len(lines) > 1 else f"{header}\n{lines[-1]}", flush=True)
         rows.append({"task": label, "tables": len(task.tables), "devices": task.num_devices,
                      **{f"{m}_ms": round(ms[m], 3) for m in order},
                      "refined_over_neuroshard": round(ms["refined"] / ms["neuroshard"], 3),
                      "refined_over_measured_greedy": round(ms["refined"] / ms["measured_greedy"], 3),
                      "refined_over_torchrec": round(ms["refined"] / ms["torchrec"], 3),
-                     "rounds_kept": sum(r.kept for r in refinement.rounds), "refine_s": round(refine_s, 1)})
+                     "start": refinement.start, "rounds_kept": sum(r.kept for r in refinement.rounds),
+                     "refine_s": round(refine_s, 1)})
     for key in ("refined_over_neuroshard", "refined_over_measured_greedy", "refined_over_torchrec"):
         print(f"mean {key}: {statistics.fmean(r[key] for r in rows):.3f}")
+    for devices in sorted({r["devices"] for r in rows}):
+        on = [r for r in rows if r["devices"] == devices]
+        print(f"{devices} devices: refined / torchrec {statistics.fmean(r['refined_over_torchrec'] for r in on):.3f} "
+              f"on average; at or below the measured greedy on "
+              f"{sum(r['refined_over_measured_greedy'] <= 1.0 for r in on)} of {len(on)} tasks")
     print("per round: the measured slowest device (compute + predicted all-to-all) before it; * = its change was kept")
     if args.record:
         record("refine", "Refinement on hardware: NeuroShard before and after, the measured greedy, TorchRec",
-               rows, notes=f"first {args.tasks} task(s) of {args.sets or 'each paper set'}, {args.rounds} rounds, CPU")
+               rows, notes=f"first {args.tasks} task(s) of {args.sets or 'each paper set'}, {args.rounds} rounds, "
+               f"{'from the searched plan only' if args.searched_only else 'from the faster of NeuroShard and the measured greedy'}, CPU")
 
 
 if __name__ == "__main__":

@@ -88,10 +88,10 @@ def _run(args: argparse.Namespace) -> LocalRun:
 
     if not args.local:
         raise UsageError("only --local runs here; use `shardwise pipeline submit --host URL` for a cluster")
-    started = time.monotonic()
-    image = (args.image or containers.default_image()) if args.containers else None
     if args.image and not args.containers:
         raise UsageError("--image names the image of --containers; add --containers")
+    started = time.monotonic()
+    image = (args.image or containers.default_image()) if args.containers else None
     done = run.run_local(args.workdir, _params(args), tracking_uri=args.tracking_uri, verbose=args.verbose,
                          image=image)
     return LocalRun(plan_path=str(done.plan_path), plan_text=format_plan(load_plan(done.plan_path)),

@@ -29,6 +29,10 @@ from . import components
 CPU_IMAGE = f"{components.IMAGE}-cpu"
 #: /dev/shm of a step: the all-to-all step's processes exchange tensors through it (the cluster mounts memory)
 SHM_SIZE = "1g"
+#: what a step reads from its environment besides the tracking URI: the object store's endpoint and credentials
+#: (on the cluster, the config map's and the secret's)
+PASSED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
+              "AWS_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL")
 
 
 class ContainerError(ShardwiseError):
@@ -83,7 +87,8 @@ def docker_runner(workdir: Path, tracking_uri: str, *, image: str, remote_data: 
     settings: dict[str, Any] = {
         "mounts": [Mount(target=str(f), source=str(f), type="bind") for f in _outermost(folders)],
         "working_dir": str(workdir),  # MLflow puts a new experiment's artifacts under ./mlruns: the workdir's
-        "environment": {"MLFLOW_TRACKING_URI": tracking_uri, "HOME": "/tmp"},
+        "environment": {"MLFLOW_TRACKING_URI": tracking_uri, "HOME": "/tmp",
+                        **{k: os.environ[k] for k in PASSED_ENV if k in os.environ}},
         "user": f"{os.getuid()}:{os.getgid()}",
         "read_only": True,
         "tmpfs": {"/tmp": ""},
