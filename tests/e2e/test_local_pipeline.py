@@ -70,6 +70,21 @@ def test_local_pipeline_then_the_next_commands(tmp_path):
     assert re.search(r"^refined on this machine \(evaluate step\): [\d.]+ ms per iteration", out, re.M), out[-2000:]
     assert comparison["plans"][0]["max_cost_ms"] == pytest.approx(method_ms, rel=1e-3)
 
+    # what the Kubeflow UI shows as Markdown: the plan's per-device table and the run's comparison
+    run_dir = plan_path.parents[1]
+    assert "device" in (run_dir / "search-plan/plan_table").read_text()
+    summary = (run_dir / "evaluate-plans/summary").read_text()
+    assert f"| ratio to TorchRec's planner (below 1 is better) | {ratio:.3f} |" in summary
+
+    # the model's MLflow run names the KFP run, and the model artifact names the version the run registered
+    (executor,) = (tmp_path / "runs/local/pipeline_root").glob("*/pretrain-cost-model/executor_output.json")
+    (model,) = json.loads(executor.read_text())["artifacts"]["model"]["artifacts"]
+    assert re.fullmatch(r"models:/shardwise-cost-[\w-]+/\d+", model["metadata"]["registered_model_uri"])
+    from mlflow import MlflowClient
+
+    tags = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(model["metadata"]["mlflow_run_id"]).data.tags
+    assert tags["kfp.run_id"] and "{{" not in tags["kfp.run_id"]
+
     # next: plan a task of one's own; `plan` without --model finds the model the run registered
     task = tmp_path / "my_task.json"
     made = _shardwise("workload", "task", "--tables", str(next((tmp_path / "runs/local").rglob("holdout_tables"))),

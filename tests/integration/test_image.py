@@ -1,7 +1,8 @@
 """The GPU image as the cluster runs it: its non-root user, a read-only root filesystem, a writable output folder.
 Skipped where no Docker engine answers or the image is not built (`make image`; CI builds none: it is several GB).
+The CPU build (`make image-cpu`, tag ...-cpu) profiles without a driver.
 
-    SHARDWISE_IMAGE=ghcr.io/shardwise/shardwise:0.1.0 python -m pytest tests/integration/test_image.py
+    SHARDWISE_IMAGE=ghcr.io/shardwise/shardwise:0.1.0-cpu python -m pytest tests/integration/test_image.py
 """
 
 from __future__ import annotations
@@ -15,28 +16,30 @@ from pathlib import Path
 import pytest
 
 from shardwise.pipelines.components import IMAGE
+from shardwise.pipelines.containers import CPU_IMAGE
 
 pytestmark = pytest.mark.integration
 
-TAG = os.environ.get("SHARDWISE_IMAGE", IMAGE)
-
-
-def _engine_and_image() -> str | None:
-    """Why the smoke test cannot run here, or None when it can."""
+def _engine_and_image() -> tuple[str, str | None]:
+    """The image to test ($SHARDWISE_IMAGE, else the GPU image, else its CPU build) and why the smoke test cannot
+    run here (None when it can)."""
+    wanted = [os.environ["SHARDWISE_IMAGE"]] if "SHARDWISE_IMAGE" in os.environ else [IMAGE, CPU_IMAGE]
     if shutil.which("docker") is None:
-        return "no docker client"
+        return wanted[0], "no docker client"
     try:
         info = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True,
                               text=True, timeout=10)
     except subprocess.TimeoutExpired:
-        return "the Docker engine does not answer"
+        return wanted[0], "the Docker engine does not answer"
     if info.returncode != 0:
-        return "no Docker engine running"
-    found = subprocess.run(["docker", "image", "inspect", TAG], capture_output=True, text=True, timeout=30)
-    return None if found.returncode == 0 else f"image {TAG} not built (make image)"
+        return wanted[0], "no Docker engine running"
+    for tag in wanted:
+        if subprocess.run(["docker", "image", "inspect", tag], capture_output=True, timeout=30).returncode == 0:
+            return tag, None
+    return wanted[0], f"image {' or '.join(wanted)} not built (make image, make image-cpu)"
 
 
-SKIP = _engine_and_image()
+TAG, SKIP = _engine_and_image()
 
 
 def _run(out: Path, *command: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
@@ -80,7 +83,7 @@ def test_the_image_runs_the_cli_and_a_plan_read_only_as_its_user_and_profiles_wh
     # without them, profiling says so in one line instead of a loader traceback
     profile = _run(out, "shardwise", "profile", "--tables", "/out/tables/tables.json", "--num-shards", "4",
                    "--comm-layouts", "0", "--timing-iters", "2", "--device", "cpu", "--out", "/out/costs")
-    if shutil.which("nvidia-smi") is None:
+    if shutil.which("nvidia-smi") is None and not TAG.endswith("-cpu"):
         assert profile.returncode == 2, profile.stderr[-2000:]
         assert profile.stderr.count("\n") == 1 and "needs an NVIDIA driver" in profile.stderr
     else:

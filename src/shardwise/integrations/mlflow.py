@@ -345,10 +345,11 @@ class MlflowService:
         *,
         config: TrainConfig | None = None,
         params: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
         register: bool = True,
     ) -> LoggedRun:
-        """Log params, metrics, the evaluation table and the model (a pyfunc, and its files at `cost_model/`);
-        register it as `shardwise-cost-<kind>` and gate `champion` on held-out MAPE."""
+        """Log params, metrics, `tags`, the evaluation table and the model (a pyfunc, and its files at
+        `cost_model/`); register it as `shardwise-cost-<kind>` and gate `champion` on held-out MAPE."""
         import mlflow  # heavy: only when logging
         import torch
         from mlflow.models import ModelSignature
@@ -369,6 +370,7 @@ class MlflowService:
         name = cost_model_name(report.hardware_kind)
         with tempfile.TemporaryDirectory(prefix="shardwise-log-") as tmp, self._run(PRETRAIN_EXPERIMENT, None) as run:
             mlflow.log_params(_params(logged))
+            mlflow.set_tags(dict(tags or {}))
             mlflow.log_metrics(_finite({**report.metrics, "epochs_run": report.epochs_run,
                                         "best_val_log_mse": report.best_val_loss}))
             mlflow.log_text(report.evaluation.to_csv(index=False), "evaluation/evaluation.csv")

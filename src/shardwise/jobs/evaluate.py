@@ -195,6 +195,25 @@ def versus_baseline(evaluated: EvaluateResult, baseline: str) -> dict[str, float
     return figures
 
 
+#: the figures of versus_baseline (and validate's) a Markdown summary shows, with their labels
+_MARKDOWN_FIGURES = (
+    ("method_max_cost_ms", "plan cost, ms (slowest device, measured)"),
+    ("torchrec_max_cost_ms", "TorchRec's planner's plan cost, ms"),
+    ("ratio_to_torchrec", "ratio to TorchRec's planner (below 1 is better)"),
+    ("refined_max_cost_ms", "refined on this node, ms"),
+    ("refined_ratio_to_torchrec", "refined, ratio to TorchRec's planner"),
+    ("method_imbalance", "imbalance (max / mean device)"),
+    ("throughput_ratio_to_torchrec", "DLRM samples/s, ratio to TorchRec's plan (above 1 is better)"),
+)
+
+
+def comparison_markdown(method: str, figures: dict[str, float]) -> str:
+    """The comparison against TorchRec's planner as a Markdown table (the Kubeflow UI's run summary)."""
+    rows = [f"| {label} | {figures[key]:.3f} |" for key, label in _MARKDOWN_FIGURES if key in figures]
+    return "\n".join([f"# {method} vs TorchRec's planner (measured on this node)", "", "| figure | value |",
+                      "|---|---|", *rows, ""])
+
+
 def comparison_page(method: str, figures: dict[str, float], evaluated: EvaluateResult) -> str:
     """The page the pipeline hands the Kubeflow UI: the figures against TorchRec's planner, the plots the
     evaluation drew, each plan's measured per-device costs."""

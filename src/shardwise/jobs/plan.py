@@ -55,6 +55,10 @@ class PlanJobResult(JobResult):
         """The per-device table and where the plan went."""
         return f"{format_plan(self.plan)}\nwrote {self.out}"
 
+    def markdown(self) -> str:
+        """The per-device table as a Markdown page (the Kubeflow UI shows it as the plan's artifact)."""
+        return f"# {self.plan.method} plan\n\n```\n{format_plan(self.plan)}\n```\n"
+
 
 def build_searcher(
     method: str, options: dict[str, Any], *, mlflow: MlflowService, hardware: str | None,

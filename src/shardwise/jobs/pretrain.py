@@ -17,6 +17,9 @@ from .base import JobResult, JobSettings
 _TRAIN = TrainConfig.model_fields  # training's own defaults, shared rather than repeated
 
 
+#: the MLflow run tag naming the Kubeflow Pipelines run a model was trained in
+PIPELINE_RUN_TAG = "kfp.run_id"
+
 class PretrainSettings(JobSettings):
     """Which measurements to train on, what to hold out, where the model goes."""
 
@@ -39,6 +42,9 @@ class PretrainSettings(JobSettings):
         default=None, description="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
     )
     no_register: bool = Field(default=False, description="skip MLflow logging and registration")
+    pipeline_run_id: str | None = Field(
+        default=None, description="the Kubeflow Pipelines run this training belongs to: tagged on the MLflow run "
+        f"as {PIPELINE_RUN_TAG}")
 
 
 class PretrainResult(JobResult):
@@ -94,7 +100,9 @@ def run(settings: PretrainSettings, *, mlflow: MlflowService | None = None) -> P
     if settings.no_register:
         return PretrainResult(**result)
     service = mlflow or MlflowService(settings.tracking_uri)
-    logged = service.log_cost_model(model, report, config=config, params={"data": ",".join(settings.data)})
+    tags = {PIPELINE_RUN_TAG: settings.pipeline_run_id} if settings.pipeline_run_id else {}
+    logged = service.log_cost_model(model, report, config=config, params={"data": ",".join(settings.data)},
+                                    tags=tags)
     promo = logged.promotion
     if promo is not None:
         result.update(

@@ -10,7 +10,7 @@ lacks the pipeline-building API.
 # No `from __future__ import annotations`: KFP reads the component signatures' types at import time.
 
 from kfp import dsl
-from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
+from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
 from shardwise import __version__
 
@@ -132,6 +132,7 @@ def pretrain_cost_model(
     holdout_tables: Input[Dataset],
     seed: int,
     epochs: int,
+    pipeline_run_id: str,
     model: Output[Model],
     metrics: Output[Metrics],
 ):
@@ -141,7 +142,8 @@ def pretrain_cost_model(
     from shardwise.jobs import pretrain as job
 
     data = (dataset_uri,) if dataset_uri else (*(c.path for c in costs), comm_costs.path)
-    settings = job.PretrainSettings(data=data, holdout_tables=holdout_tables.path, out=model.path, seed=seed)
+    settings = job.PretrainSettings(data=data, holdout_tables=holdout_tables.path, out=model.path, seed=seed,
+                                    pipeline_run_id=pipeline_run_id)
     if epochs > 0:  # 0: training's own default
         settings = settings.model_copy(update={"epochs": epochs})
     result = job.run(settings)
@@ -151,6 +153,8 @@ def pretrain_cost_model(
         metrics.log_metric(name, float(value))
     if result.run_id:
         model.metadata["mlflow_run_id"] = result.run_id
+    if result.registered_name:  # the version this run registered, as the registry names it
+        model.metadata["registered_model_uri"] = f"models:/{result.registered_name}/{result.registered_version}"
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -176,9 +180,11 @@ def search_plan(
     model_alias: str,
     hardware_kind: str,
     plan: Output[Dataset],
+    plan_table: Output[Markdown],
     model: Input[Model] = None,
 ):
-    """Search a plan; with a model alias the registered model `shardwise-cost-<hardware>@alias` is used."""
+    """Search a plan; with a model alias the registered model `shardwise-cost-<hardware>@alias` is used. The plan
+    file, and its per-device table as Markdown (readable in the Kubeflow UI)."""
     from shardwise.jobs import plan as job
     from shardwise.jobs.models import registered_model_uri
 
@@ -187,6 +193,8 @@ def search_plan(
     result = job.run(job.PlanSettings(task=task.path, method=method, model=uri, out=plan.path))
     print(result.summary())
     plan.metadata["method"] = method
+    with open(plan_table.path, "w") as out:
+        out.write(result.markdown())
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -203,6 +211,7 @@ def evaluate_plans(
     evaluation: Output[Artifact],
     comparison: Output[Metrics],
     report: Output[HTML],
+    summary: Output[Markdown],
 ):
     """Refine the plan on this node (measurement in the loop); measure it, the refined plan and TorchRec's plan in
     one session (same reference, interleaved all-to-alls); train the DLRM under both; compare; report."""
@@ -236,3 +245,5 @@ def evaluate_plans(
         json.dump({"method": method, **figures}, out, indent=1)
     with open(report.path, "w") as out:
         out.write(evaluate.comparison_page(method, figures, evaluated))
+    with open(summary.path, "w") as out:
+        out.write(evaluate.comparison_markdown(method, figures))

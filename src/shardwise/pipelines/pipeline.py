@@ -192,6 +192,8 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                 holdout_tables=workload.outputs["holdout_tables"],
                 seed=seed,
                 epochs=pretrain_epochs,
+                # KFP's id of this run, tagged on the MLflow run: the UI's run and the model's run find each other
+                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             )
         ), "pretrain")
         task = _sized(_with_cluster_settings(
