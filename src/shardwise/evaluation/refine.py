@@ -8,8 +8,9 @@ corrected slowest device, within memory. It measures only the devices that chang
 the measured slowest device got faster; it stops when a round gains nothing, or after `rounds` rounds or
 `time_budget_s` seconds. Other plans of the same task (`starts`: the greedy on measured single-table costs, say)
 are measured beside the searched one, and refinement goes on from the fastest: the returned plan is never slower,
-measured, than any of them (compute, the part refinement measures; the all-to-all is the model's). Each round is recorded in the plan's
-`extra["refinement"]`; with a cost dataset, every device shard timed is appended to it for the next pre-training.
+measured, than any of them (compute, the part refinement measures; the all-to-all is the model's). Each round is
+recorded in the plan's `extra["refinement"]`; with a cost dataset, every device shard timed is appended to it for
+the next pre-training.
 """
 
 from __future__ import annotations
