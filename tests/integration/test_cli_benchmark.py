@@ -36,6 +36,8 @@ def test_a_registered_method_is_benchmarked_and_the_run_logged(round_robin, tmp_
         (s, m) for s in ("4dev-6to10", "8dev-16to24") for m in ("round_robin", "size_greedy")
     }
     run_id = out.strip().splitlines()[-1].split()[-1]
+    # the store is named by its run id only: a tracking URI (credentials and all, elsewhere) is never printed
+    assert out.strip().splitlines()[-1] == f"mlflow run {run_id}" and str(tmp_path / "mlflow.db") not in out
     run = MlflowService(store)._client().get_run(run_id)
     assert run.data.metrics["4dev-6to10.round_robin.mean_cost_ms"] > 0
     assert run.data.params["methods"] == "round_robin,size_greedy"

@@ -4,9 +4,9 @@ Search balances the cost model's predictions almost exactly, so the slowest devi
 prediction was furthest off. Refinement measures each device's shard with the profiler's protocol, scales the
 model's prediction of every device by its measured residual (measured / predicted), and looks for the move of
 one shard off the slowest device, or the swap of one of its shards with another device's, that lowers the
-corrected slowest device, within memory. It measures only the devices that changed and keeps the change only when
-the measured slowest device got faster; it stops when a round gains nothing, or after `rounds` rounds or
-`time_budget_s` seconds. Other plans of the same task (`starts`: the greedy on measured single-table costs, say)
+corrected slowest device, within memory. It measures only the devices that changed, before and after the change
+in one interleaved session (a paired comparison), and keeps the change only when the measured slowest device got
+faster; it stops when a round gains nothing, or after `rounds` rounds or `time_budget_s` seconds. Other plans of the same task (`starts`: the greedy on measured single-table costs, say)
 are measured beside the searched one, and refinement goes on from the fastest: the returned plan is never slower,
 measured, than any of them (compute, the part refinement measures; the all-to-all is the model's). Each round is
 recorded in the plan's `extra["refinement"]`; with a cost dataset, every device shard timed is appended to it for
@@ -236,14 +236,18 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
         tried.add(change)
         touched = sorted({s.device for s in changed} | {slowest})
         trial = _Layout([s for s in layout.shards if s.device not in touched] + changed)
-        remeasured = refiner.measure([trial.on(d) for d in touched])
-        trial_measured = list(measured)
-        for d, ms in zip(touched, remeasured):
-            trial_measured[d] = ms
+        # the changed devices timed together with the same devices as they are now: a paired comparison. The
+        # slowest device's earlier figure is the largest of several noisy ones, biased high: against it, a
+        # change would look like a gain more often than it is one
+        timed = refiner.measure([trial.on(d) for d in touched] + [layout.on(d) for d in touched])
+        trial_measured, current = list(measured), list(measured)
+        for d, new, old in zip(touched, timed[:len(touched)], timed[len(touched):], strict=True):
+            trial_measured[d], current[d] = new, old
         trial_comm = refiner.comm(trial)
+        now = float(max(np.array(current) + comm))
         after = float(max(np.array(trial_measured) + trial_comm))
-        kept = after < costs.max()
-        history.append(RefinementRound(round=index + 1, measured_max_ms=float(costs.max()), slowest_device=slowest,
+        kept = after < now
+        history.append(RefinementRound(round=index + 1, measured_max_ms=now, slowest_device=slowest,
                                        change=change, predicted_max_ms=predicted_max, after_ms=after, kept=kept,
                                        seconds=time.perf_counter() - round_started))
         if kept:
