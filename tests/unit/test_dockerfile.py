@@ -70,7 +70,9 @@ def test_image_uses_cuda_base_pinned_stack_and_non_root_user():
     text = DOCKERFILE.read_text()
     assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:\d+\.\d+\.\d+-", text, re.M)
     assert text.count("FROM ${BASE_IMAGE}") == 2  # `make image BASE_IMAGE=...` swaps the base of both stages
-    assert "pip install -r requirements/cuda.txt" in text
+    # the CUDA stack by default; `make image-cpu` passes STACK=cpu
+    assert re.search(r"^ARG STACK=cuda$", text, re.M)
+    assert "pip install -r requirements/${STACK}.txt" in text
     assert "pip install --no-deps -r requirements/torchrec.txt" in text
     assert _pins(ROOT / "requirements" / "torchrec.txt") == {"torchrec": "==1.8.0"}
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
