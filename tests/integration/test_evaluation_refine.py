@@ -89,3 +89,26 @@ def test_refinement_goes_on_from_the_fastest_start():
     assert record.after_ms <= record.before_ms
     assert "refined from good" in record.table()
     assert {s.device for s in refined.shards if s.table.startswith("h")} != {0}
+
+
+class _CommWrongModel(FeatureCostModel):
+    """The test double with an all-to-all prediction far off on the last device (1,000 ms)."""
+
+    def predict_comm(self, widths, compute_ms):
+        comm = super().predict_comm(widths, compute_ms)
+        comm[:, -1, :] = 500.0
+        return comm
+
+
+def test_the_all_to_all_is_measured_not_taken_from_the_model():
+    """A model that predicts a 1,000 ms exchange on device 2: refinement measures the exchange, so its figures
+    are the measured ones and it still works on the device whose kernels are slowest (0, both heavy tables)."""
+    task = _task()
+    plan = Plan(num_devices=3, method="handmade", shards=(
+        Shard(table="h0", col_offset=0, dim=64, device=0), Shard(table="h1", col_offset=0, dim=64, device=0),
+        *(Shard(table=f"l{i}", col_offset=0, dim=16, device=1 + i % 2) for i in range(4)),
+    ))
+    refined, record = refine_plan(task, plan, _CommWrongModel(), MEASUREMENT, rounds=1, progress=False)
+    assert record.before_ms < 100.0, record  # measured kernels + measured all-to-all, not the model's 1,000 ms
+    assert record.rounds[0].slowest_device == 0
+    assert record.after_ms <= record.before_ms

@@ -197,6 +197,30 @@ def _median_fwd_bwd(timings: Sequence[ShardTiming]) -> tuple[float, float]:
     return statistics.median(t.fwd_ms for t in timings), statistics.median(t.bwd_ms for t in timings)
 
 
+def measure_comm(
+    layouts: Sequence[Sequence[int]], batch_size: int, measurement: MeasurementSettings, *, backend: str
+) -> list[list[tuple[float, float]]]:
+    """Per layout (its devices' pooled widths; every layout with the same device count), each device's median
+    forward and backward all-to-all ms. One process group; every layout timed in `comm_rounds` interleaved rounds
+    of `comm_iters`, the median of all rounds' iterations per device: machine drift during the run then hits all
+    layouts alike instead of whichever happened to run during a slow spell."""
+    exchanges = measure_all_to_all_many(
+        [list(w) for w in layouts] * measurement.comm_rounds, batch_size, backend=backend,
+        iters=measurement.comm_iters,
+    )
+    out = []
+    for j, widths in enumerate(layouts):
+        rounds = exchanges[j :: len(layouts)]
+        out.append([
+            (
+                statistics.median(ms for r in rounds for ms in r[d].fwd_samples_ms),
+                statistics.median(ms for r in rounds for ms in r[d].bwd_samples_ms),
+            )
+            for d in range(len(widths))
+        ])
+    return out
+
+
 def measure_plans(
     items: Sequence[tuple[ShardingTask, Plan]],
     measurement: MeasurementSettings | None = None,
@@ -238,22 +262,9 @@ def measure_plans(
             groups.setdefault((len(w), batch), []).append(k)
     backend = comm_backend or default_backend(device.type)
     for (_, batch), members in groups.items():
-        # every layout timed in `comm_rounds` interleaved rounds, median of all rounds' iterations per device:
-        # machine drift during the run then hits all plans alike instead of whichever layout happened to run
-        # during a slow spell
-        exchanges = measure_all_to_all_many(
-            [widths[k] for k in members] * measurement.comm_rounds, batch, backend=backend,
-            iters=measurement.comm_iters,
-        )
-        for j, k in enumerate(members):
-            rounds = exchanges[j :: len(members)]
-            comm[k] = [
-                (
-                    statistics.median(ms for r in rounds for ms in r[d].fwd_samples_ms),
-                    statistics.median(ms for r in rounds for ms in r[d].bwd_samples_ms),
-                )
-                for d in range(len(widths[k]))
-            ]
+        for k, per_device in zip(members, measure_comm([widths[k] for k in members], batch, measurement,
+                                                        backend=backend)):
+            comm[k] = per_device
 
     kind = hardware_kind(device)
     timing = timing_document(protocol, measurement)

@@ -6,11 +6,14 @@ model's prediction of every device by its measured residual (measured / predicte
 one shard off the slowest device, or the swap of one of its shards with another device's, that lowers the
 corrected slowest device, within memory. It measures only the devices that changed, before and after the change
 in one interleaved session (a paired comparison), and keeps the change only when the measured slowest device got
-faster; it stops when a round gains nothing, or after `rounds` rounds or `time_budget_s` seconds. Other plans of the same task (`starts`: the greedy on measured single-table costs, say)
-are measured beside the searched one, and refinement goes on from the fastest: the returned plan is never slower,
-measured, than any of them (compute, the part refinement measures; the all-to-all is the model's). Each round is
-recorded in the plan's `extra["refinement"]`; with a cost dataset, every device shard timed is appended to it for
-the next pre-training.
+faster; it stops when a round gains nothing, or after `rounds` rounds or `time_budget_s` seconds.
+
+Other plans of the same task (`starts`: the greedy on measured single-table costs, say) are measured beside the
+searched one, kernels and all-to-alls, and refinement goes on from the fastest: the returned plan is never slower,
+measured, than any of them. The all-to-all is measured once, for the starts; a change is priced by the model's
+all-to-all scaled by each device's measured residual (exchanges are not re-measured each round: a process group
+per round would cost more than the round). Each round is recorded in the plan's `extra["refinement"]`; with a
+cost dataset, every device shard timed is appended to it for the next pre-training.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pydantic import BaseModel
 
 from shardwise.costmodel.types import CostModel
 from shardwise.profiling import MeasurementSettings, ShardTiming, hardware_info
+from shardwise.profiling.comm import default_backend
 from shardwise.profiling.dataset import prepare_dataset, write_part
 from shardwise.profiling.kernel import resolve_timing
 from shardwise.profiling.runner import compute_row
@@ -35,14 +39,14 @@ from shardwise.search.report import finish_plan
 from shardwise.search.simulator import ShardCostCache, predict_comm_ms
 from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
 
-from .measured import KernelShard, time_shards_in_rounds
+from .measured import KernelShard, measure_comm, time_shards_in_rounds
 
 
 class RefinementRound(BaseModel):
     """One round: the measured slowest device before, what changed, and whether it was kept."""
 
     round: int
-    measured_max_ms: float  #: the slowest device's measured compute + predicted all-to-all before this round
+    measured_max_ms: float  #: the slowest device's measured compute + all-to-all (corrected model) before this round
     slowest_device: int
     change: str  #: "t3 0->2" (a move) or "t3 0->2, t7 2->0" (a swap); "" when nothing promised a gain
     predicted_max_ms: float | None = None  #: the corrected prediction of the change
@@ -96,6 +100,7 @@ class _Refiner:
                  progress: bool, dataset: str | Path | None) -> None:
         self.task, self.model = task, cost_model
         self.device, self.protocol = resolve_timing(measurement)
+        self.measurement = measurement
         self.rounds = measurement.timing_rounds
         self.batch = measurement.batch_size or task.batch_size
         self.cache = ShardCostCache(cost_model)
@@ -106,6 +111,8 @@ class _Refiner:
         self.kind = info["hardware_kind"]
         self.common = {**info, "batch_size": self.batch}
         self.written: set[str] = set()
+        # measured / predicted all-to-all per device, from the start's measured exchange (1 until measured)
+        self.comm_residual = np.ones(task.num_devices)
 
     def _store(self, specs: list[TableSpec], timings: Sequence[ShardTiming]) -> None:
         """Append one device shard's measurement to the cost dataset (once per shard per refinement)."""
@@ -143,10 +150,30 @@ class _Refiner:
     def predicted(self, groups: Sequence[Sequence[Shard]]) -> np.ndarray:
         return self.cache.compute_ms([_specs(g, self.task) for g in groups]).sum(axis=1)
 
-    def comm(self, layout: _Layout) -> np.ndarray:
-        widths = np.array([[sum(s.dim for s in layout.on(d)) for d in range(self.task.num_devices)]], dtype=float)
+    def widths(self, layout: _Layout) -> list[int]:
+        return [sum(s.dim for s in layout.on(d)) for d in range(self.task.num_devices)]
+
+    def predicted_comm(self, layout: _Layout) -> np.ndarray:
+        widths = np.array([self.widths(layout)], dtype=float)
         compute = self.predicted([layout.on(d) for d in range(self.task.num_devices)])[None, :]
         return predict_comm_ms(self.model, widths, compute)[0].sum(axis=1)
+
+    def comm(self, layout: _Layout) -> np.ndarray:
+        """Each device's fwd + bwd all-to-all ms: the model's, corrected by the measured residual."""
+        return self.predicted_comm(layout) * self.comm_residual
+
+    def measure_comm(self, layouts: Sequence[_Layout]) -> list[np.ndarray]:
+        """Each layout's measured fwd + bwd all-to-all ms per device, in one process group (none on one device)."""
+        if self.task.num_devices < 2:
+            return [np.zeros(self.task.num_devices) for _ in layouts]
+        timed = measure_comm([self.widths(layout) for layout in layouts], self.batch, self.measurement,
+                             backend=default_backend(self.device.type))
+        return [np.array([fwd + bwd for fwd, bwd in devices]) for devices in timed]
+
+    def calibrate_comm(self, layout: _Layout, measured: np.ndarray) -> None:
+        """Scale the model's all-to-all of every device by its measured residual on `layout`."""
+        predicted = self.predicted_comm(layout)
+        self.comm_residual = np.where(predicted > 0, measured / np.where(predicted > 0, predicted, 1.0), 1.0)
 
     def fits(self, shards: Sequence[Shard]) -> bool:
         task = self.task
@@ -213,11 +240,16 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
     # every start's device shards timed in one interleaved session, so their figures compare
     timed = refiner.measure([layout.on(d) for _, layout in candidates for d in devices])
     measured_of = [timed[i * task.num_devices:(i + 1) * task.num_devices] for i in range(len(candidates))]
-    comm_of = [refiner.comm(layout) for _, layout in candidates]
+    # and their all-to-alls in one process group: the model's all-to-all is the least accurate part of its
+    # prediction (on a shared CPU it predicted 22-27 ms per device where gloo measured 15-16 ms, evenly), so the
+    # slowest device and the start are chosen on measured exchanges, and changes are priced by the model's
+    # all-to-all scaled by each device's measured residual
+    comm_of = refiner.measure_comm([layout for _, layout in candidates])
     totals = [float(max(np.array(m) + c)) for m, c in zip(measured_of, comm_of, strict=True)]
     best = int(np.argmin(totals))
     start, layout = candidates[best]
     measured, comm, before = measured_of[best], comm_of[best], totals[best]
+    refiner.calibrate_comm(layout, comm)
     history: list[RefinementRound] = []
     tried: set[str] = set()
     for index in range(rounds):
