@@ -73,6 +73,13 @@ def test_help_shows_the_settings_default_so_the_settings_stay_the_only_home_of_d
     assert f"(default: {MeasurementSettings().timing_rounds})" in out and "--timing-rounds" in out
 
 
+def test_a_setting_on_by_default_can_be_turned_off():
+    parser = _parser_for(["evaluate"])
+    assert not hasattr(parser.parse_args([]), "refine_from_greedy")  # the settings' default (True) stands
+    assert parser.parse_args(["--no-refine-from-greedy"]).refine_from_greedy is False
+    assert parser.parse_args(["--refine-from-greedy"]).refine_from_greedy is True
+
+
 def test_every_verb_has_a_parser_and_help(capsys):
     for verb in VERBS:
         with pytest.raises(SystemExit) as stop:

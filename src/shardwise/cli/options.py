@@ -63,7 +63,8 @@ def argument_kwargs(name: str, field: FieldInfo) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"help": (field.description or name.replace("_", " ")) + _show_default(field)}
     origin = typing.get_origin(annotation)
     if annotation is bool:
-        kwargs["action"] = "store_true"
+        # a setting that is on by default gets --no-<flag> to turn it off
+        kwargs["action"] = argparse.BooleanOptionalAction if field.default is True else "store_true"
         return kwargs
     if origin is Literal:
         choices = typing.get_args(annotation)
