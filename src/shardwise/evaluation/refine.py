@@ -241,9 +241,9 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
     timed = refiner.measure([layout.on(d) for _, layout in candidates for d in devices])
     measured_of = [timed[i * task.num_devices:(i + 1) * task.num_devices] for i in range(len(candidates))]
     # and their all-to-alls in one process group: the model's all-to-all is the least accurate part of its
-    # prediction (on a shared CPU it predicted 22-27 ms per device where gloo measured 15-16 ms, evenly), so the
-    # slowest device and the start are chosen on measured exchanges, and changes are priced by the model's
-    # all-to-all scaled by each device's measured residual
+    # prediction (on a shared CPU it over-predicted gloo's exchanges and saw differences between devices that
+    # measurements did not), so the slowest device and the start are chosen on measured exchanges, and changes
+    # are priced by the model's all-to-all scaled by each device's measured residual
     comm_of = refiner.measure_comm([layout for _, layout in candidates])
     totals = [float(max(np.array(m) + c)) for m, c in zip(measured_of, comm_of, strict=True)]
     best = int(np.argmin(totals))
