@@ -40,15 +40,15 @@ def _shardwise(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
 @pytest.mark.timeout(HANG_GUARD_S + 120)
-def test_every_step_runs_in_the_image_and_the_next_command_finds_the_model(tmp_path):
+def test_every_step_runs_in_the_image_and_the_next_command_finds_the_model(tmp_path, smoke_steps):
     result = _shardwise("pipeline", "run", "--local", "--containers", "--preset", "smoke", "--workdir", "runs",
                         cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     steps = re.findall(r"^([\w-]+)\s+success\s+[\d.]+ s$", result.stdout, re.M)
-    assert len(steps) == 10, result.stdout
+    assert set(steps) == smoke_steps, result.stdout
     log = (tmp_path / "runs/pipeline.log").read_text()
     # kfp.local's Docker runner found the image for every step (one line per container started)
-    assert log.count(f"Found image '{CPU_IMAGE}'") >= len(steps), log[-3000:]
+    assert log.count(f"Found image '{CPU_IMAGE}'") >= len(set(steps)), log[-3000:]
     # nothing outside the folders mounted: the run's workdir and the store's folder (here the same place)
     assert {p.name for p in tmp_path.iterdir()} == {"runs", "mlflow.db"}
     # the steps ran as the caller: the files they left are the caller's
