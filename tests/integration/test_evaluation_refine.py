@@ -96,7 +96,7 @@ class _CommWrongModel(FeatureCostModel):
 
     def predict_comm(self, widths, compute_ms):
         comm = super().predict_comm(widths, compute_ms)
-        comm[:, -1, :] = 500.0
+        comm[:, -1, :] = 500.0  # forward and backward: 1,000 ms
         return comm
 
 
