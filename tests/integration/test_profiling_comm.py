@@ -1,10 +1,13 @@
-"""The all-to-all benchmark across 2 real gloo processes."""
+"""The all-to-all benchmark across real gloo processes, one call at a time or in a session that keeps its group."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
-from shardwise.profiling.comm import local_batch_sizes, measure_all_to_all
+from shardwise.profiling.comm import AllToAllSession, local_batch_sizes, measure_all_to_all
 
 pytestmark = pytest.mark.integration
 
@@ -25,3 +28,30 @@ def test_bad_layouts_are_refused() -> None:
         measure_all_to_all([8], 16)
     with pytest.raises(ValueError, match="widths must be >= 0"):
         measure_all_to_all([8, -4], 16)
+
+
+def test_a_session_keeps_one_group_for_several_measurements_and_reaps_its_ranks() -> None:
+    """Refinement measures a few layouts each round: one process group serves them all, checked exchanges stay
+    correct from one call to the next, and leaving the session leaves no rank behind."""
+    with AllToAllSession(3, backend="gloo") as session:
+        ranks = list(session._ranks)
+        first = session.measure([[16, 8, 0]], 12, warmup_iters=1, iters=2, check=True)
+        second = session.measure([[4, 4, 4], [0, 8, 24]], 12, warmup_iters=1, iters=2, check=True)
+        assert session._ranks == ranks  # the same processes answered both
+    assert [len(layout) for layout in first + second] == [3, 3, 3]
+    assert all(t.correct is True for layout in first + second for t in layout)
+    assert all(not p.is_alive() and p.exitcode == 0 for p in ranks)
+
+
+def test_a_rank_that_fails_stops_the_session_with_one_line() -> None:
+    """A rank that dies mid-session (here: killed) is reported, and the other ranks are not left waiting."""
+    session = AllToAllSession(2, backend="gloo")
+    with pytest.raises(RuntimeError, match=r"all-to-all rank 1 exited with code -9"), session:
+        session.measure([[8, 8]], 4, warmup_iters=0, iters=1)
+        ranks = list(session._ranks)
+        os.kill(ranks[1].pid, signal.SIGKILL)
+        ranks[1].join(timeout=30)
+        session.measure([[8, 8]], 4, warmup_iters=0, iters=1)
+    assert all(not p.is_alive() for p in ranks)
+    with pytest.raises(ValueError, match="every layout needs 2 devices"), AllToAllSession(2, backend="gloo") as other:
+        other.measure([[8, 8, 8]], 4)

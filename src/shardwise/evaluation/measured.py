@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from shardwise.profiling import (
+    AllToAllSession,
     MeasurementSettings,
     ShardTiming,
     TimingProtocol,
@@ -198,16 +199,18 @@ def _median_fwd_bwd(timings: Sequence[ShardTiming]) -> tuple[float, float]:
 
 
 def measure_comm(
-    layouts: Sequence[Sequence[int]], batch_size: int, measurement: MeasurementSettings, *, backend: str
+    layouts: Sequence[Sequence[int]], batch_size: int, measurement: MeasurementSettings, *, backend: str,
+    session: AllToAllSession | None = None,
 ) -> list[list[tuple[float, float]]]:
     """Per layout (its devices' pooled widths; every layout with the same device count), each device's median
-    forward and backward all-to-all ms. One process group; every layout timed in `comm_rounds` interleaved rounds
-    of `comm_iters`, the median of all rounds' iterations per device: machine drift during the run then hits all
-    layouts alike instead of whichever happened to run during a slow spell."""
-    exchanges = measure_all_to_all_many(
-        [list(w) for w in layouts] * measurement.comm_rounds, batch_size, backend=backend,
-        iters=measurement.comm_iters,
-    )
+    forward and backward all-to-all ms. One process group (`session`'s, else a new one); every layout timed in
+    `comm_rounds` interleaved rounds of `comm_iters`, the median of all rounds' iterations per device: machine
+    drift during the run then hits all layouts alike instead of whichever happened to run during a slow spell."""
+    repeated = [list(w) for w in layouts] * measurement.comm_rounds
+    if session is None:
+        exchanges = measure_all_to_all_many(repeated, batch_size, backend=backend, iters=measurement.comm_iters)
+    else:
+        exchanges = session.measure(repeated, batch_size, iters=measurement.comm_iters)
     out = []
     for j, widths in enumerate(layouts):
         rounds = exchanges[j :: len(layouts)]

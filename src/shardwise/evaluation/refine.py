@@ -8,16 +8,22 @@ corrected slowest device, within memory. It measures only the devices that chang
 in one interleaved session (a paired comparison), and keeps the change only when the measured slowest device got
 faster; it stops when a round gains nothing, or after `rounds` rounds or `time_budget_s` seconds.
 
+The all-to-all is measured too, never taken from the model: its prediction is the least accurate part of the
+model's (on a shared CPU the default model over-predicted gloo's exchanges by half and saw differences between
+devices that measurements did not). One process group stays open for the whole refinement (starting one costs
+seconds, an exchange milliseconds), and each round times the changed layout's exchange paired with the current
+one's. Candidates are ranked assuming the exchange unchanged (a move keeps the total width); the decision is on
+measured kernels plus measured exchanges.
+
 Other plans of the same task (`starts`: the greedy on measured single-table costs, say) are measured beside the
 searched one, kernels and all-to-alls, and refinement goes on from the fastest: the returned plan is never slower,
-measured, than any of them. The all-to-all is measured once, for the starts; a change is priced by the model's
-all-to-all scaled by each device's measured residual (exchanges are not re-measured each round: a process group
-per round would cost more than the round). Each round is recorded in the plan's `extra["refinement"]`; with a
-cost dataset, every device shard timed is appended to it for the next pre-training.
+measured, than any of them. Each round is recorded in the plan's `extra["refinement"]`; with a cost dataset,
+every device shard timed is appended to it for the next pre-training.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Sequence
@@ -28,7 +34,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from shardwise.costmodel.types import CostModel
-from shardwise.profiling import MeasurementSettings, ShardTiming, hardware_info
+from shardwise.profiling import AllToAllSession, MeasurementSettings, ShardTiming, hardware_info
 from shardwise.profiling.comm import default_backend
 from shardwise.profiling.dataset import prepare_dataset, write_part
 from shardwise.profiling.kernel import resolve_timing
@@ -36,7 +42,7 @@ from shardwise.profiling.runner import compute_row
 from shardwise.profiling.sampling import shard_config_id
 from shardwise.search.plan import Plan, Shard, validate_plan
 from shardwise.search.report import finish_plan
-from shardwise.search.simulator import ShardCostCache, predict_comm_ms
+from shardwise.search.simulator import ShardCostCache
 from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
 
 from .measured import KernelShard, measure_comm, time_shards_in_rounds
@@ -46,7 +52,7 @@ class RefinementRound(BaseModel):
     """One round: the measured slowest device before, what changed, and whether it was kept."""
 
     round: int
-    measured_max_ms: float  #: the slowest device's measured compute + all-to-all (corrected model) before this round
+    measured_max_ms: float  #: the slowest device's measured compute + all-to-all before this round
     slowest_device: int
     change: str  #: "t3 0->2" (a move) or "t3 0->2, t7 2->0" (a swap); "" when nothing promised a gain
     predicted_max_ms: float | None = None  #: the corrected prediction of the change
@@ -97,7 +103,7 @@ def _specs(shards: Sequence[Shard], task: ShardingTask) -> list[TableSpec]:
 
 class _Refiner:
     def __init__(self, task: ShardingTask, cost_model: CostModel, measurement: MeasurementSettings,
-                 progress: bool, dataset: str | Path | None) -> None:
+                 progress: bool, dataset: str | Path | None, comm: AllToAllSession | None) -> None:
         self.task, self.model = task, cost_model
         self.device, self.protocol = resolve_timing(measurement)
         self.measurement = measurement
@@ -111,8 +117,7 @@ class _Refiner:
         self.kind = info["hardware_kind"]
         self.common = {**info, "batch_size": self.batch}
         self.written: set[str] = set()
-        # measured / predicted all-to-all per device, from the start's measured exchange (1 until measured)
-        self.comm_residual = np.ones(task.num_devices)
+        self.session = comm  # the all-to-all's process group (None on one device: no exchange)
 
     def _store(self, specs: list[TableSpec], timings: Sequence[ShardTiming]) -> None:
         """Append one device shard's measurement to the cost dataset (once per shard per refinement)."""
@@ -153,27 +158,14 @@ class _Refiner:
     def widths(self, layout: _Layout) -> list[int]:
         return [sum(s.dim for s in layout.on(d)) for d in range(self.task.num_devices)]
 
-    def predicted_comm(self, layout: _Layout) -> np.ndarray:
-        widths = np.array([self.widths(layout)], dtype=float)
-        compute = self.predicted([layout.on(d) for d in range(self.task.num_devices)])[None, :]
-        return predict_comm_ms(self.model, widths, compute)[0].sum(axis=1)
-
-    def comm(self, layout: _Layout) -> np.ndarray:
-        """Each device's fwd + bwd all-to-all ms: the model's, corrected by the measured residual."""
-        return self.predicted_comm(layout) * self.comm_residual
-
     def measure_comm(self, layouts: Sequence[_Layout]) -> list[np.ndarray]:
-        """Each layout's measured fwd + bwd all-to-all ms per device, in one process group (none on one device)."""
-        if self.task.num_devices < 2:
+        """Each layout's measured fwd + bwd all-to-all ms per device, interleaved in the session's process group
+        (zeros on one device)."""
+        if self.session is None:
             return [np.zeros(self.task.num_devices) for _ in layouts]
         timed = measure_comm([self.widths(layout) for layout in layouts], self.batch, self.measurement,
-                             backend=default_backend(self.device.type))
+                             backend=self.session.backend, session=self.session)
         return [np.array([fwd + bwd for fwd, bwd in devices]) for devices in timed]
-
-    def calibrate_comm(self, layout: _Layout, measured: np.ndarray) -> None:
-        """Scale the model's all-to-all of every device by its measured residual on `layout`."""
-        predicted = self.predicted_comm(layout)
-        self.comm_residual = np.where(predicted > 0, measured / np.where(predicted > 0, predicted, 1.0), 1.0)
 
     def fits(self, shards: Sequence[Shard]) -> bool:
         task = self.task
@@ -234,22 +226,30 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
     measurement = measurement or MeasurementSettings()
     if dataset is not None:
         prepare_dataset(dataset)  # a path that cannot hold the dataset fails before anything is measured
-    refiner = _Refiner(task, cost_model, measurement, progress, dataset)
+    with contextlib.ExitStack() as stack:
+        session = None
+        if task.num_devices > 1:
+            backend = default_backend(resolve_timing(measurement)[0].type)
+            session = stack.enter_context(AllToAllSession(task.num_devices, backend=backend))
+        refiner = _Refiner(task, cost_model, measurement, progress, dataset, session)
+        refined, record = _refine(refiner, plan, starts, rounds, time_budget_s, started)
+    return refined, record
+
+
+def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, time_budget_s: float | None,
+            started: float) -> tuple[Plan, Refinement]:
+    task, cost_model = refiner.task, refiner.model
     devices = range(task.num_devices)
     candidates = [(c.method, _Layout(list(c.shards))) for c in (plan, *starts)]
     # every start's device shards timed in one interleaved session, so their figures compare
     timed = refiner.measure([layout.on(d) for _, layout in candidates for d in devices])
     measured_of = [timed[i * task.num_devices:(i + 1) * task.num_devices] for i in range(len(candidates))]
-    # and their all-to-alls in one process group: the model's all-to-all is the least accurate part of its
-    # prediction (on a shared CPU it over-predicted gloo's exchanges and saw differences between devices that
-    # measurements did not), so the slowest device and the start are chosen on measured exchanges, and changes
-    # are priced by the model's all-to-all scaled by each device's measured residual
+    # and their all-to-alls, interleaved: the start and the slowest device are chosen on measured exchanges
     comm_of = refiner.measure_comm([layout for _, layout in candidates])
     totals = [float(max(np.array(m) + c)) for m, c in zip(measured_of, comm_of, strict=True)]
     best = int(np.argmin(totals))
     start, layout = candidates[best]
     measured, comm, before = measured_of[best], comm_of[best], totals[best]
-    refiner.calibrate_comm(layout, comm)
     history: list[RefinementRound] = []
     tried: set[str] = set()
     for index in range(rounds):
@@ -275,8 +275,9 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
         trial_measured, current = list(measured), list(measured)
         for d, new, old in zip(touched, timed[:len(touched)], timed[len(touched):], strict=True):
             trial_measured[d], current[d] = new, old
-        trial_comm = refiner.comm(trial)
-        now = float(max(np.array(current) + comm))
+        # and the exchanges: moving a table changes what every device sends and receives
+        trial_comm, current_comm = refiner.measure_comm([trial, layout])
+        now = float(max(np.array(current) + current_comm))
         after = float(max(np.array(trial_measured) + trial_comm))
         kept = after < now
         history.append(RefinementRound(round=index + 1, measured_max_ms=now, slowest_device=slowest,

@@ -1,6 +1,6 @@
 """Ground truth on real hardware: fused TBE kernel and all-to-all timings -> a Parquet cost dataset."""
 
-from .comm import CommTiming, measure_all_to_all, measure_all_to_all_many
+from .comm import AllToAllSession, CommTiming, measure_all_to_all, measure_all_to_all_many
 from .dataset import append_rows, load_costs, noise_floor
 from .hardware import DeviceName, check_device_name, hardware_info, hardware_kind, resolve_device
 from .kernel import ShardTiming, calibrate_reference, measure_shard, resolve_timing
@@ -10,6 +10,7 @@ from .sampling import sample_comm_layouts, sample_shard_configs
 from .schema import DATASET_FORMAT
 
 __all__ = [
+    "AllToAllSession",
     "DATASET_FORMAT",
     "MeasurementSettings",
     "CommTiming",

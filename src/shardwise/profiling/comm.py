@@ -13,15 +13,14 @@ iterations then removes the remaining preemptions.
 
 from __future__ import annotations
 
-import json
 import os
+import queue
 import socket
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -103,54 +102,159 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _worker(
-    rank: int,
-    world_size: int,
-    port: int,
-    backend: str,
-    layouts: list[list[int]],
-    batch_size: int,
-    warmup_iters: int,
-    iters: int,
-    check: bool,
-    out_dir: str,
-) -> None:
+def _time_layouts(
+    rank: int, layouts: Sequence[Sequence[int]], batch_size: int, device: torch.device, warmup_iters: int,
+    iters: int, check: bool,
+) -> list[dict[str, Any]]:
+    """This rank's stamps of every layout's timed exchanges (a rank of an initialised process group)."""
+    results = []
+    for widths in layouts:
+        send, recv, fwd_in, fwd_out, correct = _exchange(rank, widths, batch_size, device, check)
+        grad_out = torch.empty_like(send).reshape(-1)  # backward: gradients of my slices go back
+        stamps: list[tuple[float, float, float, float]] = []  # (fwd start, fwd end, bwd start, bwd end)
+        for i in range(warmup_iters + iters):
+            dist.barrier()
+            _sync(device)
+            t0 = time.perf_counter()  # CLOCK_MONOTONIC: one clock for every process on the host
+            dist.all_to_all_single(recv, send.reshape(-1), fwd_out, fwd_in)
+            _sync(device)
+            t1 = time.perf_counter()
+            dist.barrier()
+            _sync(device)
+            t2 = time.perf_counter()
+            dist.all_to_all_single(grad_out, recv, fwd_in, fwd_out)
+            _sync(device)
+            t3 = time.perf_counter()
+            if i >= warmup_iters:
+                stamps.append((t0, t1, t2, t3))
+        results.append({"stamps": stamps, "received_bytes": recv.numel() * recv.element_size(), "correct": correct})
+    return results
+
+
+def _rank_main(rank: int, world_size: int, port: int, backend: str, jobs: Any, results: Any) -> None:
+    """One rank of an `AllToAllSession`: joins the group, then times each job's layouts until told to stop."""
     torch.set_num_threads(1)  # D processes share the machine's cores
     device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
-        results = []
-        for widths in layouts:
-            send, recv, fwd_in, fwd_out, correct = _exchange(rank, widths, batch_size, device, check)
-            grad_out = torch.empty_like(send).reshape(-1)  # backward: gradients of my slices go back
-            stamps: list[tuple[float, float, float, float]] = []  # (fwd start, fwd end, bwd start, bwd end)
-            for i in range(warmup_iters + iters):
-                dist.barrier()
-                _sync(device)
-                t0 = time.perf_counter()  # CLOCK_MONOTONIC: one clock for every process on the host
-                dist.all_to_all_single(recv, send.reshape(-1), fwd_out, fwd_in)
-                _sync(device)
-                t1 = time.perf_counter()
-                dist.barrier()
-                _sync(device)
-                t2 = time.perf_counter()
-                dist.all_to_all_single(grad_out, recv, fwd_in, fwd_out)
-                _sync(device)
-                t3 = time.perf_counter()
-                if i >= warmup_iters:
-                    stamps.append((t0, t1, t2, t3))
-            results.append(
-                {
-                    "stamps": stamps,
-                    "received_bytes": recv.numel() * recv.element_size(),
-                    "correct": correct,
-                }
-            )
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+        while (job := jobs.get()) is not None:
+            try:
+                results.put((rank, _time_layouts(rank, device=device, **job)))
+            except Exception as exc:  # reported to the parent, which stops every rank
+                results.put((rank, f"{type(exc).__name__}: {exc}"))
+                return
     finally:
         dist.destroy_process_group()
+
+
+def _check_layouts(layouts: Sequence[Sequence[int]], num_devices: int, batch_size: int) -> None:
+    for widths in layouts:
+        if len(widths) != num_devices:
+            raise ValueError(f"widths: every layout needs {num_devices} devices, got {list(widths)}")
+        if any(w < 0 for w in widths):
+            raise ValueError(f"widths must be >= 0, got {list(widths)}")
+    if batch_size < num_devices:
+        raise ValueError(f"batch_size {batch_size} is smaller than the number of devices {num_devices}")
+
+
+class AllToAllSession:
+    """D processes in one process group, kept for several measurements.
+
+    Starting a process group costs seconds (spawning D interpreters that import torch); an exchange costs
+    milliseconds. A caller that measures a few layouts at a time, again and again (refinement, each round),
+    keeps one session open: `with AllToAllSession(4) as session: session.measure(layouts, batch_size)`."""
+
+    def __init__(self, num_devices: int, *, backend: str | None = None) -> None:
+        if num_devices < 2:
+            raise ValueError(f"widths: an all-to-all needs at least 2 devices, got {num_devices}")
+        backend = backend or default_backend("cuda" if torch.cuda.is_available() else "cpu")
+        if backend not in ("nccl", "gloo"):
+            raise ValueError(f"backend {backend!r} is not one of ['gloo', 'nccl']")
+        if backend == "nccl" and torch.cuda.device_count() < num_devices:
+            raise ValueError(f"backend 'nccl' needs {num_devices} GPUs, found {torch.cuda.device_count()}")
+        self.num_devices, self.backend = num_devices, backend
+        self._ranks: list[Any] = []
+
+    def __enter__(self) -> AllToAllSession:
+        context = mp.get_context("spawn")  # children must not inherit a CUDA context
+        self._jobs = [context.Queue() for _ in range(self.num_devices)]
+        self._results = context.Queue()
+        port = _free_port()
+        env_before = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"  # keep the children's thread pools small
+        try:
+            for rank in range(self.num_devices):
+                process = context.Process(
+                    target=_rank_main, daemon=True,
+                    args=(rank, self.num_devices, port, self.backend, self._jobs[rank], self._results),
+                )
+                process.start()
+                self._ranks.append(process)
+        except BaseException:
+            self._stop(graceful=False)
+            raise
+        finally:
+            if env_before is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = env_before
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._stop(graceful=exc_type is None)
+
+    def _stop(self, graceful: bool) -> None:
+        """Ask every rank to leave (or, after a failure, terminate them), then reap them."""
+        if graceful:
+            for jobs, process in zip(self._jobs, self._ranks):
+                if process.is_alive():
+                    jobs.put(None)
+            for process in self._ranks:
+                process.join(timeout=60)
+        for process in self._ranks:
+            if process.is_alive():
+                process.terminate()
+            process.join(timeout=10)
+        self._ranks = []
+
+    def _fail(self, reported: str = "") -> NoReturn:
+        """Stop every rank and raise: a rank that died names the failure (its peers only saw the connection
+        close), else what a rank reported."""
+        dead = sorted(((r, p.exitcode) for r, p in enumerate(self._ranks) if not p.is_alive()),
+                      key=lambda d: d[1] == 0)  # a rank that crashed before one that left
+        self._stop(graceful=False)
+        if dead and (dead[0][1] or not reported):
+            raise RuntimeError(f"all-to-all rank {dead[0][0]} exited with code {dead[0][1]}")
+        raise RuntimeError(reported)
+
+    def measure(
+        self, layouts: Sequence[Sequence[int]], batch_size: int, *, warmup_iters: int = 3, iters: int = 10,
+        check: bool = False,
+    ) -> list[list[CommTiming]]:
+        """Per-device all-to-all timings of each layout (its devices' pooled widths), in this session's group."""
+        if not self._ranks:
+            raise RuntimeError("AllToAllSession.measure needs an open session (use it in a `with` block)")
+        _check_layouts(layouts, self.num_devices, batch_size)
+        if not layouts:
+            return []
+        job = {"layouts": [list(map(int, w)) for w in layouts], "batch_size": batch_size,
+               "warmup_iters": warmup_iters, "iters": iters, "check": check}
+        for jobs in self._jobs:
+            jobs.put(job)
+        per_rank: dict[int, list[dict[str, Any]]] = {}
+        while len(per_rank) < self.num_devices:
+            try:
+                rank, result = self._results.get(timeout=1.0)
+            except queue.Empty:
+                if any(not p.is_alive() for p in self._ranks):
+                    self._fail()
+                continue
+            if isinstance(result, str):
+                self._fail(f"all-to-all rank {rank} failed: {result}")
+            per_rank[rank] = result
+        return [_timings([per_rank[r][k] for r in range(self.num_devices)]) for k in range(len(layouts))]
 
 
 def measure_all_to_all_many(
@@ -165,45 +269,9 @@ def measure_all_to_all_many(
     """Per-device all-to-all timings of several layouts with the same device count, in one process group."""
     if not layouts:
         return []
-    num_devices = len(layouts[0])
-    if num_devices < 2:
-        raise ValueError(f"widths: an all-to-all needs at least 2 devices, got {num_devices}")
-    for widths in layouts:
-        if len(widths) != num_devices:
-            raise ValueError(f"widths: every layout needs {num_devices} devices, got {list(widths)}")
-        if any(w < 0 for w in widths):
-            raise ValueError(f"widths must be >= 0, got {list(widths)}")
-    if batch_size < num_devices:
-        raise ValueError(f"batch_size {batch_size} is smaller than the number of devices {num_devices}")
-    backend = backend or default_backend("cuda" if torch.cuda.is_available() else "cpu")
-    if backend not in ("nccl", "gloo"):
-        raise ValueError(f"backend {backend!r} is not one of ['gloo', 'nccl']")
-    if backend == "nccl" and torch.cuda.device_count() < num_devices:
-        raise ValueError(f"backend 'nccl' needs {num_devices} GPUs, found {torch.cuda.device_count()}")
-    with tempfile.TemporaryDirectory(prefix="shardwise-a2a-") as out_dir:
-        args = (
-            num_devices,
-            _free_port(),
-            backend,
-            [list(map(int, w)) for w in layouts],
-            batch_size,
-            warmup_iters,
-            iters,
-            check,
-            out_dir,
-        )
-        # spawned children must not inherit a CUDA context; keep their thread pools small
-        env_before = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"
-        try:
-            mp.start_processes(_worker, args=args, nprocs=num_devices, join=True, start_method="spawn")
-        finally:
-            if env_before is None:
-                os.environ.pop("OMP_NUM_THREADS", None)
-            else:
-                os.environ["OMP_NUM_THREADS"] = env_before
-        per_rank = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(num_devices)]
-    return [_timings([per_rank[r][k] for r in range(num_devices)]) for k in range(len(layouts))]
+    _check_layouts(layouts, len(layouts[0]), batch_size)  # before seconds are spent starting the group
+    with AllToAllSession(len(layouts[0]), backend=backend) as session:
+        return session.measure(layouts, batch_size, warmup_iters=warmup_iters, iters=iters, check=check)
 
 
 def _timings(ranks: Sequence[dict]) -> list[CommTiming]:
