@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +59,34 @@ def test_a_rank_that_fails_stops_the_session_with_one_line() -> None:
     assert all(not p.is_alive() for p in ranks)
     with pytest.raises(ValueError, match="every layout needs 2 devices"), AllToAllSession(2, backend="gloo") as other:
         other.measure([[8, 8, 8]], 4)
+
+
+def test_ranks_leave_when_their_parent_is_killed(tmp_path) -> None:
+    """A SIGKILLed parent sends no stop: its ranks notice they were orphaned and exit, not wait forever."""
+    script = (
+        "import os, signal\n"
+        "from shardwise.profiling.comm import AllToAllSession\n"
+        "if __name__ == '__main__':\n"
+        "    with AllToAllSession(2, backend='gloo') as session:\n"
+        "        session.measure([[8, 8]], 4, warmup_iters=0, iters=1)\n"
+        "        print(' '.join(str(p.pid) for p in session._ranks), flush=True)\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    (tmp_path / "parent.py").write_text(script)
+    proc = subprocess.run([sys.executable, str(tmp_path / "parent.py")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    pids = [int(p) for p in proc.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 60
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(_running(pid) for pid in pids), "orphaned ranks still running"
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie left for an init that does not reap counts as exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -12,7 +12,8 @@ The all-to-all is measured too, never taken from the model: its prediction is th
 model's (on a shared CPU the default model over-predicted gloo's exchanges by half and saw differences between
 devices that measurements did not). One process group stays open for the whole refinement (starting one costs
 seconds, an exchange milliseconds), and each round times the changed layout's exchange paired with the current
-one's. Candidates are ranked assuming the exchange unchanged (a move keeps the total width); the decision is on
+one's when the change's kernels gained (a change its kernels refuse is refused without timing its exchange).
+Candidates are ranked assuming the exchange unchanged (a move keeps the total width); a change is kept on
 measured kernels plus measured exchanges.
 
 Other plans of the same task (`starts`: the greedy on measured single-table costs, say) are measured beside the
@@ -275,10 +276,16 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
         trial_measured, current = list(measured), list(measured)
         for d, new, old in zip(touched, timed[:len(touched)], timed[len(touched):], strict=True):
             trial_measured[d], current[d] = new, old
-        # and the exchanges: moving a table changes what every device sends and receives
-        trial_comm, current_comm = refiner.measure_comm([trial, layout])
-        now = float(max(np.array(current) + current_comm))
-        after = float(max(np.array(trial_measured) + trial_comm))
+        trial_comm = comm
+        now = float(max(np.array(current) + comm))
+        after = float(max(np.array(trial_measured) + comm))
+        if after < now:
+            # the kernels gained: the exchanges decide, the changed layout's timed paired with the current one's
+            # (a change the kernels refuse is refused without them: moving a shard keeps the total width, and
+            # the exchange's change is small next to a kernel's)
+            trial_comm, current_comm = refiner.measure_comm([trial, layout])
+            now = float(max(np.array(current) + current_comm))
+            after = float(max(np.array(trial_measured) + trial_comm))
         kept = after < now
         history.append(RefinementRound(round=index + 1, measured_max_ms=now, slowest_device=slowest,
                                        change=change, predicted_max_ms=predicted_max, after_ms=after, kept=kept,

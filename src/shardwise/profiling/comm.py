@@ -138,8 +138,17 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str, jobs: Any, r
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    parent = os.getppid()
     try:
-        while (job := jobs.get()) is not None:
+        while True:
+            try:
+                job = jobs.get(timeout=5.0)
+            except queue.Empty:
+                if os.getppid() != parent:  # the parent was killed: nobody will send the stop
+                    return
+                continue
+            if job is None:
+                return
             try:
                 results.put((rank, _time_layouts(rank, device=device, **job)))
             except Exception as exc:  # reported to the parent, which stops every rank
