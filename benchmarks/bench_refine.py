@@ -84,7 +84,7 @@ def main() -> None:
         print(f"{devices} devices: refined / torchrec {statistics.fmean(r['refined_over_torchrec'] for r in on):.3f} "
               f"on average; at or below the measured greedy on "
               f"{sum(r['refined_over_measured_greedy'] <= 1.0 for r in on)} of {len(on)} tasks")
-    print("per round: the measured slowest device (kernels + all-to-all, the model's scaled by measured residuals) "
+    print("per round: the measured slowest device (kernels + all-to-all, both measured) "
           "before it; * = its change was kept")
     if args.record:
         record("refine", "Refinement on hardware: NeuroShard before and after, the measured greedy, TorchRec",
