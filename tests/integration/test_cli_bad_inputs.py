@@ -202,6 +202,9 @@ CASES: list[Case] = [
     Case("plan-model-unknown-alias", ["plan", "--task", T, "--model", "models:/nope@champion",
                                       "--tracking-uri", "sqlite:///{root}/none.db", "--out", f"{OUT}/p.json"],
          "models:/nope@champion", {"task.json": TASK}),
+    Case("plan-model-unknown-alias-default-store", ["plan", "--task", T, "--model", "models:/nope@champion",
+                                                    "--out", f"{OUT}/p.json"],
+         "models:/nope@champion", {"task.json": TASK}),  # the default ./mlflow.db is not created by looking
     Case("plan-bad-uri-scheme", ["plan", "--task", T, "--model", "ftp://host/model", "--out", f"{OUT}/p.json"],
          "ftp://host/model", {"task.json": TASK}),
     Case("plan-postgres-no-driver", ["plan", "--task", T, "--tracking-uri", "postgresql://u:hunter2@127.0.0.1:9/db",
@@ -214,6 +217,8 @@ CASES: list[Case] = [
          {"task.json": TASK, "model": copy_model(), "policy/policy.json": "{", "policy/weights.pt": b""}),
     Case("plan-infeasible-task", ["plan", "--task", T, "--method", "size_greedy", "--out", f"{OUT}/p.json"],
          "GiB missing", {"task.json": js(task_doc(device_memory_bytes=100_000))}),
+    Case("task-name-not-utf8", ["task", "check", "{root}/" + os.fsdecode(b"\xfe.json")], "num_devices",
+         {os.fsdecode(b"\xfe.json"): js(task_doc(num_devices="4"))}),
     # -- evaluate and validate: plans and report names ---------------------------------------------------------
     Case("evaluate-plan-missing", ["evaluate", "--task", T, "--plan", "{root}/none.json", "--out", OUT],
          "none.json", {"task.json": TASK}),
@@ -246,10 +251,19 @@ CASES: list[Case] = [
     Case("evaluate-bad-model", ["evaluate", "--task", T, "--plan", P, "--model", "{root}/model", "--out", OUT],
          "model", {"task.json": TASK, "plan.json": PLAN,
                    "model": copy_model(lambda p: (p / "weights.pt").write_bytes(b"garbage"))}),
+    Case("evaluate-model-missing-field", ["evaluate", "--task", T, "--plan", P, "--model", "{root}/model",
+                                          "--out", OUT], "batch_size",
+         {"task.json": TASK, "plan.json": PLAN,
+          "model": copy_model(edit_model_json(lambda doc: doc["meta"].pop("batch_size")))}),
+    Case("evaluate-model-unknown-alias", ["evaluate", "--task", T, "--plan", P, "--model", "models:/nope@champion",
+                                          "--tracking-uri", "sqlite:///{root}/none.db", "--out", OUT],
+         "models:/nope@champion", {"task.json": TASK, "plan.json": PLAN}),
     Case("evaluate-device-tpu", ["evaluate", "--task", T, "--plan", P, "--device", "tpu", "--out", OUT],
          "device", {"task.json": TASK, "plan.json": PLAN}),
     Case("validate-plan-wrong-format", ["validate", "--task", T, "--plan", P, "--out", OUT], "format",
          {"task.json": TASK, "plan.json": js(plan_doc(format="shardwise.task/v1"))}),
+    Case("validate-out-is-a-directory", ["validate", "--task", T, "--plan", P, "--out", OUT], "is a directory",
+         {"task.json": TASK, "plan.json": PLAN, "out/kept.json": "{}"}),
     Case("validate-iters-zero", ["validate", "--task", T, "--plan", P, "--iters", "0", "--out", OUT], "iters",
          {"task.json": TASK, "plan.json": PLAN}),
     # -- table files, index files: workload, augment, profile, train-policy, benchmark -------------------------
@@ -331,6 +345,8 @@ CASES: list[Case] = [
          "bogus"),
     Case("pipeline-unknown-arg", ["pipeline", "run", "--local", "--workdir", OUT, "--arg", "nope=1"], "nope"),
     Case("pipeline-unknown-preset", ["pipeline", "run", "--local", "--workdir", OUT, "--preset", "huge"], "huge"),
+    Case("pipeline-submit-unknown-method", ["pipeline", "submit", "--host", "http://127.0.0.1:9",
+                                            "--search-method", "bogus"], "bogus"),
     Case("pipeline-submit-unreachable", ["pipeline", "submit", "--host", "http://user:hunter2@127.0.0.1:9",
                                          "--preset", "smoke"], "127.0.0.1:9"),
 ]
@@ -393,15 +409,18 @@ def test_bad_input_is_one_line_exit_2_and_nothing_escapes(case, tmp_path, monkey
 def test_plan_methods_that_look_like_paths_name_reports_inside_the_output_folder(tmp_path, monkeypatch, capsys):
     """Report names come from each plan's `method` when file names collide: a hostile one stays inside --out."""
     root = tmp_path / "a" / "b" / "c" / "d" / "case"
-    for name, doc in (("x/plan.json", plan_doc(method=ESCAPE)), ("y/plan.json", plan_doc()), ("task.json", None)):
+    absolute = tmp_path / "elsewhere" / "escaped"  # an absolute path as a method name
+    for name, doc in (("x/plan.json", plan_doc(method=ESCAPE)), ("y/plan.json", plan_doc()),
+                      ("z/plan.json", plan_doc(method=str(absolute))), ("task.json", None)):
         _write(root, name, TASK if doc is None else js(doc))
     monkeypatch.chdir(root)
     before = _tree(tmp_path)
     assert main(["evaluate", "--task", "task.json", "--plan", "x/plan.json", "--plan", "y/plan.json",
-                 "--timing-iters", "1", "--out", "out"]) == 0, capsys.readouterr().err
+                 "--plan", "z/plan.json", "--timing-iters", "1", "--out", "out"]) == 0, capsys.readouterr().err
     after = _tree(tmp_path)
     written = {p for p in after if before.get(p) != after[p]}
     assert written and all(p.startswith("a/b/c/d/case/out/") for p in written), sorted(written)
+    assert not absolute.parent.exists()
 
 
 def test_a_good_input_passes_the_same_checks(tmp_path, monkeypatch, capsys):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -151,8 +154,27 @@ def test_no_password_on_a_command_line_or_in_the_pod_spec():
     for container in _containers():
         command_line = " ".join(container.get("command", []) + container.get("args", []))
         assert "PASSWORD" not in command_line and "postgresql://" not in command_line, container["name"]
-        for var in container.get("env", []):
+        env = container.get("env", [])
+        for var in env:
             assert "password" not in var["name"].lower() or "valueFrom" in var, var
+        # nor a variable holding it, expanded by a shell into a process argument (/proc/PID/cmdline)
+        secret = [v["name"] for v in env if "valueFrom" in v or "PASSWORD" in v.get("value", "")]
+        for name in secret:
+            assert f"${name}" not in command_line and f"${{{name}}}" not in command_line, (container["name"], name)
+
+
+def test_the_schema_upgrade_reads_the_store_from_the_environment_and_runs(tmp_path):
+    """The init container's command, run here on a sqlite store: it creates MLflow's schema from the URI in its
+    environment (on the cluster: postgresql://... composed from the secret)."""
+    (init,) = [c for c in _containers() if c["name"] == "db-upgrade"]
+    command = init["command"]
+    assert command[0] == "python"
+    store = tmp_path / "mlflow.db"
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{store}"}
+    done = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with sqlite3.connect(store) as db:
+        assert db.execute("select version_num from alembic_version").fetchone()
 
 
 def test_placeholders_cannot_be_deployed():

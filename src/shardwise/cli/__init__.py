@@ -75,8 +75,18 @@ def _selected_verb(argv: Sequence[str]) -> str | None:
     return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
+def _printable_paths() -> None:
+    """A path that is not valid UTF-8 (the OS hands it over as surrogate escapes) is printed escaped, as stderr
+    already does, instead of failing the write on a terminal whose encoding is strict (an en_US.UTF-8 locale)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `shardwise` console script: a ShardwiseError is one line on stderr and exit 2."""
+    _printable_paths()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     verbose = bool({"-v", "--verbose"} & set(argv))
