@@ -24,6 +24,8 @@ def test_the_image_of_the_commit_is_pushed_before_the_run_that_uses_it():
     submit = next(i for i, s in enumerate(scripts) if "shardwise pipeline submit" in s)
     assert build < submit
     assert '--image "${IMAGE,,}"' in scripts[submit] and "--wait" in scripts[submit]
+    # uploaded as the commit's version of one pipeline, so the Kubeflow UI shows what each run ran
+    assert '--pipeline shardwise-retrain --pipeline-version "${GITHUB_SHA::8}"' in scripts[submit]
     assert '--tag "${IMAGE,,}"' in scripts[build]
 
 

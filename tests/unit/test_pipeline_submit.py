@@ -26,6 +26,8 @@ class FakeKubeflow(BaseHTTPRequestHandler):
     requests: list[dict] = []
     #: what GET /runs/<id> answers: how a waited-for run ends
     run_state = "SUCCEEDED"
+    #: pipelines uploaded so far, by display name (GET /pipelines filters on it)
+    pipelines: dict[str, str] = {}
 
     def log_message(self, *args) -> None:  # keep pytest output clean
         pass
@@ -59,6 +61,10 @@ class FakeKubeflow(BaseHTTPRequestHandler):
             self._answer({"experiments": [], "total_size": 0})  # none yet: the client creates it
         elif entry["path"] == "/apis/v2beta1/runs/run-1":
             self._answer({"run_id": "run-1", "state": self.run_state, "finished_at": "2026-11-24T00:00:00Z"})
+        elif entry["path"] == "/apis/v2beta1/pipelines":
+            wanted = json.loads(entry["query"]["filter"][0])["predicates"][0]["stringValue"]
+            found = [{"pipeline_id": i, "display_name": n} for n, i in self.pipelines.items() if n == wanted]
+            self._answer({"pipelines": found, "total_size": len(found)} if found else {})
         else:
             self._answer({})
 
@@ -68,6 +74,14 @@ class FakeKubeflow(BaseHTTPRequestHandler):
             self._answer({"experiment_id": "exp-1", "display_name": entry["body"]["display_name"]})
         elif entry["path"] == "/apis/v2beta1/runs":
             self._answer({"run_id": "run-1", "display_name": entry["body"]["display_name"]})
+        elif entry["path"] == "/apis/v2beta1/pipelines/upload":
+            name = entry["query"]["name"][0]
+            self.pipelines[name] = f"pipeline-{len(self.pipelines) + 1}"
+            self._answer({"pipeline_id": self.pipelines[name], "display_name": name})
+        elif entry["path"] == "/apis/v2beta1/pipelines/upload_version":
+            self._answer({"pipeline_id": entry["query"]["pipelineid"][0],
+                          "pipeline_version_id": f"version-{len(self.requests)}",
+                          "display_name": entry["query"]["name"][0]})
         elif entry["path"] == "/apis/v2beta1/recurringruns":
             self._answer({"recurring_run_id": "rr-1", "display_name": entry["body"]["display_name"]})
         else:
@@ -77,6 +91,7 @@ class FakeKubeflow(BaseHTTPRequestHandler):
 @pytest.fixture
 def kfp_api():
     FakeKubeflow.requests = []
+    FakeKubeflow.pipelines = {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeKubeflow)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -129,6 +144,27 @@ def test_submit_with_the_commits_image_runs_every_step_in_it(kfp_api, capsys):
 
     assert profile_costs.component_spec.implementation.container.image == IMAGE  # put back afterwards
     assert len(STEPS) == 9
+
+
+def test_each_commit_is_a_new_version_of_one_pipeline_and_the_run_is_made_from_it(kfp_api, capsys):
+    """CI uploads the compiled pipeline as a version named after the commit: the pipeline is created once, each
+    later commit adds a version, and each run references the version it ran (the UI shows what was run)."""
+    host, requests = kfp_api
+    for commit in ("0123abcd", "4567ef01"):
+        assert main(["pipeline", "submit", "--host", host, "--image", f"ghcr.io/team/shardwise:{commit}",
+                     "--pipeline", "shardwise-retrain", "--pipeline-version", commit, "--name", f"retrain-{commit}"]) == 0
+    out = capsys.readouterr().out
+    assert len(_posts(requests, "/apis/v2beta1/pipelines/upload")) == 1  # created on first use only
+    uploads = _posts(requests, "/apis/v2beta1/pipelines/upload_version")
+    assert [u["query"]["name"][0] for u in uploads] == ["0123abcd", "4567ef01"]
+    assert {u["query"]["pipelineid"][0] for u in uploads} == {"pipeline-1"}
+    assert "ghcr.io/team/shardwise:4567ef01" in uploads[1]["body"]  # the package of that commit
+    runs = _posts(requests, "/apis/v2beta1/runs")
+    references = [r["body"]["pipeline_version_reference"] for r in runs]
+    assert [r["pipeline_id"] for r in references] == ["pipeline-1", "pipeline-1"]
+    assert references[0]["pipeline_version_id"] != references[1]["pipeline_version_id"]
+    assert all("pipeline_spec" not in r["body"] for r in runs)  # made from the version, not an inline package
+    assert out.count("from pipeline version version-") == 2 and "Pipeline details" not in out
 
 
 def test_schedule_creates_recurring_run_with_cron(kfp_api, capsys):

@@ -69,12 +69,14 @@ class Submitted(JobResult):
     experiment_id: str
     cron: str | None = None
     state: str | None = None
+    pipeline_version_id: str | None = None
 
     def summary(self) -> str:
         """One line."""
         when = f" ({self.cron})" if self.cron else ""
+        version = f" from pipeline version {self.pipeline_version_id}" if self.pipeline_version_id else ""
         ended = f": {self.state}" if self.state else ""
-        return f"{self.what} {self.run_id}{when} in experiment {self.experiment_id}{ended}"
+        return f"{self.what} {self.run_id}{when}{version} in experiment {self.experiment_id}{ended}"
 
 
 def _compile(args: argparse.Namespace) -> None:
@@ -108,8 +110,10 @@ def _submit(args: argparse.Namespace) -> Submitted:
     if args.pipeline_verb == "schedule":
         done = run.schedule(args.host, args.cron, _params(args), job_name=args.name, **common)
         return Submitted(what="recurring run", cron=args.cron, run_id=done.run_id, experiment_id=done.experiment_id)
-    done = run.submit(args.host, _params(args), run_name=args.name, wait_s=args.wait, **common)
-    return Submitted(what="run", run_id=done.run_id, experiment_id=done.experiment_id, state=done.state)
+    done = run.submit(args.host, _params(args), run_name=args.name, wait_s=args.wait, pipeline=args.pipeline,
+                      version=args.pipeline_version, **common)
+    return Submitted(what="run", run_id=done.run_id, experiment_id=done.experiment_id, state=done.state,
+                     pipeline_version_id=done.pipeline_version_id)
 
 
 IMAGE_HELP = ("the image every step runs (default: ghcr.io/shardwise/shardwise:VERSION); CI passes the one it "
@@ -166,6 +170,11 @@ def configure(verb: str, parser: argparse.ArgumentParser) -> None:
         if name == "submit":
             sub.add_argument("--wait", type=float, metavar="SECONDS",
                              help="wait up to SECONDS for the run to end; exit 2 unless it succeeded")
+            sub.add_argument("--pipeline", metavar="NAME",
+                             help="upload the compiled pipeline as a new version of pipeline NAME (created on "
+                                  "first use) and run that version")
+            sub.add_argument("--pipeline-version", metavar="NAME",
+                             help="the uploaded version's name (default: the run's --name); with --pipeline")
         _parameters(sub, "cluster")
         sub.set_defaults(handler=_submit)
 

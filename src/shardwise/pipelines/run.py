@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import json
 import os
 import re
@@ -275,6 +276,8 @@ class Submitted:
     run_id: str
     #: how the run ended, when the caller waited for it (KFP's state: SUCCEEDED, FAILED, ...)
     state: str | None = None
+    #: the pipeline version the run was made from, when the package was uploaded as one
+    pipeline_version_id: str | None = None
 
 
 @contextlib.contextmanager
@@ -313,6 +316,19 @@ def _package(gpu_product: str | None, image: str | None) -> Iterator[str]:
         yield str(compile_pipeline(Path(tmp) / "shardwise_pipeline.yaml", gpu_product=gpu_product, image=image))
 
 
+def _upload_version(client: Any, host: str, package: str, pipeline: str, version: str,
+                    namespace: str | None) -> tuple[str, str]:
+    """The compiled package uploaded as version `version` of pipeline `pipeline` (created on first use): the ids
+    of both. The Kubeflow UI then lists what each run ran, version by version."""
+    with _api_errors(host), contextlib.redirect_stdout(io.StringIO()):  # kfp prints the UI's link
+        pipeline_id = client.get_pipeline_id(pipeline)
+        if pipeline_id is None:
+            made = client.upload_pipeline(package, pipeline_name=pipeline, namespace=namespace)
+            pipeline_id = _answered_id(host, "a pipeline id", getattr(made, "pipeline_id", None))
+        uploaded = client.upload_pipeline_version(package, pipeline_version_name=version, pipeline_id=pipeline_id)
+    return pipeline_id, _answered_id(host, "a pipeline version id", getattr(uploaded, "pipeline_version_id", None))
+
+
 def submit(
     host: str,
     params: PipelineParams,
@@ -325,22 +341,33 @@ def submit(
     image: str | None = None,
     existing_token: str | None = None,
     wait_s: float | None = None,
+    pipeline: str | None = None,
+    version: str | None = None,
 ) -> Submitted:
-    """Compile the pipeline and start one run of it on the Kubeflow Pipelines API at `host`; with `wait_s`, wait
-    that long for it to end and raise unless it succeeded (CI retraining fails when its run fails)."""
+    """Compile the pipeline and start one run of it on the Kubeflow Pipelines API at `host`. With `pipeline`, the
+    package is first uploaded as version `version` (default: the run's name) of that pipeline and the run made from
+    it. With `wait_s`, wait that long for the run to end and raise unless it succeeded (CI retraining fails when
+    its run fails)."""
     _check_method(params)
     client, experiment_id = _experiment(host, namespace, existing_token, experiment)
-    with _package(gpu_product, image) as package, _api_errors(host):
-        run = client.run_pipeline(
-            experiment_id=experiment_id,
-            job_name=run_name,
-            pipeline_package_path=package,
-            params=params.model_dump(),
-            service_account=service_account,
-        )
+    version_id = None
+    with _package(gpu_product, image) as package:
+        source: dict[str, Any] = {"pipeline_package_path": package}
+        if pipeline:
+            pipeline_id, version_id = _upload_version(client, host, package, pipeline, version or run_name,
+                                                      namespace)
+            source = {"pipeline_id": pipeline_id, "version_id": version_id}
+        with _api_errors(host), contextlib.redirect_stdout(io.StringIO()):  # kfp prints the UI's link
+            run = client.run_pipeline(
+                experiment_id=experiment_id,
+                job_name=run_name,
+                params=params.model_dump(),
+                service_account=service_account,
+                **source,
+            )
     run_id = _answered_id(host, "a run id", getattr(run, "run_id", None))
     if wait_s is None:
-        return Submitted(experiment_id=experiment_id, run_id=run_id)
+        return Submitted(experiment_id=experiment_id, run_id=run_id, pipeline_version_id=version_id)
     with _api_errors(host):
         try:
             finished = client.wait_for_run_completion(run_id=run_id, timeout=int(wait_s), sleep_duration=5)
@@ -349,7 +376,7 @@ def submit(
     state = str(getattr(finished, "state", None))
     if state != "SUCCEEDED":
         raise PipelineRunError(f"run {run_id} ended {state} on {redacted(host)}: see the run in the Kubeflow UI")
-    return Submitted(experiment_id=experiment_id, run_id=run_id, state=state)
+    return Submitted(experiment_id=experiment_id, run_id=run_id, state=state, pipeline_version_id=version_id)
 
 
 def schedule(
