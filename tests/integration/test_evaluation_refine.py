@@ -56,6 +56,24 @@ def test_refinement_moves_work_off_the_slowest_device_and_keeps_only_measured_ga
     assert stored["fwd_ms"].gt(0).all() and stored["tables_json"].str.contains('"h0"').any()
 
 
+def test_a_round_relieves_every_device_tied_for_slowest():
+    """Two heavy tables on device 0 and two on device 1, equally slow: moving one off device 0 alone cannot lower
+    the plan's slowest device (device 1 stays), so one round moves one off each, and keeps both on measurement."""
+    heavy = [TableSpec(name=f"h{i}", rows=20_000, dim=64, pooling_factor=40.0) for i in range(4)]
+    light = [TableSpec(name=f"l{i}", rows=500, dim=16, pooling_factor=1.0) for i in range(4)]
+    task = ShardingTask(num_devices=4, device_memory_bytes=2**30, batch_size=1024, tables=(*heavy, *light))
+    plan = Plan(num_devices=4, method="handmade", shards=(
+        *(Shard(table=f"h{i}", col_offset=0, dim=64, device=i // 2) for i in range(4)),
+        *(Shard(table=f"l{i}", col_offset=0, dim=16, device=2 + i % 2) for i in range(4)),
+    ))
+    refined, record = refine_plan(task, plan, FeatureCostModel(), MEASUREMENT, rounds=1, progress=False)
+    validate_plan(refined, task)
+    (first,) = record.rounds
+    assert first.kept and first.change.count(";") >= 1, record.table()  # two changes in one round
+    assert len({s.device for s in refined.shards if s.table.startswith("h")}) == 4, record.table()
+    assert record.after_ms < record.before_ms
+
+
 def test_memory_bounds_every_change_and_a_balanced_plan_is_left_alone():
     task = _task().model_copy(update={"device_memory_bytes": 8 * 2**20})  # a heavy table and a bit per device
     plan = Plan(num_devices=3, method="handmade", shards=(

@@ -33,6 +33,7 @@ def _plan(*shards: tuple[str, int, int, int]) -> Plan:
 COLUMN_TWICE = _plan(("t0", 0, 16, 0), ("t0", 8, 8, 1), ("t1", 0, 16, 1), ("t2", 0, 16, 0))
 DEVICE_OUT_OF_RANGE = _plan(("t0", 0, 16, 0), ("t1", 0, 16, 2), ("t2", 0, 16, 1))
 VALID = _plan(("t0", 0, 16, 0), ("t1", 0, 16, 1), ("t2", 0, 16, 1))
+OTHER = _plan(("t0", 0, 16, 0), ("t1", 0, 16, 0), ("t2", 0, 16, 1))  # no device laid out as VALID's
 
 
 @pytest.mark.parametrize(
@@ -161,7 +162,7 @@ def test_measure_plans_times_as_the_measurement_settings_say(monkeypatch) -> Non
     kernels = _Kernels(monkeypatch)
     settings = MeasurementSettings(device="cpu", batch_size=128, warmup_iters=1, timing_iters=4, timing_rounds=3,
                                    comm_iters=7, comm_rounds=2, reference_ms=0.5)
-    first, second = measure_plans([(TASK, VALID), (TASK, VALID)], settings, progress=False)
+    first, second = measure_plans([(TASK, VALID), (TASK, OTHER)], settings, progress=False)
     # 2 plans x 2 devices x 3 rounds, at the settings' batch, scaled by the pinned reference (no calibration)
     assert len(kernels.shards) == 12 and kernels.calibrations == 0
     assert {batch for _, batch, _ in kernels.shards} == {128}
@@ -182,13 +183,28 @@ def test_measure_plans_times_as_the_measurement_settings_say(monkeypatch) -> Non
 
 def test_measure_plans_calibrates_one_reference_for_all_plans_at_the_tasks_batch(monkeypatch) -> None:
     kernels = _Kernels(monkeypatch)
-    costs = measure_plans([(TASK, VALID), (TASK, VALID)], MeasurementSettings(device="cpu"), progress=False)
+    costs = measure_plans([(TASK, VALID), (TASK, OTHER)], MeasurementSettings(device="cpu"), progress=False)
     assert kernels.calibrations == 1
     assert {ref for _, _, ref in kernels.shards} == {0.25} and {c.reference_ms for c in costs} == {0.25}
     assert {batch for _, batch, _ in kernels.shards} == {TASK.batch_size}
     defaults = MeasurementSettings()
     assert costs[0].timing["compute_rounds"] == defaults.timing_rounds
     assert kernels.exchanges == [(2 * defaults.comm_rounds, TASK.batch_size, defaults.comm_iters)]
+
+
+def test_a_device_two_plans_lay_out_alike_is_timed_once_and_gets_one_figure(monkeypatch) -> None:
+    """Identical device shards (and identical all-to-all widths) are measured once and shared: plans that agree on
+    a device get the same figure there, and a plan measured twice is measured once."""
+    kernels = _Kernels(monkeypatch)
+    swapped = _plan(("t0", 0, 16, 1), ("t1", 0, 16, 0), ("t2", 0, 16, 0))  # VALID's devices the other way round
+    settings = MeasurementSettings(device="cpu", timing_rounds=3, comm_rounds=2, reference_ms=0.5)
+    first, again, other = measure_plans([(TASK, VALID), (TASK, VALID), (TASK, swapped)], settings, progress=False)
+    # 2 distinct shards ({t0}, {t1, t2}) x 3 rounds, not 6 x 3
+    assert len(kernels.shards) == 6 and {names for names, _, _ in kernels.shards} == {("t0",), ("t1", "t2")}
+    assert first.devices == again.devices
+    assert (other.devices[1].fwd_ms, other.devices[0].fwd_ms) == (first.devices[0].fwd_ms, first.devices[1].fwd_ms)
+    # widths (16, 32) and (32, 16): two layouts exchanged per round, not three
+    assert kernels.exchanges == [(2 * 2, TASK.batch_size, settings.comm_iters)]
 
 
 class _ModelWithReference(FeatureCostModel):

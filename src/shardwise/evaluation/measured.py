@@ -179,19 +179,32 @@ def time_shards_in_rounds(
 ) -> list[list[ShardTiming]]:
     """Each shard timed once per round, `rounds` rounds interleaved over all of them, so machine drift during
     the run hits every shard alike; per shard, its timings in round order. `device` and `protocol` as
-    `resolve_timing` gives them (a normalised protocol needs its reference set)."""
+    `resolve_timing` gives them (a normalised protocol needs its reference set).
+
+    Shards that are the same (the same tables at the same batch, optimizer and precision: a device two plans lay
+    out alike) are timed once and share their timings, so plans that agree on a device get the same figure there
+    instead of two noisy ones."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    timings: list[list[ShardTiming]] = [[] for _ in shards]
-    with tqdm(total=rounds * len(shards), desc="measure shards", unit="shard", disable=not progress) as bar:
+    distinct: dict[tuple[Any, ...], int] = {}
+    index = [distinct.setdefault(_shard_key(shard), len(distinct)) for shard in shards]
+    firsts = {i: shard for shard, i in zip(shards, index)}
+    unique = [firsts[i] for i in range(len(distinct))]
+    timings: list[list[ShardTiming]] = [[] for _ in unique]
+    with tqdm(total=rounds * len(unique), desc="measure shards", unit="shard", disable=not progress) as bar:
         for _ in range(rounds):
-            for shard, row in zip(shards, timings):
+            for shard, row in zip(unique, timings):
                 row.append(measure_shard(
                     shard.tables, shard.batch_size, device=device, protocol=protocol, optimizer=shard.optimizer,
                     weights_precision=shard.weights_precision,
                 ))
                 bar.update()
-    return timings
+    return [list(timings[i]) for i in index]
+
+
+def _shard_key(shard: KernelShard) -> tuple[Any, ...]:
+    return (tuple(t.model_dump_json() for t in shard.tables), shard.batch_size, shard.optimizer,
+            shard.weights_precision)
 
 
 def _median_fwd_bwd(timings: Sequence[ShardTiming]) -> tuple[float, float]:
@@ -205,23 +218,25 @@ def measure_comm(
     """Per layout (its devices' pooled widths; every layout with the same device count), each device's median
     forward and backward all-to-all ms. One process group (`session`'s, else a new one); every layout timed in
     `comm_rounds` interleaved rounds of `comm_iters`, the median of all rounds' iterations per device: machine
-    drift during the run then hits all layouts alike instead of whichever happened to run during a slow spell."""
-    repeated = [list(w) for w in layouts] * measurement.comm_rounds
+    drift during the run then hits all layouts alike instead of whichever happened to run during a slow spell.
+    Layouts with the same widths are timed once and share their figures."""
+    distinct = list(dict.fromkeys(tuple(w) for w in layouts))
+    repeated = [list(w) for w in distinct] * measurement.comm_rounds
     if session is None:
         exchanges = measure_all_to_all_many(repeated, batch_size, backend=backend, iters=measurement.comm_iters)
     else:
         exchanges = session.measure(repeated, batch_size, iters=measurement.comm_iters)
-    out = []
-    for j, widths in enumerate(layouts):
-        rounds = exchanges[j :: len(layouts)]
-        out.append([
+    medians = {}
+    for j, widths in enumerate(distinct):
+        rounds = exchanges[j :: len(distinct)]
+        medians[widths] = [
             (
                 statistics.median(ms for r in rounds for ms in r[d].fwd_samples_ms),
                 statistics.median(ms for r in rounds for ms in r[d].bwd_samples_ms),
             )
             for d in range(len(widths))
-        ])
-    return out
+        ]
+    return [list(medians[tuple(w)]) for w in layouts]
 
 
 def measure_plans(

@@ -3,10 +3,13 @@
 Search balances the cost model's predictions almost exactly, so the slowest device on hardware is the one whose
 prediction was furthest off. Refinement measures each device's shard with the profiler's protocol, scales the
 model's prediction of every device by its measured residual (measured / predicted), and looks for the move of
-one shard off the slowest device, or the swap of one of its shards with another device's, that lowers the
-corrected slowest device, within memory. It measures only the devices that changed, before and after the change
-in one interleaved session (a paired comparison), and keeps the change only when the measured slowest device got
-faster; it stops when a round gains nothing, or after `rounds` rounds or `time_budget_s` seconds.
+one shard off the slowest device, or the swap of one of its shards with another device's, that lowers it most
+without loading another device to its level, within memory. A round goes on with the next slowest device, and
+the next, while such a change exists: on a balanced start several devices sit within noise of the slowest, and
+only a change off each of them lowers the plan's cost. It measures only the devices that changed, before and after
+the round's changes in one interleaved session (a paired comparison), and keeps them only when the measured
+slowest device got faster; it stops when a round promises nothing, or after `rounds` rounds or `time_budget_s`
+seconds. A round refused is not proposed again with the same first change.
 
 The all-to-all is measured too, never taken from the model: its prediction is the least accurate part of the
 model's (on a shared CPU the default model over-predicted gloo's exchanges by half and saw differences between
@@ -27,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +58,9 @@ class RefinementRound(BaseModel):
     round: int
     measured_max_ms: float  #: the slowest device's measured compute + all-to-all before this round
     slowest_device: int
-    change: str  #: "t3 0->2" (a move) or "t3 0->2, t7 2->0" (a swap); "" when nothing promised a gain
+    #: "t3[0] 0->2" (a move), "t3[0] 0->2, t7[0] 2->0" (a swap), several joined by "; "; "" when nothing
+    #: promised a gain
+    change: str
     predicted_max_ms: float | None = None  #: the corrected prediction of the change
     after_ms: float | None = None  #: measured after the change
     kept: bool = False
@@ -175,19 +180,33 @@ class _Refiner:
             _specs(shards, task), task.batch_size, task.optimizer, task.weights_precision) <= task.device_memory_bytes
 
 
-def _candidates(refiner: _Refiner, layout: _Layout, measured: list[float], comm: np.ndarray,
-                slowest: int, tried: set[str]) -> list[tuple[float, str, list[Shard]]]:
-    """Moves and swaps off the slowest device with their corrected predicted slowest device, best first (one
-    cost-model call for all of them)."""
+@dataclass(frozen=True)
+class _Change:
+    """A move of one shard off a device (or a swap with another device's shard), priced by the corrected model."""
+
+    description: str  #: "t3[0] 0->2" (a move) or "t3[0] 0->2, t7[0] 2->0" (a swap)
+    devices: tuple[int, int]  #: the device it relieves, the device it loads
+    shards: list[Shard]  #: both devices' shards after it
+    compute_ms: tuple[float, float]  #: both devices' corrected predicted compute after it
+    pair_ms: float  #: the larger of the two devices' corrected cost (compute + all-to-all) after it
+    max_ms: float  #: the corrected slowest device of the whole plan after it
+
+
+def _candidates(refiner: _Refiner, layout: _Layout, compute: Sequence[float], comm: np.ndarray,
+                slowest: int, exclude: Collection[int] = ()) -> list[_Change]:
+    """Moves and swaps off the slowest device to any device but `exclude`, with their corrected predictions, best
+    first (one cost-model call for all of them). `compute` is each device's compute, measured (or predicted, for a
+    device changed earlier in the round); the model's prediction of a changed device is scaled by that device's
+    residual, compute / predicted."""
     task = refiner.task
     devices = range(task.num_devices)
     predicted = refiner.predicted([layout.on(d) for d in devices])
-    residual = [m / p if p > 0 else 1.0 for m, p in zip(measured, predicted, strict=True)]
-    costs = np.array(measured) + comm
+    residual = [m / p if p > 0 else 1.0 for m, p in zip(compute, predicted, strict=True)]
+    costs = np.array(compute) + comm
     options: list[tuple[str, int, list[Shard], list[Shard]]] = []
     source = layout.on(slowest)
     for other in devices:
-        if other == slowest:
+        if other == slowest or other in exclude:
             continue
         target = layout.on(other)
         for s in source:
@@ -198,18 +217,49 @@ def _candidates(refiner: _Refiner, layout: _Layout, measured: list[float], comm:
                 back = t.model_copy(update={"device": slowest})
                 options.append((f"{s.table}[{s.col_offset}] {slowest}->{other}, {t.table}[{t.col_offset}] "
                                 f"{other}->{slowest}", other, [*rest, back], [*[x for x in target if x is not t], moved]))
-    options = [o for o in options if o[0] not in tried and refiner.fits(o[2]) and refiner.fits(o[3])]
+    options = [o for o in options if refiner.fits(o[2]) and refiner.fits(o[3])]
     if not options:
         return []
     ms = refiner.predicted([group for o in options for group in (o[2], o[3])]).reshape(-1, 2)
     found = []
     for (change, other, a_shards, b_shards), (a_ms, b_ms) in zip(options, ms, strict=True):
+        a_ms, b_ms = float(a_ms * residual[slowest]), float(b_ms * residual[other])
         new = costs.copy()
-        new[slowest] = a_ms * residual[slowest] + comm[slowest]
-        new[other] = b_ms * residual[other] + comm[other]
-        found.append((float(new.max()), change, [*a_shards, *b_shards]))
-    found.sort(key=lambda c: c[0])
+        new[slowest], new[other] = a_ms + comm[slowest], b_ms + comm[other]
+        found.append(_Change(change, (slowest, other), [*a_shards, *b_shards], (a_ms, b_ms),
+                             float(max(new[slowest], new[other])), float(new.max())))
+    found.sort(key=lambda c: (c.max_ms, c.pair_ms))
     return found
+
+
+def _plan_round(refiner: _Refiner, layout: _Layout, measured: Sequence[float], comm: np.ndarray,
+                refused: set[str]) -> tuple[_Layout, list[_Change], float]:
+    """One round's changes, on corrected predictions: relieve the slowest device, then the next slowest, ... while
+    each change lowers the device it relieves without loading another to that level. Several devices within noise
+    of the slowest are common (8 devices, a balanced start): a single move off one of them cannot lower the plan's
+    slowest device, a move off each can. Each device changes at most once a round, so every prediction is
+    corrected by a residual measured on that device as it was (chained changes would compound the model's error).
+    Returns the changed layout, the changes and the predicted slowest device. `refused`: first changes of rounds
+    the measurements refused, not proposed first again."""
+    compute = list(measured)
+    changes: list[_Change] = []
+    touched: set[int] = set()
+    while True:
+        costs = np.array(compute) + comm
+        slowest = int(costs.argmax())
+        if slowest in touched:  # relieved once this round and still the slowest: nothing more to gain now
+            break
+        options = [c for c in _candidates(refiner, layout, compute, comm, slowest, exclude=touched)
+                   if c.pair_ms < costs[slowest] and not (not changes and c.description in refused)]
+        if not options:
+            break
+        change = options[0]
+        layout = _Layout([s for s in layout.shards if s.device not in change.devices] + change.shards)
+        (a, b), (a_ms, b_ms) = change.devices, change.compute_ms
+        compute[a], compute[b] = a_ms, b_ms
+        touched.update(change.devices)
+        changes.append(change)
+    return layout, changes, float(max(np.array(compute) + comm))
 
 
 def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measurement: MeasurementSettings | None = None,
@@ -252,23 +302,21 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
     start, layout = candidates[best]
     measured, comm, before = measured_of[best], comm_of[best], totals[best]
     history: list[RefinementRound] = []
-    tried: set[str] = set()
+    refused: set[str] = set()
     for index in range(rounds):
         if time_budget_s is not None and time.perf_counter() - started > time_budget_s:
             break
         round_started = time.perf_counter()
         costs = np.array(measured) + comm
         slowest = int(costs.argmax())
-        options = [c for c in _candidates(refiner, layout, measured, comm, slowest, tried) if c[0] < costs.max()]
-        if not options:
+        trial, changes, predicted_max = _plan_round(refiner, layout, measured, comm, refused)
+        if not changes or predicted_max >= costs.max():
             history.append(RefinementRound(round=index + 1, measured_max_ms=float(costs.max()),
                                            slowest_device=slowest, change="",
                                            seconds=time.perf_counter() - round_started))
             break
-        predicted_max, change, changed = options[0]
-        tried.add(change)
-        touched = sorted({s.device for s in changed} | {slowest})
-        trial = _Layout([s for s in layout.shards if s.device not in touched] + changed)
+        change = "; ".join(c.description for c in changes)
+        touched = sorted({d for c in changes for d in c.devices})
         # the changed devices timed together with the same devices as they are now: a paired comparison. The
         # slowest device's earlier figure is the largest of several noisy ones, biased high: against it, a
         # change would look like a gain more often than it is one
@@ -292,6 +340,8 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
                                        seconds=time.perf_counter() - round_started))
         if kept:
             layout, measured, comm = trial, trial_measured, trial_comm
+        else:
+            refused.add(changes[0].description)
     after_ms = float(max(np.array(measured) + comm))
     record = Refinement(rounds=history, starts={m: ms for (m, _), ms in zip(candidates, totals, strict=True)},
                         start=start, before_ms=before, after_ms=after_ms, seconds=time.perf_counter() - started,
