@@ -167,6 +167,20 @@ def test_each_commit_is_a_new_version_of_one_pipeline_and_the_run_is_made_from_i
     assert out.count("from pipeline version version-") == 2 and "Pipeline details" not in out
 
 
+def test_the_runs_page_is_printed_without_the_credentials_of_the_host(kfp_api, capsys):
+    """kfp prints a run's link with the host as given; a host carrying user:password@ must not reach the terminal:
+    the summary gives the page redacted, and a version without a pipeline is refused before any request."""
+    host, requests = kfp_api
+    with_password = host.replace("http://", "http://ci:hunter2@")
+    assert main(["pipeline", "submit", "--host", with_password, "--pipeline", "p", "--pipeline-version", "v1"]) == 0
+    out, err = capsys.readouterr()
+    assert "hunter2" not in out + err
+    assert f"{host.replace('http://', 'http://***@')}/#/runs/details/run-1" in out
+    before = len(requests)
+    assert main(["pipeline", "submit", "--host", host, "--pipeline-version", "v1"]) == 2
+    assert "--pipeline NAME" in capsys.readouterr().err and len(requests) == before
+
+
 def test_schedule_creates_recurring_run_with_cron(kfp_api, capsys):
     host, requests = kfp_api
     status = main(["pipeline", "schedule", "--host", host, "--cron", "0 3 * * 1", "--name", "weekly-retrain",

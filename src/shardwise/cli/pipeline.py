@@ -70,13 +70,15 @@ class Submitted(JobResult):
     cron: str | None = None
     state: str | None = None
     pipeline_version_id: str | None = None
+    url: str | None = None
 
     def summary(self) -> str:
-        """One line."""
+        """One line, then the run's page in the Kubeflow UI."""
         when = f" ({self.cron})" if self.cron else ""
         version = f" from pipeline version {self.pipeline_version_id}" if self.pipeline_version_id else ""
         ended = f": {self.state}" if self.state else ""
-        return f"{self.what} {self.run_id}{when}{version} in experiment {self.experiment_id}{ended}"
+        page = f"\n{self.url}" if self.url else ""
+        return f"{self.what} {self.run_id}{when}{version} in experiment {self.experiment_id}{ended}{page}"
 
 
 def _compile(args: argparse.Namespace) -> None:
@@ -113,7 +115,7 @@ def _submit(args: argparse.Namespace) -> Submitted:
     done = run.submit(args.host, _params(args), run_name=args.name, wait_s=args.wait, pipeline=args.pipeline,
                       version=args.pipeline_version, **common)
     return Submitted(what="run", run_id=done.run_id, experiment_id=done.experiment_id, state=done.state,
-                     pipeline_version_id=done.pipeline_version_id)
+                     pipeline_version_id=done.pipeline_version_id, url=done.url)
 
 
 IMAGE_HELP = ("the image every step runs (default: ghcr.io/shardwise/shardwise:VERSION); CI passes the one it "

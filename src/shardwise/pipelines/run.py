@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -278,14 +279,18 @@ class Submitted:
     state: str | None = None
     #: the pipeline version the run was made from, when the package was uploaded as one
     pipeline_version_id: str | None = None
+    #: the run's page in the Kubeflow UI (credentials in the host redacted)
+    url: str | None = None
 
 
 @contextlib.contextmanager
 def _api_errors(host: str) -> Iterator[None]:
     """A Kubeflow Pipelines API that cannot be reached, refuses us or answers garbage: one line naming the host
-    (credentials redacted), not the HTTP stack's traceback."""
+    (credentials redacted), not the HTTP stack's traceback. kfp's own printed links ("Experiment details: URL",
+    "Run details: URL") are kept off the terminal: they carry the host as given, credentials and all."""
     try:
-        yield
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
     except ShardwiseError:
         raise
     except Exception as err:
@@ -320,7 +325,7 @@ def _upload_version(client: Any, host: str, package: str, pipeline: str, version
                     namespace: str | None) -> tuple[str, str]:
     """The compiled package uploaded as version `version` of pipeline `pipeline` (created on first use): the ids
     of both. The Kubeflow UI then lists what each run ran, version by version."""
-    with _api_errors(host), contextlib.redirect_stdout(io.StringIO()):  # kfp prints the UI's link
+    with _api_errors(host):
         pipeline_id = client.get_pipeline_id(pipeline)
         if pipeline_id is None:
             made = client.upload_pipeline(package, pipeline_name=pipeline, namespace=namespace)
@@ -349,6 +354,8 @@ def submit(
     it. With `wait_s`, wait that long for the run to end and raise unless it succeeded (CI retraining fails when
     its run fails)."""
     _check_method(params)
+    if version and not pipeline:
+        raise PipelineArgumentError("--pipeline-version names a version of a pipeline: give --pipeline NAME too")
     client, experiment_id = _experiment(host, namespace, existing_token, experiment)
     version_id = None
     with _package(gpu_product, image) as package:
@@ -357,7 +364,7 @@ def submit(
             pipeline_id, version_id = _upload_version(client, host, package, pipeline, version or run_name,
                                                       namespace)
             source = {"pipeline_id": pipeline_id, "version_id": version_id}
-        with _api_errors(host), contextlib.redirect_stdout(io.StringIO()):  # kfp prints the UI's link
+        with _api_errors(host):  # the summary gives the run's link, redacted
             run = client.run_pipeline(
                 experiment_id=experiment_id,
                 job_name=run_name,
@@ -366,8 +373,10 @@ def submit(
                 **source,
             )
     run_id = _answered_id(host, "a run id", getattr(run, "run_id", None))
+    submitted = Submitted(experiment_id=experiment_id, run_id=run_id, pipeline_version_id=version_id,
+                          url=f"{redacted(host).rstrip('/')}/#/runs/details/{run_id}")
     if wait_s is None:
-        return Submitted(experiment_id=experiment_id, run_id=run_id, pipeline_version_id=version_id)
+        return submitted
     with _api_errors(host):
         try:
             finished = client.wait_for_run_completion(run_id=run_id, timeout=int(wait_s), sleep_duration=5)
@@ -376,7 +385,7 @@ def submit(
     state = str(getattr(finished, "state", None))
     if state != "SUCCEEDED":
         raise PipelineRunError(f"run {run_id} ended {state} on {redacted(host)}: see the run in the Kubeflow UI")
-    return Submitted(experiment_id=experiment_id, run_id=run_id, state=state, pipeline_version_id=version_id)
+    return dataclasses.replace(submitted, state=state)
 
 
 def schedule(
