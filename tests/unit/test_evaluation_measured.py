@@ -196,7 +196,8 @@ def test_a_device_two_plans_lay_out_alike_is_timed_once_and_gets_one_figure(monk
     """Identical device shards (and identical all-to-all widths) are measured once and shared: plans that agree on
     a device get the same figure there, and a plan measured twice is measured once."""
     kernels = _Kernels(monkeypatch)
-    swapped = _plan(("t0", 0, 16, 1), ("t1", 0, 16, 0), ("t2", 0, 16, 0))  # VALID's devices the other way round
+    # VALID's devices the other way round, the tables listed in another order
+    swapped = _plan(("t2", 0, 16, 0), ("t0", 0, 16, 1), ("t1", 0, 16, 0))
     settings = MeasurementSettings(device="cpu", timing_rounds=3, comm_rounds=2, reference_ms=0.5)
     first, again, other = measure_plans([(TASK, VALID), (TASK, VALID), (TASK, swapped)], settings, progress=False)
     # 2 distinct shards ({t0}, {t1, t2}) x 3 rounds, not 6 x 3

@@ -181,14 +181,16 @@ def time_shards_in_rounds(
     the run hits every shard alike; per shard, its timings in round order. `device` and `protocol` as
     `resolve_timing` gives them (a normalised protocol needs its reference set).
 
-    Shards that are the same (the same tables at the same batch, optimizer and precision: a device two plans lay
-    out alike) are timed once and share their timings, so plans that agree on a device get the same figure there
+    Shards that are the same (the same tables, in any order, at the same batch, optimizer and precision: a device
+    two plans lay out alike) are timed once and share their timings, so plans that agree on a device get the same figure there
     instead of two noisy ones."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     distinct: dict[tuple[Any, ...], int] = {}
     index = [distinct.setdefault(_shard_key(shard), len(distinct)) for shard in shards]
-    firsts = {i: shard for shard, i in zip(shards, index)}
+    firsts: dict[int, KernelShard] = {}
+    for shard, i in zip(shards, index):
+        firsts.setdefault(i, shard)
     unique = [firsts[i] for i in range(len(distinct))]
     timings: list[list[ShardTiming]] = [[] for _ in unique]
     with tqdm(total=rounds * len(unique), desc="measure shards", unit="shard", disable=not progress) as bar:
@@ -203,7 +205,8 @@ def time_shards_in_rounds(
 
 
 def _shard_key(shard: KernelShard) -> tuple[Any, ...]:
-    return (tuple(t.model_dump_json() for t in shard.tables), shard.batch_size, shard.optimizer,
+    """The same device shard whatever order its plan lists the tables in (a refined plan's shards are sorted)."""
+    return (tuple(sorted(t.model_dump_json() for t in shard.tables)), shard.batch_size, shard.optimizer,
             shard.weights_precision)
 
 
