@@ -182,8 +182,8 @@ def time_shards_in_rounds(
     `resolve_timing` gives them (a normalised protocol needs its reference set).
 
     Shards that are the same (the same tables, in any order, at the same batch, optimizer and precision: a device
-    two plans lay out alike) are timed once and share their timings, so plans that agree on a device get the same figure there
-    instead of two noisy ones."""
+    two plans lay out alike) are timed once and share their timings, so plans that agree on a device get the same
+    figure there instead of two noisy ones."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     distinct: dict[tuple[Any, ...], int] = {}
