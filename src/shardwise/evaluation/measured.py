@@ -186,12 +186,7 @@ def time_shards_in_rounds(
     figure there instead of two noisy ones."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    distinct: dict[tuple[Any, ...], int] = {}
-    index = [distinct.setdefault(_shard_key(shard), len(distinct)) for shard in shards]
-    firsts: dict[int, KernelShard] = {}
-    for shard, i in zip(shards, index):
-        firsts.setdefault(i, shard)
-    unique = [firsts[i] for i in range(len(distinct))]
+    unique, index = distinct_shards(shards)
     timings: list[list[ShardTiming]] = [[] for _ in unique]
     with tqdm(total=rounds * len(unique), desc="measure shards", unit="shard", disable=not progress) as bar:
         for _ in range(rounds):
@@ -204,10 +199,20 @@ def time_shards_in_rounds(
     return [list(timings[i]) for i in index]
 
 
-def _shard_key(shard: KernelShard) -> tuple[Any, ...]:
-    """The same device shard whatever order its plan lists the tables in (a refined plan's shards are sorted)."""
-    return (tuple(sorted(t.model_dump_json() for t in shard.tables)), shard.batch_size, shard.optimizer,
-            shard.weights_precision)
+def distinct_shards(shards: Sequence[KernelShard]) -> tuple[list[KernelShard], list[int]]:
+    """The distinct shards (the same tables in any order, batch, optimizer and precision: a refined plan's shards
+    are sorted), each as first given, and the index of each of `shards` among them."""
+    distinct: dict[tuple[Any, ...], int] = {}
+    unique: list[KernelShard] = []
+    index = []
+    for shard in shards:
+        key = (tuple(sorted(t.model_dump_json() for t in shard.tables)), shard.batch_size, shard.optimizer,
+               shard.weights_precision)
+        if key not in distinct:
+            distinct[key] = len(unique)
+            unique.append(shard)
+        index.append(distinct[key])
+    return unique, index
 
 
 def _median_fwd_bwd(timings: Sequence[ShardTiming]) -> tuple[float, float]:

@@ -49,7 +49,7 @@ from shardwise.search.report import finish_plan
 from shardwise.search.simulator import ShardCostCache
 from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
 
-from .measured import KernelShard, measure_comm, time_shards_in_rounds
+from .measured import KernelShard, distinct_shards, measure_comm, time_shards_in_rounds
 
 
 class RefinementRound(BaseModel):
@@ -147,7 +147,7 @@ class _Refiner:
                   for g in groups if g]
         timed = iter(time_shards_in_rounds(shards, self.rounds, device=self.device, protocol=self.protocol,
                                            progress=self.progress))
-        self.devices_measured += len(shards)
+        self.devices_measured += len(distinct_shards(shards)[0])  # a shard given twice is timed once
         out = []
         for g in groups:
             if not g:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field
 
 from shardwise.evaluation import DLRMThroughput, measure_dlrm_throughput
 from shardwise.profiling import DeviceName
-from shardwise.workload.documents import write_json_document
+from shardwise.workload.documents import refuse_directory, write_json_document
 
 from .base import JobResult, JobSettings, SettingsError
 from .evaluate import load_task_and_plans
@@ -53,8 +51,8 @@ class ValidateResult(JobResult):
 def run(settings: ValidateSettings) -> ValidateResult:
     """Train under each plan with the same seeded batches, one process per device."""
     task, plans = load_task_and_plans(settings.task, (settings.plan, *settings.compare))
-    if settings.out and Path(settings.out).is_dir():  # refused before the training runs, not after
-        raise SettingsError(f"--out {settings.out}: is a directory; give the path of a file to write")
+    if settings.out:
+        refuse_directory(settings.out, SettingsError)  # before the training runs, not after
     throughputs = [
         measure_dlrm_throughput(task, plan, iters=settings.iters, warmup=settings.warmup,
                                 batch_size=settings.batch_size, device=settings.device, seed=settings.seed)

@@ -111,14 +111,19 @@ def read_json_document(path: str | Path, error: type[Exception], what: str) -> A
         raise error(f"{path}: not a valid {what} file ({err})") from None
 
 
+def refuse_directory(path: str | Path, error: type[Exception] = ShardwiseError) -> None:
+    """A file about to be written whose path is a directory is refused with `error` (check it before long work)."""
+    if Path(path).is_dir():
+        raise error(f"{path}: is a directory; give the path of a file to write")
+
+
 def write_json_document(doc: Any, path: str | Path, error: type[Exception] = ShardwiseError) -> Path:
     """Write `doc` as JSON atomically (temp file + rename: a reader never sees half a file).
 
     A destination that is a directory, or that cannot be written, is refused with `error`; no temp file is left
     behind on any failure."""
     path = Path(path)
-    if path.is_dir():
-        raise error(f"{path}: is a directory; give the path of a file to write")
+    refuse_directory(path, error)
     text = json.dumps(doc, indent=1)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     try:
