@@ -12,7 +12,8 @@ is better) to the table. Off by default: on CPU each plan costs a training run o
     python benchmarks/bench_plan_quality.py --model models:/shardwise-cost-cpu-x86_64-2c@champion
     python benchmarks/bench_plan_quality.py --small        # a minute-scale smoke run, no cost model
     python benchmarks/bench_plan_quality.py --small --throughput-tasks 1   # + end-to-end DLRM samples/s
-    (--record also writes benchmarks/results/plan_quality.json; with --small, plan_quality_small.json)
+    (--record also writes benchmarks/results/plan_quality.json; with --small, plan_quality_small.json;
+     --resume goes on with an interrupted run in the same --out, each task's results are saved as it ends)
 """
 
 from __future__ import annotations
@@ -133,8 +134,13 @@ def main() -> None:
                         help="warm-up training iterations per plan (default 5, --small 2)")
     parser.add_argument("--refine", type=int, default=3, metavar="ROUNDS",
                         help="also refine each learned method's plan on this machine (<method>+refine; 0: off)")
+    parser.add_argument("--refine-budget-s", type=float, default=None, metavar="S",
+                        help="start no new refinement round after S seconds on a plan (default: rounds alone)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench_plan_quality")
+    parser.add_argument("--resume", action="store_true",
+                        help="take the tasks already measured in --out with the same settings from there (a run "
+                             "that was interrupted goes on where it stopped)")
     parser.add_argument("--record", action="store_true",
                         help="write benchmarks/results/plan_quality.json (with --small: *_small.json)")
     args = parser.parse_args()
@@ -163,7 +169,7 @@ def main() -> None:
         measurement=measurement, seed=args.seed, out_dir=args.out, throughput_tasks=args.throughput_tasks,
         throughput_iters=args.throughput_iters if args.throughput_iters is not None else (5 if args.small else 20),
         throughput_warmup=args.throughput_warmup if args.throughput_warmup is not None else (2 if args.small else 5),
-        refine_rounds=args.refine,
+        refine_rounds=args.refine, refine_budget_s=args.refine_budget_s, resume=args.resume,
     )
     print(format_summary(rows))
     headlines: list[str] = []  # the lines below, kept for --record
@@ -194,6 +200,11 @@ def main() -> None:
             say(f"{spec.name}: {REFINED} at or below {MEASURED_GREEDY} on "
                 f"{sum(refined[k] <= greedy_ms[k] for k in both_tasks)} of {len(both_tasks)} tasks "
                 f"(worst ratio {worst:.3f})")
+        # how far refinement left each plan from its own balance limit: its slowest device over its mean device
+        if spread := sorted(r.imbalance for r in in_set if r.method == REFINED):
+            say(f"{spec.name}: {REFINED} slowest device / its own mean device cost per task "
+                f"{spread[0]:.3f}-{spread[-1]:.3f} (mean {sum(spread) / len(spread):.3f}): the most balancing alone "
+                "could still gain")
         # what balance alone can buy: the max/mean split of the ratio to TorchRec's plan
         mean_ms = {(r.method, r.task_index): r.measured_ms / r.imbalance for r in in_set}
         max_ms = {(r.method, r.task_index): r.measured_ms for r in in_set}

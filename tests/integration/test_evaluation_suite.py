@@ -134,3 +134,43 @@ def test_benchmark_refines_learned_plans_from_the_faster_start(tmp_path) -> None
     assert by_method["size_greedy+refine"].planning_time_s >= record["seconds"]
     row = next(r for r in rows if r["method"] == "size_greedy+refine")
     assert row["best_baseline"] == "measured_greedy"
+
+
+class _Counting:
+    """A searcher that counts the tasks it was asked to plan (what a resumed benchmark must not ask again)."""
+
+    def __init__(self, inner: GreedySearch) -> None:
+        self.inner, self.name, self.searched = inner, inner.name, 0
+
+    def search(self, task, cost_model, seed):  # type: ignore[no-untyped-def]
+        self.searched += 1
+        return self.inner.search(task, cost_model, seed)
+
+
+def test_an_interrupted_benchmark_resumes_where_it_stopped_and_only_with_the_same_settings(tmp_path) -> None:
+    spec = TaskSetSpec(name="2dev", num_devices=2, min_tables=3, max_tables=4, num_tasks=3)
+    task_sets = {spec.name: make_task_set(POOL, spec, seed=0)}
+    size = _Counting(GreedySearch("size"))
+    searchers = {"size_greedy": size, "random": RandomSearch()}
+    first, _ = run_benchmark(task_sets, searchers, cost_model=FeatureCostModel(), measurement=FAST, out_dir=tmp_path,
+                             plan_reports=False)
+    assert size.searched == 3
+    # as if the run had been killed while measuring the last task: its results were never written
+    (tmp_path / "2dev/task02/results.json").unlink()
+    again, rows = run_benchmark(task_sets, searchers, cost_model=FeatureCostModel(), measurement=FAST,
+                                out_dir=tmp_path, plan_reports=False, resume=True)
+    assert size.searched == 4  # only the task without results was planned and measured again
+    by_task = {(r.task_index, r.method): r.measured_ms for r in again}
+    assert {k: v for k, v in by_task.items() if k[0] < 2} == {
+        (r.task_index, r.method): r.measured_ms for r in first if r.task_index < 2}
+    assert len(by_task) == 6 and {r["tasks"] for r in rows} == {3}
+    assert len(json.loads((tmp_path / "results.json").read_text())["plans"]) == 6
+    # other settings (here another measurement protocol) measure every task again; so does no --resume
+    run_benchmark(task_sets, searchers, cost_model=FeatureCostModel(), measurement=FAST.model_copy(
+        update={"timing_iters": 2}), out_dir=tmp_path, plan_reports=False, resume=True)
+    assert size.searched == 7
+    run_benchmark(task_sets, searchers, cost_model=FeatureCostModel(), measurement=FAST, out_dir=tmp_path,
+                  plan_reports=False)
+    assert size.searched == 10
+    with pytest.raises(ValueError, match="resume needs out_dir"):
+        run_benchmark(task_sets, searchers, measurement=FAST, resume=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import time
@@ -20,6 +21,7 @@ from shardwise.search.plan import Plan, PlanError, save_plan
 from shardwise.search.simulator import balance_bound, simulate
 from shardwise.search.types import Searcher
 from shardwise.workload import ShardingTask, save_task
+from shardwise.workload.documents import write_json_document
 from shardwise.workload.tableset import TableSet, sample_task
 
 from .dlrm import DLRMThroughput, measure_dlrm_throughput
@@ -233,24 +235,123 @@ def _train_dlrm(
 
 #: the baseline refinement also starts from (the strongest simple one: greedy on measured single-table costs)
 REFINE_START = "measured_greedy"
-_Planned = tuple[str, int, str, ShardingTask, Plan, float]
+#: each task's measured results, written as soon as the task is done (what `resume` picks up)
+TASK_RESULTS = "results.json"
+TASK_RESULTS_FORMAT = "shardwise.benchmark-task/v1"
+_Planned = tuple[str, ShardingTask, Plan, float]  # method, task, plan, planning seconds
 
 
-def _refined(planned: Sequence[_Planned], learned: Collection[str], cost_model: CostModel,
-             measurement: MeasurementSettings, rounds: int) -> list[_Planned]:
+class _TaskOutcome(BaseModel):
+    """One task of the benchmark, planned by every method and measured in one session (its checkpoint)."""
+
+    format: str = TASK_RESULTS_FORMAT
+    key: str
+    results: list[PlanResult]
+    failures: list[tuple[str, int, str, str]]
+    hardware_kind: str | None = None
+    reference_ms: float | None = None
+    timing: dict[str, Any] | None = None
+
+
+def _task_key(task: ShardingTask, methods: Sequence[str], cost_model: CostModel | None, **settings: Any) -> str:
+    """What a task's results depend on, hashed: the task, the methods, the settings and the cost model (known by
+    its predictions for the task's tables, so a retrained model under the same name is a different one)."""
+    model = None
+    if cost_model is not None:
+        predicted = cost_model.predict_compute([[table] for table in task.tables])
+        model = [cost_model.hardware_kind, cost_model.batch_size, getattr(cost_model, "reference_ms", None),
+                 [float(f"{v:.6g}") for v in np.asarray(predicted, dtype=float).ravel()]]
+    doc = {"task": task.model_dump(mode="json"), "methods": list(methods), "model": model, **settings}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _load_outcome(path: Path, key: str) -> _TaskOutcome | None:
+    """The task's stored results when they were measured with these settings (None: measure it)."""
+    try:
+        outcome = _TaskOutcome.model_validate_json(path.read_text())
+    except (OSError, ValueError):
+        return None  # absent, or torn by an older writer: measured again
+    return outcome if outcome.format == TASK_RESULTS_FORMAT and outcome.key == key else None
+
+
+def _refine(planned: Sequence[_Planned], learned: Collection[str], cost_model: CostModel,
+            measurement: MeasurementSettings, rounds: int, budget_s: float | None) -> list[_Planned]:
     """Each learned method's plan refined on this machine, from the faster of it and the task's measured greedy
     plan (when benchmarked)."""
     from .refine import refine_plan  # the kernels' timing: only when refining
 
-    starts = {(s, k): plan for s, k, method, _, plan, _ in planned if method == REFINE_START}
-    todo = [p for p in planned if p[2] in learned]
+    starts = [plan for method, _, plan, _ in planned if method == REFINE_START]
     out: list[_Planned] = []
-    for set_name, k, method, task, plan, planning_s in tqdm(todo, desc="refine", unit="plan"):
-        start = [starts[set_name, k]] if (set_name, k) in starts else []
-        refined, record = refine_plan(task, plan, cost_model, measurement, rounds=rounds, starts=start,
-                                      progress=False)
-        out.append((set_name, k, f"{method}+refine", task, refined, planning_s + record.seconds))
+    for method, task, plan, planning_s in planned:
+        if method in learned:
+            refined, record = refine_plan(task, plan, cost_model, measurement, rounds=rounds,
+                                          time_budget_s=budget_s, starts=starts, progress=False)
+            out.append((f"{method}+refine", task, refined, planning_s + record.seconds))
     return out
+
+
+def _benchmark_task(set_name: str, k: int, task: ShardingTask, searchers: Mapping[str, Searcher], *,
+                    key: str, learned: Collection[str], cost_model: CostModel | None,
+                    measurement: MeasurementSettings, seed: int, out: Path | None, plan_reports: bool,
+                    refine_rounds: int, refine_budget_s: float | None, throughput: dict[str, int] | None,
+                    device: torch.device, stage: Callable[[str], None]) -> _TaskOutcome:
+    """Plan one task with every searcher (and refine), measure its plans in one session, save what it made."""
+    failures: list[tuple[str, int, str, str]] = []
+    planned: list[_Planned] = []
+    stage("planning")
+    for method, searcher in searchers.items():
+        started = time.perf_counter()
+        try:
+            plan = searcher.search(task, cost_model, seed)
+        except PlanError as err:  # a method that finds no feasible plan is reported, not fatal
+            failures.append((set_name, k, method, str(err)))
+            continue
+        planned.append((method, task, plan, float(plan.extra.get("planning_time_s", time.perf_counter() - started))))
+    if refine_rounds and cost_model is not None:
+        stage("refining")
+        planned += _refine(planned, learned, cost_model, measurement, refine_rounds, refine_budget_s)
+    stage("measuring")
+    measured = measure_plans([(task, plan) for _, task, plan, _ in planned], measurement, progress=False)
+    trained: dict[str, DLRMThroughput] = {}
+    if throughput is not None:
+        stage("training DLRM")
+        trained = {method: t for (_, _, method), t in _train_dlrm(
+            [(set_name, k, method, task, plan) for method, task, plan, _ in planned], iters=throughput["iters"],
+            warmup=throughput["warmup"], batch_size=measurement.batch_size, device=device, seed=seed).items()}
+
+    results: list[PlanResult] = []
+    task_dir = out / set_name / f"task{k:02d}" if out is not None else None
+    for (method, _, plan, planning_s), cost in zip(planned, measured):
+        predicted = simulate(plan, task, cost_model) if cost_model is not None else None
+        bound = balance_bound(plan, task, cost_model, predicted) if cost_model and predicted else None
+        plan_path = None
+        if task_dir is not None:
+            plan_path = str(save_plan(plan, task_dir / f"{method}.plan.json"))
+            save_measured(cost, task_dir / f"{method}.measured.json")
+            if method in trained:
+                (task_dir / f"{method}.throughput.json").write_text(json.dumps(trained[method].to_json(), indent=1))
+            if plan_reports:
+                write_plan_report(
+                    cost, task_dir, name=method,
+                    predicted_total_ms=list(predicted.total_ms) if predicted is not None else None,
+                    throughput=list(trained.values()),  # every method's plan of this task, trained in the same run
+                )
+        results.append(PlanResult(
+            task_set=set_name, task_index=k, num_tables=len(task.tables), method=method,
+            measured_ms=cost.max_cost_ms, compute_ms=cost.max_compute_ms, imbalance=cost.imbalance,
+            memory_headroom=cost.memory_headroom, planning_time_s=planning_s,
+            predicted_ms=predicted.max_cost_ms if predicted is not None else None,
+            bound_ms=bound.bound_ms if bound is not None else None, plan_path=plan_path,
+            samples_per_s=trained[method].samples_per_s if method in trained else None,
+        ))
+    outcome = _TaskOutcome(key=key, results=results, failures=failures,
+                           hardware_kind=measured[0].hardware_kind if measured else None,
+                           reference_ms=measured[0].reference_ms if measured else None,
+                           timing=measured[0].timing if measured else None)
+    if task_dir is not None:
+        save_task(task, task_dir / "task.json")  # for `shardwise evaluate --task`
+        write_json_document(outcome.model_dump(mode="json"), task_dir / TASK_RESULTS)  # last: the task is done
+    return outcome
 
 
 def run_benchmark(
@@ -267,124 +368,94 @@ def run_benchmark(
     throughput_iters: int = 20,
     throughput_warmup: int = 5,
     refine_rounds: int = 0,
+    refine_budget_s: float | None = None,
+    resume: bool = False,
 ) -> tuple[list[PlanResult], list[dict[str, Any]]]:
-    """Plan every task with every searcher, measure every plan in one session; per-plan results and the summary.
+    """Plan every task with every searcher and measure it, task by task; per-plan results and the summary.
 
     `searchers` maps a method name to its searcher, one instance for the whole run (so what it caches, such as
     the measured greedy's single-table timings, is shared by all tasks); `learned` names the methods that are
-    not baselines. With a cost model, plans are timed as its training data was (its reference_ms and batch
-    unless `measurement` sets them) and its predictions are reported. With `throughput_tasks` N > 0, the
-    TorchRec DLRM is also trained under every method's plan of the first N tasks of each set
+    not baselines. A task's plans are measured in one session, so they compare with each other; ratios over a
+    set are means over its tasks. With a cost model, plans are timed as its training data was (its reference_ms
+    and batch unless `measurement` sets them) and its predictions are reported. With `throughput_tasks` N > 0,
+    the TorchRec DLRM is also trained under every method's plan of the first N tasks of each set
     (`throughput_iters` timed iterations after `throughput_warmup`, as `shardwise validate` does) and the rows
     get samples/s and its ratio to TorchRec's plan. With `refine_rounds` and a cost model, every learned
     method's plan is also refined on this machine (`refine_plan`, from the faster of it and the measured greedy's
     plan of the task, when that method is benchmarked) and reported as method "<method>+refine", its planning
-    time including the refinement's. Plans, measurements and reports go under `out_dir` when given."""
+    time including the refinement's (`refine_budget_s`: no new round after that many seconds). Plans, measurements and reports go under `out_dir` when given, each task's
+    results (`<set>/taskNN/results.json`) as soon as it is measured; with `resume`, a task whose results there
+    were measured with the same task, methods, settings and cost model is not measured again (a long run that
+    was interrupted goes on where it stopped)."""
     if throughput_tasks < 0:
         raise ValueError(f"throughput_tasks must be >= 0 (0 = no DLRM training), got {throughput_tasks}")
     if throughput_tasks and (throughput_iters < 1 or throughput_warmup < 0):
         raise ValueError(
             f"throughput_iters must be >= 1 and throughput_warmup >= 0 (got {throughput_iters}, {throughput_warmup})"
         )
+    if resume and out_dir is None:
+        raise ValueError("resume needs out_dir: the results of the tasks already measured are read from there")
     measurement = measurement or MeasurementSettings()
     if cost_model is not None:
         measurement = measurement.for_cost_model(getattr(cost_model, "reference_ms", None), cost_model.batch_size)
     device = resolve_device(measurement.device)
     out = Path(out_dir) if out_dir is not None else None
-    failures: list[tuple[str, int, str, str]] = []
+    refine_rounds = refine_rounds if cost_model is not None else 0
+    if refine_rounds:
+        learned = [*learned, *(f"{m}+refine" for m in searchers if m in learned)]
 
-    planned: list[tuple[str, int, str, ShardingTask, Plan, float]] = []
-    total = sum(len(tasks) for tasks in task_sets.values()) * len(searchers)
-    with tqdm(total=total, desc="plan", unit="plan") as bar:
-        for set_name, tasks in task_sets.items():
-            for k, task in enumerate(tasks):
-                for method, searcher in searchers.items():
-                    started = time.perf_counter()
-                    try:
-                        plan = searcher.search(task, cost_model, seed)
-                    except PlanError as err:  # a method that finds no feasible plan is reported, not fatal
-                        failures.append((set_name, k, method, str(err)))
-                        bar.update()
-                        continue
-                    elapsed = time.perf_counter() - started
-                    planning_s = float(plan.extra.get("planning_time_s", elapsed))
-                    planned.append((set_name, k, method, task, plan, planning_s))
-                    bar.update()
+    outcomes: list[_TaskOutcome] = []
+    todo = [(set_name, k, task) for set_name, tasks in task_sets.items() for k, task in enumerate(tasks)]
+    resumed = 0
+    with tqdm(total=len(todo), desc="benchmark", unit="task") as bar:
+        for set_name, k, task in todo:
+            throughput = {"iters": throughput_iters, "warmup": throughput_warmup} if k < throughput_tasks else None
+            key = _task_key(task, list(searchers), cost_model, learned=sorted(learned), refine_rounds=refine_rounds,
+                            refine_budget_s=refine_budget_s, measurement=measurement.model_dump(mode="json"), throughput=throughput, seed=seed,
+                            plan_reports=plan_reports)
+            outcome = _load_outcome(out / set_name / f"task{k:02d}" / TASK_RESULTS, key) if resume and out else None
+            if outcome is not None:
+                resumed += 1
+            else:
+                label = f"{set_name} task {k}"
 
-    if refine_rounds and cost_model is not None:
-        refined = _refined(planned, learned, cost_model, measurement, refine_rounds)
-        planned += refined
-        learned = [*learned, *{method for _, _, method, _, _, _ in refined}]
-    measured = measure_plans([(task, plan) for _, _, _, task, plan, _ in planned], measurement)
-    throughput = _train_dlrm(
-        [(set_name, k, method, task, plan) for set_name, k, method, task, plan, _ in planned if k < throughput_tasks],
-        iters=throughput_iters, warmup=throughput_warmup, batch_size=measurement.batch_size, device=device,
-        seed=seed,
-    )
+                def stage(what: str, label: str = label) -> None:
+                    bar.set_postfix_str(f"{label}: {what}")
 
-    results: list[PlanResult] = []
-    links: list[tuple[str, str]] = []
-    for (set_name, k, method, task, plan, planning_s), cost in zip(planned, measured):
-        predicted = simulate(plan, task, cost_model) if cost_model is not None else None
-        bound = balance_bound(plan, task, cost_model, predicted) if cost_model and predicted else None
-        plan_path = None
-        if out is not None:
-            stem = f"{set_name}/task{k:02d}/{method}"
-            plan_path = str(save_plan(plan, out / f"{stem}.plan.json"))
-            save_task(task, out / f"{set_name}/task{k:02d}/task.json")  # for `shardwise evaluate --task`
-            save_measured(cost, out / f"{stem}.measured.json")
-            if (set_name, k, method) in throughput:
-                (out / f"{stem}.throughput.json").write_text(
-                    json.dumps(throughput[set_name, k, method].to_json(), indent=1)
+                outcome = _benchmark_task(
+                    set_name, k, task, searchers, key=key, learned=learned, cost_model=cost_model,
+                    measurement=measurement, seed=seed, out=out, plan_reports=plan_reports,
+                    refine_rounds=refine_rounds, refine_budget_s=refine_budget_s, throughput=throughput,
+                    device=device, stage=stage,
                 )
-            if plan_reports:
-                write_plan_report(
-                    cost, out / f"{set_name}/task{k:02d}", name=method,
-                    predicted_total_ms=list(predicted.total_ms) if predicted is not None else None,
-                    # every method's plan of this task, trained in the same run
-                    throughput=[t for (s, i, _), t in throughput.items() if (s, i) == (set_name, k)],
-                )
-                links.append((f"{set_name} task {k} {method}", f"{stem}.html"))
-        results.append(
-            PlanResult(
-                task_set=set_name,
-                task_index=k,
-                num_tables=len(task.tables),
-                method=method,
-                measured_ms=cost.max_cost_ms,
-                compute_ms=cost.max_compute_ms,
-                imbalance=cost.imbalance,
-                memory_headroom=cost.memory_headroom,
-                planning_time_s=planning_s,
-                predicted_ms=predicted.max_cost_ms if predicted is not None else None,
-                bound_ms=bound.bound_ms if bound is not None else None,
-                plan_path=plan_path,
-                samples_per_s=throughput[set_name, k, method].samples_per_s
-                if (set_name, k, method) in throughput else None,
-            )
-        )
+            outcomes.append(outcome)
+            bar.update()
+    if resumed:
+        print(f"benchmark: {resumed} of {len(todo)} tasks taken from {out} (measured earlier with these settings)")
+
+    results = [r for o in outcomes for r in o.results]
+    failures = [f for o in outcomes for f in o.failures]
     for set_name, k, method, reason in failures:
         print(f"benchmark: {method} found no plan for {set_name} task {k}: {reason}")
     rows = summarize(results, failures, learned=learned, throughput=throughput_tasks > 0)
     if out is not None:
-        (out / "results.json").write_text(
-            json.dumps(
-                {
-                    "summary": rows,
-                    "plans": [r.model_dump() | {"prediction_error": r.prediction_error} for r in results],
-                    "failures": [
-                        {"task_set": s, "task_index": k, "method": m, "reason": why} for s, k, m, why in failures
-                    ],
-                    "hardware_kind": measured[0].hardware_kind if measured else None,
-                    # as calibrated (or pinned) for this run, and the protocol and rounds every plan was timed with
-                    "reference_ms": measured[0].reference_ms if measured else measurement.reference_ms,
-                    "timing": measured[0].timing if measured else None,
-                    "measurement": measurement.model_dump(mode="json"),
-                    "throughput": {"tasks": throughput_tasks, "iters": throughput_iters, "warmup": throughput_warmup},
-                    "seed": seed,
-                },
-                indent=1,
-            )
+        first = next((o for o in outcomes if o.results), None)
+        write_json_document(
+            {
+                "summary": rows,
+                "plans": [r.model_dump() | {"prediction_error": r.prediction_error} for r in results],
+                "failures": [{"task_set": s, "task_index": k, "method": m, "reason": why} for s, k, m, why in failures],
+                "hardware_kind": first.hardware_kind if first else None,
+                # as calibrated (or pinned) for this run, and the protocol and rounds every plan was timed with
+                "reference_ms": first.reference_ms if first else measurement.reference_ms,
+                "timing": first.timing if first else None,
+                "measurement": measurement.model_dump(mode="json"),
+                "throughput": {"tasks": throughput_tasks, "iters": throughput_iters, "warmup": throughput_warmup},
+                "seed": seed,
+            },
+            out / "results.json",
         )
+        links = [(f"{r.task_set} task {r.task_index} {r.method}", f"{r.task_set}/task{r.task_index:02d}/{r.method}.html")
+                 for r in results] if plan_reports else []
         write_benchmark_report(rows, out, plan_reports=links)
     return results, rows

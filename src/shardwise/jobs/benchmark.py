@@ -55,6 +55,12 @@ class BenchmarkSettings(JobSettings):
         default=3, ge=0, le=50, description="also refine every learned method's plan on this machine for up to this "
         "many rounds, from the faster of it and the measured greedy's plan, reported as <method>+refine (needs "
         "--model; 0: off)")
+    refine_budget_s: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="start no new refinement round after this many "
+        "seconds on a plan (default: rounds alone limit it)")
+    resume: bool = Field(
+        default=False, description="take each task already measured in --out with the same task, methods, settings "
+        "and cost model from there instead of measuring it again (an interrupted run goes on where it stopped)")
     measurement: MeasurementSettings = MeasurementSettings()
 
     @field_validator("methods")
@@ -114,6 +120,7 @@ def run(settings: BenchmarkSettings, *, mlflow: MlflowService | None = None) -> 
         measurement=measurement, seed=settings.seed, out_dir=settings.out,
         throughput_tasks=settings.throughput_tasks, throughput_iters=settings.throughput_iters,
         throughput_warmup=settings.throughput_warmup, refine_rounds=settings.refine,
+        refine_budget_s=settings.refine_budget_s, resume=settings.resume,
     )
     run_id = None
     if tracking or mlflow is not None:
