@@ -12,7 +12,7 @@ STACK ?= cuda
 # where torch's CPU wheel is for make image-cpu (default: this host's pip find-links)
 WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 
-.PHONY: setup run test test-fast lint bench clean image image-cpu base-image
+.PHONY: setup run model-large test test-fast lint bench clean image image-cpu base-image
 
 $(STAMP): requirements/cpu.txt requirements/dev.txt requirements/torchrec.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ setup: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/shardwise pipeline run --local --workdir $(WORK)
+
+# a larger cost model for the paper task sets (presets.yaml: local-large), registered beside make run's
+model-large: $(STAMP)
+	$(BIN)/shardwise pipeline run --local --preset local-large --workdir runs/large
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

@@ -130,3 +130,19 @@ def test_the_all_to_all_is_measured_not_taken_from_the_model():
     assert record.before_ms < 100.0, record  # measured kernels + measured all-to-all, not the model's 1,000 ms
     assert record.rounds[0].slowest_device == 0
     assert record.after_ms <= record.before_ms
+
+
+def test_a_spent_time_budget_starts_no_round_and_says_so():
+    """With the budget spent on measuring the start, no round is tried: the plan comes back as measured, and the
+    record says why refinement stopped."""
+    task = _task()
+    plan = Plan(num_devices=3, method="handmade", shards=(
+        Shard(table="h0", col_offset=0, dim=64, device=0), Shard(table="h1", col_offset=0, dim=64, device=0),
+        *(Shard(table=f"l{i}", col_offset=0, dim=16, device=1 + i % 2) for i in range(4)),
+    ))
+    refined, record = refine_plan(task, plan, FeatureCostModel(), MEASUREMENT, rounds=5, time_budget_s=1e-3,
+                                  progress=False)
+    assert record.rounds == [] and record.after_ms == record.before_ms
+    assert record.stopped == "the 0.001 s budget was spent" and "stopped: the 0.001 s budget" in record.table()
+    assert sorted(refined.shards, key=lambda s: s.table) == sorted(plan.shards, key=lambda s: s.table)
+    assert refined.extra["refinement"]["stopped"] == record.stopped

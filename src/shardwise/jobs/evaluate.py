@@ -47,6 +47,9 @@ class EvaluateSettings(JobSettings):
         description=f"refine the first plan on this machine for up to this many rounds (needs --model; default "
                     f"{DEFAULT_REFINE_ROUNDS} with --model, 0 without): the refined plan is measured beside the others "
                     "as <name>-refined")
+    refine_budget_s: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="start no new refinement round after this many seconds (default: --refine rounds alone)")
     refine_from_greedy: bool = Field(
         default=True, description="refinement also measures the greedy on measured single-table costs and goes on "
                                   "from the faster of the two plans (each table timed alone once)")
@@ -144,6 +147,7 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
         try:
             starts = _measured_greedy(task, measurement) if settings.refine_from_greedy else []
             refined, refinement = refine_plan(task, plans[0], cost_model, measurement, rounds=rounds,
+                                              time_budget_s=settings.refine_budget_s,
                                               dataset=settings.refine_dataset, starts=starts, progress=progress)
         except ValueError as err:  # measurement settings the machine cannot honour
             raise SettingsError(str(err)) from None

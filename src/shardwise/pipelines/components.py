@@ -107,18 +107,20 @@ def profile_costs(
 def profile_all_to_alls(
     tables: Input[Dataset],
     comm_layouts: int,
+    num_devices: int,
     seed: int,
     device: str,
     dataset_uri: str,
     costs: Output[Dataset],
 ) -> str:
-    """All-to-all layouts over the GPUs of this node, into `dataset_uri` or this step's own dataset; returns the
-    hardware kind."""
+    """All-to-all layouts over 2, 4, ... up to `num_devices` ranks (the GPUs this step is given; processes on
+    CPU), into `dataset_uri` or this step's own dataset; returns the hardware kind."""
     from shardwise.jobs import profile as job
 
     out = dataset_uri or costs.path
     result = job.run(job.ProfileJobSettings(tables=tables.path, out=out, num_shards=0, comm_layouts=comm_layouts,
-                                            seed=seed, device=device))
+                                            max_devices=num_devices if num_devices > 1 else None, seed=seed,
+                                            device=device))
     print(result.summary())
     costs.metadata.update({"hardware_kind": result.hardware_kind, "dataset": out})
     return result.hardware_kind

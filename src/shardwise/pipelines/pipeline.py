@@ -176,6 +176,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                 profile_all_to_alls(
                     tables=augment.outputs["augmented"],
                     comm_layouts=profile_comm_layouts,
+                    num_devices=num_devices,
                     seed=seed,
                     device=device,
                     dataset_uri=dataset_uri,
