@@ -183,6 +183,13 @@ CASES: list[Case] = [
                                   "--out", f"{OUT}/p.json"], "beam", {"task.json": TASK, "model": copy_model()}),
     Case("plan-time-budget-nan", ["plan", "--task", T, "--model", "{root}/model", "--time-budget-s", "nan",
                                   "--out", f"{OUT}/p.json"], "time", {"task.json": TASK, "model": copy_model()}),
+    # the tiny model is for "cpu-test": refining here would tune the plan to the wrong hardware
+    Case("plan-refine-other-hardware", ["plan", "--task", T, "--model", "{root}/model", "--refine", "1",
+                                        "--device", "cpu", "--out", f"{OUT}/p.json"], "plan is for cpu-test",
+         {"task.json": TASK, "model": copy_model()}),
+    Case("plan-refine-budget-negative", ["plan", "--task", T, "--model", "{root}/model", "--refine", "1",
+                                         "--refine-budget-s", "-1", "--out", f"{OUT}/p.json"], "refine-budget-s",
+         {"task.json": TASK, "model": copy_model()}),
     Case("plan-seed-not-int", ["plan", "--task", T, "--method", "size_greedy", "--seed", "x",
                                "--out", f"{OUT}/p.json"], "seed", {"task.json": TASK}),
     Case("plan-model-missing", ["plan", "--task", T, "--model", "{root}/nomodel", "--out", f"{OUT}/p.json"],

@@ -46,7 +46,8 @@ from shardwise.profiling.dataset import prepare_dataset, write_part
 from shardwise.profiling.kernel import resolve_timing
 from shardwise.profiling.runner import compute_row
 from shardwise.profiling.sampling import shard_config_id
-from shardwise.search.plan import Plan, Shard, validate_plan
+from shardwise.search.baselines import MEASURED_KEY, GreedySearch
+from shardwise.search.plan import Plan, PlanError, Shard, validate_plan
 from shardwise.search.report import finish_plan
 from shardwise.search.simulator import ShardCostCache
 from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
@@ -264,6 +265,15 @@ def _plan_round(refiner: _Refiner, layout: _Layout, measured: Sequence[float], c
         touched.update(change.devices)
         changes.append(change)
     return layout, changes, float(max(np.array(compute) + comm))
+
+
+def measured_greedy_start(task: ShardingTask, measurement: MeasurementSettings) -> list[Plan]:
+    """The greedy on each table's measured single-table cost, as a start for refinement ([] when it finds no
+    plan within memory: the searched plan is then the only start)."""
+    try:
+        return [GreedySearch(MEASURED_KEY, measurement=measurement).search(task, None, 0)]
+    except PlanError:
+        return []
 
 
 def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measurement: MeasurementSettings | None = None,

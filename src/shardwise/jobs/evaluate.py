@@ -9,12 +9,11 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from shardwise.evaluation import MeasuredPlanCost, PlanComparison, evaluate_plans
-from shardwise.evaluation.refine import Refinement, refine_plan
+from shardwise.evaluation.refine import Refinement, measured_greedy_start, refine_plan
 from shardwise.evaluation.report import summary_page
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import Plan, PlanError, load_plan, save_plan, validate_plan
-from shardwise.search.baselines import MEASURED_KEY, GreedySearch
 from shardwise.workload import ShardingTask, load_task
 
 from .base import JobResult, JobSettings, SettingsError
@@ -107,15 +106,6 @@ def load_task_and_plans(task_path: str, plan_paths: tuple[str, ...]) -> tuple[Sh
     return task, plans
 
 
-def _measured_greedy(task: ShardingTask, measurement: MeasurementSettings) -> list[Plan]:
-    """The greedy on each table's measured single-table cost, as a start for refinement ([] when it finds no
-    plan within memory: the searched plan is then the only start)."""
-    try:
-        return [GreedySearch(MEASURED_KEY, measurement=measurement).search(task, None, 0)]
-    except PlanError:
-        return []
-
-
 def report_names(paths: tuple[str, ...], plans: list[Plan]) -> list[str]:
     """Report names: file stems, else methods, else stem-<i>; all unique and safe as file names."""
     for names in ([Path(p).stem for p in paths], [plan.method for plan in plans]):
@@ -145,7 +135,7 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
         measurement = settings.measurement.for_cost_model(getattr(cost_model, "reference_ms", None),
                                                           cost_model.batch_size)
         try:
-            starts = _measured_greedy(task, measurement) if settings.refine_from_greedy else []
+            starts = measured_greedy_start(task, measurement) if settings.refine_from_greedy else []
             refined, refinement = refine_plan(task, plans[0], cost_model, measurement, rounds=rounds,
                                               time_budget_s=settings.refine_budget_s,
                                               dataset=settings.refine_dataset, starts=starts, progress=progress)

@@ -6,12 +6,13 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from shardwise.costmodel.types import CostModel
 from shardwise.integrations.mlflow import MlflowService
-from shardwise.profiling import DeviceName, MeasurementSettings
+from shardwise.profiling import DeviceName, MeasurementSettings, hardware_kind
 from shardwise.search import Plan, PlanError, Searcher, format_plan, get_method, make_searcher, save_plan
-from shardwise.workload import load_task
+from shardwise.workload import ShardingTask, load_task
 
-from .base import JobResult, JobSettings
+from .base import JobResult, JobSettings, SettingsError
 from .models import load_cost_model, with_policy
 
 
@@ -33,6 +34,13 @@ class PlanSettings(JobSettings):
         "(default: cuda if available)",
     )
     seed: int = 0
+    refine: int = Field(
+        default=0, ge=0, le=50, description="refine the plan on this machine's kernels and all-to-alls for up to "
+        "this many rounds, from the faster of it and the greedy on measured single-table costs (the plan must be "
+        "for this machine's hardware: the cost model's kind; 0: off)")
+    refine_budget_s: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="start no new refinement round after this many seconds (default: --refine rounds alone)")
     #: the method's own options (its registry entry's options model validates them)
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -50,10 +58,13 @@ class PlanJobResult(JobResult):
     plan: Plan
     cost_model_uri: str | None
     notes: list[str] = []
+    #: the refinement's rounds as the terminal shows them ("" without --refine; the record is in the plan file)
+    refinement: str = ""
 
     def summary(self) -> str:
-        """The per-device table and where the plan went."""
-        return f"{format_plan(self.plan)}\nwrote {self.out}"
+        """The per-device table, the refinement's rounds, and where the plan went."""
+        refined = f"{self.refinement}\n" if self.refinement else ""
+        return f"{format_plan(self.plan)}\n{refined}wrote {self.out}"
 
     def markdown(self) -> str:
         """The per-device table as a Markdown page (the Kubeflow UI shows it as the plan's artifact)."""
@@ -86,7 +97,7 @@ def run(settings: PlanSettings, *, mlflow: MlflowService | None = None) -> PlanJ
     service = mlflow or MlflowService(settings.tracking_uri)
     spec = get_method(settings.method)
     model, model_uri = load_cost_model(service, settings.model, device=settings.device,
-                                       required=spec.needs_cost_model)
+                                       required=spec.needs_cost_model or settings.refine > 0)
     notes = []
     if model is None:
         notes.append("no cost model found, predicted costs are not shown (pass --model)")
@@ -102,8 +113,35 @@ def run(settings: PlanSettings, *, mlflow: MlflowService | None = None) -> PlanJ
         plan = searcher.search(task, model, settings.seed)
     except PlanError as err:
         raise PlanError(f"{settings.task}: {err}") from None
+    refinement = ""
+    if settings.refine:
+        plan, refinement = _refine(task, plan, model, settings)
     if model_uri:
         provenance = {**plan.extra.get("provenance", {}), "cost_model_uri": model_uri}
         plan = plan.model_copy(update={"extra": {**plan.extra, "provenance": provenance}})
     save_plan(plan, settings.out)
-    return PlanJobResult(out=settings.out, plan=plan, cost_model_uri=model_uri, notes=notes)
+    return PlanJobResult(out=settings.out, plan=plan, cost_model_uri=model_uri, notes=notes, refinement=refinement)
+
+
+def _refine(task: ShardingTask, plan: Plan, model: CostModel | None, settings: PlanSettings) -> tuple[Plan, str]:
+    """The searched plan refined here, and its rounds' table; refused when here is not the hardware the plan is
+    for."""
+    # the kernels and torchrec load only when refining
+    from shardwise.evaluation.refine import measured_greedy_start, refine_plan
+
+    if model is None:
+        raise SettingsError("--refine needs a cost model (--model): refinement corrects its predictions by "
+                            "measured residuals")
+    try:
+        here = hardware_kind(settings.device)
+    except (RuntimeError, ValueError) as err:
+        raise SettingsError(f"--refine measures on this machine: {err}") from None
+    if model.hardware_kind != here:
+        raise SettingsError(f"--refine measures on this machine ({here}), but the plan is for {model.hardware_kind} "
+                            f"(its cost model's hardware): plan without --refine, then refine where it runs with "
+                            f"`shardwise evaluate --model ... --refine N`")
+    measurement = MeasurementSettings(device=settings.device).for_cost_model(
+        getattr(model, "reference_ms", None), model.batch_size)
+    refined, record = refine_plan(task, plan, model, measurement, rounds=settings.refine,
+                                  time_budget_s=settings.refine_budget_s, starts=measured_greedy_start(task, measurement))
+    return refined, record.table()

@@ -1,0 +1,42 @@
+"""`shardwise plan --refine`: the searched plan refined on this machine's kernels when it is the plan's hardware."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from shardwise.cli import main
+from shardwise.costmodel.train import TrainConfig, train_cost_model
+from shardwise.profiling import hardware_kind
+from shardwise.search import load_plan, validate_plan
+from shardwise.workload import ShardingTask, TableSpec, load_task, save_task
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+def test_plan_refine_measures_here_and_writes_the_refined_plan_with_its_rounds(tmp_path, capsys) -> None:
+    here = hardware_kind("cpu")
+    frame = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0, hardware_kind=here),
+                       comm_rows(10, 0, hardware_kind=here)], ignore_index=True)
+    train_cost_model(frame, 0, TrainConfig(epochs=3, comm_epochs=3, progress=False))[0].save(tmp_path / "model")
+    tables = [TableSpec(name=f"h{i}", rows=20_000, dim=64, pooling_factor=30.0) for i in range(3)]
+    tables += [TableSpec(name=f"l{i}", rows=500, dim=16, pooling_factor=1.0) for i in range(4)]
+    task_path = save_task(ShardingTask(num_devices=2, device_memory_bytes=2**30, batch_size=512, tables=tuple(tables)),
+                          tmp_path / "task.json")
+    status = main(["plan", "--task", str(task_path), "--model", str(tmp_path / "model"), "--device", "cpu",
+                   "--refine", "2", "--out", str(tmp_path / "plan.json")])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "refinement: slowest device" in out and "measured; refined from" in out  # the greedy start was measured
+    plan = load_plan(tmp_path / "plan.json")
+    validate_plan(plan, load_task(task_path))
+    record = plan.extra["refinement"]
+    assert plan.method == "neuroshard+refine" and set(record["starts"]) == {"neuroshard", "measured_greedy"}
+    assert record["after_ms"] <= record["before_ms"]  # never slower, measured, than where it started
+    assert record["stopped"] and plan.extra["provenance"]["cost_model_uri"]
