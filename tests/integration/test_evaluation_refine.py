@@ -103,7 +103,9 @@ def test_refinement_goes_on_from_the_fastest_start():
                                   progress=False)
     validate_plan(refined, task)
     assert set(record.starts) == {"bad", "good"} and record.starts["good"] < record.starts["bad"]
-    assert record.start == "good" and record.before_ms == record.starts["good"]
+    assert record.start == "good"
+    if not any(r.kept for r in record.rounds):  # else before and after come from the final paired session
+        assert record.before_ms == record.starts["good"]
     assert record.after_ms <= record.before_ms
     assert "refined from good" in record.table()
     assert {s.device for s in refined.shards if s.table.startswith("h")} != {0}

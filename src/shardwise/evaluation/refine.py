@@ -77,6 +77,8 @@ class Refinement(BaseModel):
     #: the measured slowest device of each plan refinement could start from, by method; it went on from the fastest
     starts: dict[str, float] = {}
     start: str = ""
+    #: the start's and the returned plan's measured slowest device, side by side in one session: the final paired
+    #: check's when a round kept a change, else the first session's (nothing changed)
     before_ms: float
     after_ms: float
     seconds: float
