@@ -19,6 +19,7 @@ is better) to the table. Off by default: on CPU each plan costs a training run o
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ from shardwise.costmodel.types import CostModel
 from shardwise.evaluation import (
     PAPER_TASK_SETS,
     SMALL_TASK_SETS,
+    PlanResult,
     TaskSetSpec,
     cost_ratio,
     format_summary,
@@ -38,7 +40,7 @@ from shardwise.evaluation import (
 )
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
-from shardwise.search import Searcher, get_method, make_searcher, method_names
+from shardwise.search import Searcher, get_method, load_plan, make_searcher, method_names
 from shardwise.workload import ShardingTask
 from shardwise.workload.synthetic import synthesize_tables
 from shardwise.workload.tableset import TableSet, load_tables, split_tables
@@ -112,6 +114,22 @@ def _record(args: argparse.Namespace, specs: tuple[TaskSetSpec, ...], rows: list
            "Measured plan cost: NeuroShard, TorchRec's planner and the greedy baselines"
            + (", --small smoke run" if args.small else ""), recorded,
            notes="; ".join(notes))
+
+
+def refinement_rounds(results: list[PlanResult]) -> str:
+    """Refinement's rounds over a set's tasks, from the refined plans' records: the measured gain of each kept round
+    (its slowest device before over after, in that round's paired session) and the time refinement took."""
+    records = [load_plan(r.plan_path).extra["refinement"] for r in results if r.method == REFINED and r.plan_path]
+    if not records:
+        return ""
+    rounds = [x for rec in records for x in rec["rounds"]]
+    kept = [1 - x["after_ms"] / x["measured_max_ms"] for x in rounds if x["kept"]]
+    seconds = sorted(rec["seconds"] for rec in records)
+    gain = f"a measured gain of {statistics.fmean(kept):.1%} each (paired)" if kept else "none"
+    return (f"{REFINED} kept {len(kept)} of {len(rounds)} rounds over {len(records)} tasks, {gain}; from the start "
+            f"to the returned plan {statistics.fmean(rec['after_ms'] / rec['before_ms'] for rec in records):.3f} "
+            f"(mean); refinement took {seconds[0]:.0f}-{seconds[-1]:.0f} s a plan (mean "
+            f"{statistics.fmean(seconds):.0f} s)")
 
 
 def main() -> None:
@@ -208,6 +226,8 @@ def main() -> None:
             say(f"{spec.name}: {REFINED} slowest device / its own mean device cost per task "
                 f"{spread[0]:.3f}-{spread[-1]:.3f} (mean {sum(spread) / len(spread):.3f}): the most balancing alone "
                 "could still gain")
+        if line := refinement_rounds(in_set):
+            say(f"{spec.name}: {line}")
         # what balance alone can buy: the max/mean split of the ratio to TorchRec's plan
         mean_ms = {(r.method, r.task_index): r.measured_ms / r.imbalance for r in in_set}
         max_ms = {(r.method, r.task_index): r.measured_ms for r in in_set}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shardwise.evaluation.refine import refine_plan
@@ -148,3 +149,20 @@ def test_a_spent_time_budget_starts_no_round_and_says_so():
     assert record.stopped == "the 0.001 s budget was spent" and "stopped: the 0.001 s budget" in record.table()
     assert sorted(refined.shards, key=lambda s: s.table) == sorted(plan.shards, key=lambda s: s.table)
     assert refined.extra["refinement"]["stopped"] == record.stopped
+
+
+def test_a_refused_move_is_not_proposed_first_again_with_another_partner():
+    """Refused rounds are remembered by their first move (shard and devices), so the next round tries something
+    else rather than the same move with another shard swapped back."""
+    from shardwise.evaluation.refine import _Layout, _plan_round, _Refiner
+
+    task = _task()
+    refiner = _Refiner(task, FeatureCostModel(), MEASUREMENT, progress=False, dataset=None, comm=None)
+    layout = _Layout([Shard(table="h0", col_offset=0, dim=64, device=0), Shard(table="h1", col_offset=0, dim=64, device=0),
+                      *(Shard(table=f"l{i}", col_offset=0, dim=16, device=1 + i % 2) for i in range(4))])
+    measured, comm = [10.0, 2.0, 2.0], np.zeros(3)  # device 0 far the slowest: a move off it is promised a gain
+    _, first, _ = _plan_round(refiner, layout, measured, comm, refused=set())
+    _, again, _ = _plan_round(refiner, layout, measured, comm, refused={first[0].move})
+    assert first and again and again[0].move != first[0].move
+    assert first[0].description.startswith(first[0].move)
+    assert all(not c.description.startswith(first[0].move) for c in again[:1])

@@ -9,7 +9,9 @@ the next, while such a change exists: on a balanced start several devices sit wi
 only a change off each of them lowers the plan's cost. It measures only the devices that changed, before and after
 the round's changes in one interleaved session (a paired comparison), and keeps them only when the measured
 slowest device got faster; it stops when a round promises nothing, or after `rounds` rounds or `time_budget_s`
-seconds. A round refused is not proposed again with the same first change.
+seconds. A round refused is not proposed again with the same first move (the same shard to the same device,
+with or without a shard swapped back: seen on 4 devices, three rounds in a row spent on one refused move with
+another partner each).
 
 The all-to-all is measured too, never taken from the model: its prediction is the least accurate part of the
 model's (on a shared CPU the default model over-predicted gloo's exchanges by half and saw differences between
@@ -192,6 +194,7 @@ class _Change:
     """A move of one shard off a device (or a swap with another device's shard), priced by the corrected model."""
 
     description: str  #: "t3[0] 0->2" (a move) or "t3[0] 0->2, t7[0] 2->0" (a swap)
+    move: str  #: the shard it takes off the device and where to: "t3[0] 0->2" for both
     devices: tuple[int, int]  #: the device it relieves, the device it loads
     shards: list[Shard]  #: both devices' shards after it
     compute_ms: tuple[float, float]  #: both devices' corrected predicted compute after it
@@ -210,7 +213,7 @@ def _candidates(refiner: _Refiner, layout: _Layout, compute: Sequence[float], co
     predicted = refiner.predicted([layout.on(d) for d in devices])
     residual = [m / p if p > 0 else 1.0 for m, p in zip(compute, predicted, strict=True)]
     costs = np.array(compute) + comm
-    options: list[tuple[str, int, list[Shard], list[Shard]]] = []
+    options: list[tuple[str, str, int, list[Shard], list[Shard]]] = []  # change, move, device, both devices' shards
     source = layout.on(slowest)
     for other in devices:
         if other == slowest or other in exclude:
@@ -219,21 +222,22 @@ def _candidates(refiner: _Refiner, layout: _Layout, compute: Sequence[float], co
         for s in source:
             rest = [x for x in source if x is not s]
             moved = s.model_copy(update={"device": other})
-            options.append((f"{s.table}[{s.col_offset}] {slowest}->{other}", other, rest, [*target, moved]))
+            move = f"{s.table}[{s.col_offset}] {slowest}->{other}"
+            options.append((move, move, other, rest, [*target, moved]))
             for t in target:
                 back = t.model_copy(update={"device": slowest})
-                options.append((f"{s.table}[{s.col_offset}] {slowest}->{other}, {t.table}[{t.col_offset}] "
-                                f"{other}->{slowest}", other, [*rest, back], [*[x for x in target if x is not t], moved]))
-    options = [o for o in options if refiner.fits(o[2]) and refiner.fits(o[3])]
+                options.append((f"{move}, {t.table}[{t.col_offset}] {other}->{slowest}", move, other, [*rest, back],
+                                [*[x for x in target if x is not t], moved]))
+    options = [o for o in options if refiner.fits(o[3]) and refiner.fits(o[4])]
     if not options:
         return []
-    ms = refiner.predicted([group for o in options for group in (o[2], o[3])]).reshape(-1, 2)
+    ms = refiner.predicted([group for o in options for group in (o[3], o[4])]).reshape(-1, 2)
     found = []
-    for (change, other, a_shards, b_shards), (a_ms, b_ms) in zip(options, ms, strict=True):
+    for (change, move, other, a_shards, b_shards), (a_ms, b_ms) in zip(options, ms, strict=True):
         a_ms, b_ms = float(a_ms * residual[slowest]), float(b_ms * residual[other])
         new = costs.copy()
         new[slowest], new[other] = a_ms + comm[slowest], b_ms + comm[other]
-        found.append(_Change(change, (slowest, other), [*a_shards, *b_shards], (a_ms, b_ms),
+        found.append(_Change(change, move, (slowest, other), [*a_shards, *b_shards], (a_ms, b_ms),
                              float(max(new[slowest], new[other])), float(new.max())))
     found.sort(key=lambda c: (c.max_ms, c.pair_ms))
     return found
@@ -247,7 +251,7 @@ def _plan_round(refiner: _Refiner, layout: _Layout, measured: Sequence[float], c
     slowest device, a move off each can. Each device changes at most once a round, so every prediction is
     corrected by a residual measured on that device as it was (chained changes would compound the model's error).
     Returns the changed layout, the changes and the predicted slowest device. `refused`: first changes of rounds
-    the measurements refused, not proposed first again."""
+    the measurements refused, not proposed first again (with any partner)."""
     compute = list(measured)
     changes: list[_Change] = []
     touched: set[int] = set()
@@ -257,7 +261,7 @@ def _plan_round(refiner: _Refiner, layout: _Layout, measured: Sequence[float], c
         if slowest in touched:  # relieved once this round and still the slowest: nothing more to gain now
             break
         options = [c for c in _candidates(refiner, layout, compute, comm, slowest, exclude=touched)
-                   if c.pair_ms < costs[slowest] and not (not changes and c.description in refused)]
+                   if c.pair_ms < costs[slowest] and not (not changes and c.move in refused)]
         if not options:
             break
         change = options[0]
@@ -360,7 +364,7 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
         if kept:
             layout, measured, comm = trial, trial_measured, trial_comm
         else:
-            refused.add(changes[0].description)
+            refused.add(changes[0].move)
     after_ms = float(max(np.array(measured) + comm))
     if any(r.kept for r in history):
         # the rounds' figures come from sessions minutes apart, and a shared machine drifts between them: the

@@ -238,7 +238,7 @@ REFINE_START = "measured_greedy"
 #: each task's measured results, written as soon as the task is done (what `resume` picks up)
 TASK_RESULTS = "results.json"
 TASK_RESULTS_FORMAT = "shardwise.benchmark-task/v1"
-_Planned = tuple[str, ShardingTask, Plan, float]  # method, task, plan, planning seconds
+_Planned = tuple[str, Plan, float]  # method, plan, planning seconds
 
 
 class _TaskOutcome(BaseModel):
@@ -274,19 +274,19 @@ def _load_outcome(path: Path, key: str) -> _TaskOutcome | None:
     return outcome if outcome.format == TASK_RESULTS_FORMAT and outcome.key == key else None
 
 
-def _refine(planned: Sequence[_Planned], learned: Collection[str], cost_model: CostModel,
+def _refine(task: ShardingTask, planned: Sequence[_Planned], learned: Collection[str], cost_model: CostModel,
             measurement: MeasurementSettings, rounds: int, budget_s: float | None) -> list[_Planned]:
-    """Each learned method's plan refined on this machine, from the faster of it and the task's measured greedy
-    plan (when benchmarked)."""
+    """Each learned method's plan of `task` refined on this machine, from the faster of it and the task's measured
+    greedy plan (when benchmarked)."""
     from .refine import refine_plan  # the kernels' timing: only when refining
 
-    starts = [plan for method, _, plan, _ in planned if method == REFINE_START]
+    starts = [plan for method, plan, _ in planned if method == REFINE_START]
     out: list[_Planned] = []
-    for method, task, plan, planning_s in planned:
+    for method, plan, planning_s in planned:
         if method in learned:
             refined, record = refine_plan(task, plan, cost_model, measurement, rounds=rounds,
                                           time_budget_s=budget_s, starts=starts, progress=False)
-            out.append((f"{method}+refine", task, refined, planning_s + record.seconds))
+            out.append((f"{method}+refine", refined, planning_s + record.seconds))
     return out
 
 
@@ -306,22 +306,22 @@ def _benchmark_task(set_name: str, k: int, task: ShardingTask, searchers: Mappin
         except PlanError as err:  # a method that finds no feasible plan is reported, not fatal
             failures.append((set_name, k, method, str(err)))
             continue
-        planned.append((method, task, plan, float(plan.extra.get("planning_time_s", time.perf_counter() - started))))
+        planned.append((method, plan, float(plan.extra.get("planning_time_s", time.perf_counter() - started))))
     if refine_rounds and cost_model is not None:
         stage("refining")
-        planned += _refine(planned, learned, cost_model, measurement, refine_rounds, refine_budget_s)
+        planned += _refine(task, planned, learned, cost_model, measurement, refine_rounds, refine_budget_s)
     stage("measuring")
-    measured = measure_plans([(task, plan) for _, task, plan, _ in planned], measurement, progress=False)
+    measured = measure_plans([(task, plan) for _, plan, _ in planned], measurement, progress=False)
     trained: dict[str, DLRMThroughput] = {}
     if throughput is not None:
         stage("training DLRM")
         trained = {method: t for (_, _, method), t in _train_dlrm(
-            [(set_name, k, method, task, plan) for method, task, plan, _ in planned], iters=throughput["iters"],
+            [(set_name, k, method, task, plan) for method, plan, _ in planned], iters=throughput["iters"],
             warmup=throughput["warmup"], batch_size=measurement.batch_size, device=device, seed=seed).items()}
 
     results: list[PlanResult] = []
     task_dir = out / set_name / f"task{k:02d}" if out is not None else None
-    for (method, _, plan, planning_s), cost in zip(planned, measured):
+    for (method, plan, planning_s), cost in zip(planned, measured, strict=True):
         predicted = simulate(plan, task, cost_model) if cost_model is not None else None
         bound = balance_bound(plan, task, cost_model, predicted) if cost_model and predicted else None
         plan_path = None
