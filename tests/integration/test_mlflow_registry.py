@@ -265,6 +265,25 @@ def test_gate_batch_size_mismatch_new_model_wins_and_empty_heldout_never_replace
     assert tags["gate.decision"] == CHAMPION and "not comparable" in tags["gate.reason"]
 
 
+def test_gate_compares_a_champion_calibrated_at_another_reference_time_in_the_new_units(costs, good, tmp_path):
+    """The same shards profiled on a day the reference kernel ran 2x slower: every reference-normalised figure is
+    2x. A less trained model on that profile must not replace a better champion just because the champion
+    predicts in the old units (in them its MAPE is about 51%, the newcomer's 36%; in the new units 27%)."""
+    service = MlflowService(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    model, report = good
+    first = service.log_cost_model(model, report, config=GOOD)
+    assert first.promotion is not None and first.promotion.alias == CHAMPION and model.reference_ms == 1.0
+    slower = costs.assign(fwd_ms=costs["fwd_ms"] * 2, bwd_ms=costs["bwd_ms"] * 2, reference_ms=2.0)
+    less = TrainConfig(epochs=30, hidden=32, progress=False)
+    newcomer, newcomer_report = train_cost_model(slower, 0, less)
+    assert newcomer.reference_ms == pytest.approx(2.0)
+    newer = service.log_cost_model(newcomer, newcomer_report, config=less)
+    assert newer.promotion is not None and newer.promotion.alias == CHALLENGER, newer.promotion
+    # compared in the new units the champion is exactly as accurate as on its own profile
+    assert newer.promotion.champion_value == pytest.approx(first.promotion.new_value)
+    assert newer.promotion.champion_value < newer.promotion.new_value
+
+
 def test_load_cost_model_names_a_missing_source_and_store(tmp_path, named_store):
     uri, cwd = named_store
     service = MlflowService(uri)

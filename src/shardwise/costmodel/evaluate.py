@@ -60,13 +60,16 @@ def regression_metrics(predicted: np.ndarray, measured: np.ndarray) -> dict[str,
     return {"mape_pct": mape, "rmse_ms": rmse, "spearman": rho}
 
 
-def heldout_mape_pct(model: CostModel, samples: ComputeSamples) -> float:
+def heldout_mape_pct(model: CostModel, samples: ComputeSamples, scale: float = 1.0) -> float:
     """MAPE (%) of `model`'s predicted total (forward + backward) compute ms on `samples`; NaN when empty.
 
-    What the registry's promotion gate compares two cost models on (the same held-out shards)."""
+    What the registry's promotion gate compares two cost models on (the same held-out shards). `scale` puts the
+    model's ms in the samples' units: reference-normalised timings are ratios to a reference kernel times the
+    reference's time when the profile was calibrated, so a model trained on a profile calibrated at another
+    reference time predicts in other units (the samples' reference_ms over the model's)."""
     if not len(samples):
         return float("nan")
-    predicted = np.asarray(model.predict_compute(samples.shards)).sum(axis=1)
+    predicted = scale * np.asarray(model.predict_compute(samples.shards)).sum(axis=1)
     return regression_metrics(predicted, samples.costs_ms.sum(axis=1))["mape_pct"]
 
 

@@ -410,7 +410,10 @@ class MlflowService:
             # a champion profiled at another batch size is not comparable: the newer model (this batch size) wins
             if champion.batch_size != model.batch_size:
                 return None
-            return heldout_mape_pct(champion, report.test)
+            # the held-out shards are in the new model's units: a champion calibrated at another reference time
+            # is compared in them (else a slower reference on the day decides, not the models)
+            scale = model.reference_ms / champion.reference_ms if model.reference_ms and champion.reference_ms else 1.0
+            return heldout_mape_pct(champion, report.test, scale)
 
         promotion = self.promote(
             name, str(info.registered_model_version), metric=COST_MODEL_METRIC,
