@@ -110,7 +110,7 @@ def _record(args: argparse.Namespace, specs: tuple[TaskSetSpec, ...], rows: list
     ]
     if args.small:
         notes.append("--small: proves the pipeline, its figures are rough")
-    record("plan_quality_small" if args.small else "plan_quality",
+    record(args.record_name or ("plan_quality_small" if args.small else "plan_quality"),
            "Measured plan cost: NeuroShard, TorchRec's planner and the greedy baselines"
            + (", --small smoke run" if args.small else ""), recorded,
            notes="; ".join(notes))
@@ -130,6 +130,27 @@ def refinement_rounds(results: list[PlanResult]) -> str:
             f"to the returned plan {statistics.fmean(rec['after_ms'] / rec['before_ms'] for rec in records):.3f} "
             f"(mean); refinement took {seconds[0]:.0f}-{seconds[-1]:.0f} s a plan (mean "
             f"{statistics.fmean(seconds):.0f} s)")
+
+
+def session_noise(results: list[PlanResult]) -> str:
+    """How far two fixed plans' measured ratio moves between sessions: NeuroShard's plan over the measured greedy's,
+    as refinement measured them (its first session) and as this benchmark did. A difference between two plans
+    smaller than this is within the machine's noise."""
+    measured = {(r.task_index, r.method): r for r in results}
+    moved = []
+    for (k, method), r in measured.items():
+        if method != REFINED or not r.plan_path or (k, "neuroshard") not in measured or (k, MEASURED_GREEDY) not in measured:
+            continue
+        starts = load_plan(r.plan_path).extra["refinement"]["starts"]
+        if {"neuroshard", MEASURED_GREEDY} <= starts.keys():
+            then = starts["neuroshard"] / starts[MEASURED_GREEDY]
+            now = measured[k, "neuroshard"].measured_ms / measured[k, MEASURED_GREEDY].measured_ms
+            moved.append(abs(now / then - 1))
+    if not moved:
+        return ""
+    return (f"noise: NeuroShard's plan over the measured greedy's, measured in refinement's session and again in this "
+            f"one, moved by {statistics.median(moved):.1%} (median over {len(moved)} tasks, at most {max(moved):.1%}): "
+            "differences between plans below that are within this machine's noise")
 
 
 def main() -> None:
@@ -161,6 +182,8 @@ def main() -> None:
                              "that was interrupted goes on where it stopped)")
     parser.add_argument("--record", action="store_true",
                         help="write benchmarks/results/plan_quality.json (with --small: *_small.json)")
+    parser.add_argument("--record-name", default=None, metavar="NAME",
+                        help="record as benchmarks/results/NAME.json instead (another cost model's run, say)")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -226,8 +249,9 @@ def main() -> None:
             say(f"{spec.name}: {REFINED} slowest device / its own mean device cost per task "
                 f"{spread[0]:.3f}-{spread[-1]:.3f} (mean {sum(spread) / len(spread):.3f}): the most balancing alone "
                 "could still gain")
-        if line := refinement_rounds(in_set):
-            say(f"{spec.name}: {line}")
+        for line in (refinement_rounds(in_set), session_noise(in_set)):
+            if line:
+                say(f"{spec.name}: {line}")
         # what balance alone can buy: the max/mean split of the ratio to TorchRec's plan
         mean_ms = {(r.method, r.task_index): r.measured_ms / r.imbalance for r in in_set}
         max_ms = {(r.method, r.task_index): r.measured_ms for r in in_set}
