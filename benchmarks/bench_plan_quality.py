@@ -52,6 +52,7 @@ REFINED = "neuroshard+refine"
 RECORDED_COLUMNS = ("task_set", "method", "tasks", "failed", "mean_cost_ms", "mean_compute_ms",
                     "ratio_to_torchrec", "ratio_to_best_baseline", "imbalance", "memory_headroom",
                     "planning_time_s", "prediction_error")
+RESUMED = "; with --resume, tasks an earlier call measured with these settings come from --out, their time not counted"
 THROUGHPUT_COLUMNS = ("mean_samples_per_s", "throughput_ratio_to_torchrec")
 
 
@@ -103,7 +104,7 @@ def _record(args: argparse.Namespace, specs: tuple[TaskSetSpec, ...], rows: list
     sets = ", ".join(f"{s.name} ({s.num_tasks} tasks)" for s in specs)
     notes = [
         f"{num_methods} methods on {sets}, measured on this machine's kernels and all-to-alls "
-        f"({elapsed_s:.0f} s); ratios < 1: cheaper than the reference; memory_headroom and prediction_error "
+        f"({elapsed_s:.0f} s{RESUMED if args.resume else ''}); ratios < 1: cheaper than the reference; memory_headroom and prediction_error "
         "are fractions",
         "best baseline: " + ", ".join(f"{k}: {v}" for k, v in best.items()),
         *headlines,
