@@ -113,7 +113,8 @@ def _record(args: argparse.Namespace, specs: tuple[TaskSetSpec, ...], rows: list
         notes.append("--small: proves the pipeline, its figures are rough")
     record(args.record_name or ("plan_quality_small" if args.small else "plan_quality"),
            "Measured plan cost: NeuroShard, TorchRec's planner and the greedy baselines"
-           + (", --small smoke run" if args.small else ""), recorded,
+           + (", --small smoke run" if args.small else "")
+           + (f", cost model {args.model}" if args.record_name else ""), recorded,
            notes="; ".join(notes))
 
 
