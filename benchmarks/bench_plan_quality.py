@@ -118,36 +118,36 @@ def _record(args: argparse.Namespace, specs: tuple[TaskSetSpec, ...], rows: list
            notes="; ".join(notes))
 
 
-def refinement_rounds(results: list[PlanResult]) -> str:
-    """Refinement's rounds over a set's tasks, from the refined plans' records: the measured gain of each kept round
-    (its slowest device before over after, in that round's paired session) and the time refinement took."""
-    records = [load_plan(r.plan_path).extra["refinement"] for r in results if r.method == REFINED and r.plan_path]
+def refinement_records(results: list[PlanResult]) -> dict[int, dict[str, Any]]:
+    """Each task's refinement record (rounds, starts, time), read once from its refined plan's file."""
+    return {r.task_index: load_plan(r.plan_path).extra["refinement"]
+            for r in results if r.method == REFINED and r.plan_path}
+
+
+def refinement_rounds(records: dict[int, dict[str, Any]]) -> str:
+    """Refinement's rounds over a set's tasks: the measured gain of each kept round (its slowest device before over
+    after, in that round's paired session) and the time refinement took."""
     if not records:
         return ""
-    rounds = [x for rec in records for x in rec["rounds"]]
+    rounds = [x for rec in records.values() for x in rec["rounds"]]
     kept = [1 - x["after_ms"] / x["measured_max_ms"] for x in rounds if x["kept"]]
-    seconds = sorted(rec["seconds"] for rec in records)
+    seconds = sorted(rec["seconds"] for rec in records.values())
     gain = f"a measured gain of {statistics.fmean(kept):.1%} each (paired)" if kept else "none"
     return (f"{REFINED} kept {len(kept)} of {len(rounds)} rounds over {len(records)} tasks, {gain}; from the start "
-            f"to the returned plan {statistics.fmean(rec['after_ms'] / rec['before_ms'] for rec in records):.3f} "
+            f"to the returned plan {statistics.fmean(r['after_ms'] / r['before_ms'] for r in records.values()):.3f} "
             f"(mean); refinement took {seconds[0]:.0f}-{seconds[-1]:.0f} s a plan (mean "
             f"{statistics.fmean(seconds):.0f} s)")
 
 
-def session_noise(results: list[PlanResult]) -> str:
+def session_noise(results: list[PlanResult], records: dict[int, dict[str, Any]]) -> str:
     """How far two fixed plans' measured ratio moves between sessions: NeuroShard's plan over the measured greedy's,
     as refinement measured them (its first session) and as this benchmark did. A difference between two plans
     smaller than this is within the machine's noise."""
-    measured = {(r.task_index, r.method): r for r in results}
-    moved = []
-    for (k, method), r in measured.items():
-        if method != REFINED or not r.plan_path or (k, "neuroshard") not in measured or (k, MEASURED_GREEDY) not in measured:
-            continue
-        starts = load_plan(r.plan_path).extra["refinement"]["starts"]
-        if {"neuroshard", MEASURED_GREEDY} <= starts.keys():
-            then = starts["neuroshard"] / starts[MEASURED_GREEDY]
-            now = measured[k, "neuroshard"].measured_ms / measured[k, MEASURED_GREEDY].measured_ms
-            moved.append(abs(now / then - 1))
+    ms = {(r.task_index, r.method): r.measured_ms for r in results}
+    moved = [abs(ms[k, "neuroshard"] / ms[k, MEASURED_GREEDY] / (rec["starts"]["neuroshard"]
+                                                                 / rec["starts"][MEASURED_GREEDY]) - 1)
+             for k, rec in records.items()
+             if {"neuroshard", MEASURED_GREEDY} <= rec["starts"].keys() and {(k, "neuroshard"), (k, MEASURED_GREEDY)} <= ms.keys()]
     if not moved:
         return ""
     return (f"noise: NeuroShard's plan over the measured greedy's, measured in refinement's session and again in this "
@@ -251,7 +251,8 @@ def main() -> None:
             say(f"{spec.name}: {REFINED} slowest device / its own mean device cost per task "
                 f"{spread[0]:.3f}-{spread[-1]:.3f} (mean {sum(spread) / len(spread):.3f}): the most balancing alone "
                 "could still gain")
-        for line in (refinement_rounds(in_set), session_noise(in_set)):
+        records = refinement_records(in_set)
+        for line in (refinement_rounds(records), session_noise(in_set, records)):
             if line:
                 say(f"{spec.name}: {line}")
         # what balance alone can buy: the max/mean split of the ratio to TorchRec's plan

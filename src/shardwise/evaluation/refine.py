@@ -273,6 +273,17 @@ def _plan_round(refiner: _Refiner, layout: _Layout, measured: Sequence[float], c
     return layout, changes, float(max(np.array(compute) + comm))
 
 
+def _side_by_side(refiner: _Refiner, layouts: Sequence[_Layout]) -> tuple[list[list[float]], list[np.ndarray],
+                                                                          list[float]]:
+    """Layouts measured in one session, kernels interleaved then all-to-alls interleaved, so their figures compare:
+    each one's per-device kernel ms, per-device exchange ms and slowest device."""
+    n = refiner.task.num_devices
+    timed = refiner.measure([layout.on(d) for layout in layouts for d in range(n)])
+    kernels = [timed[i * n:(i + 1) * n] for i in range(len(layouts))]
+    comm = refiner.measure_comm(layouts)
+    return kernels, comm, [float(max(np.array(k) + c)) for k, c in zip(kernels, comm, strict=True)]
+
+
 def measured_greedy_start(task: ShardingTask, measurement: MeasurementSettings) -> list[Plan]:
     """The greedy on each table's measured single-table cost, as a start for refinement ([] when it finds no
     plan within memory: the searched plan is then the only start)."""
@@ -310,14 +321,9 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
 def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, time_budget_s: float | None,
             started: float) -> tuple[Plan, Refinement]:
     task, cost_model = refiner.task, refiner.model
-    devices = range(task.num_devices)
     candidates = [(c.method, _Layout(list(c.shards))) for c in (plan, *starts)]
-    # every start's device shards timed in one interleaved session, so their figures compare
-    timed = refiner.measure([layout.on(d) for _, layout in candidates for d in devices])
-    measured_of = [timed[i * task.num_devices:(i + 1) * task.num_devices] for i in range(len(candidates))]
-    # and their all-to-alls, interleaved: the start and the slowest device are chosen on measured exchanges
-    comm_of = refiner.measure_comm([layout for _, layout in candidates])
-    totals = [float(max(np.array(m) + c)) for m, c in zip(measured_of, comm_of, strict=True)]
+    # the start and the slowest device are chosen on measured kernels and exchanges, every start's side by side
+    measured_of, comm_of, totals = _side_by_side(refiner, [layout for _, layout in candidates])
     best = int(np.argmin(totals))
     start, layout = candidates[best]
     measured, comm, before = measured_of[best], comm_of[best], totals[best]
@@ -371,10 +377,7 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
         # refined layout is measured once more beside every start, in one paired session, and the fastest of them
         # is returned (never a plan measured slower than the one searched)
         layouts = [layout, *(c for _, c in candidates)]
-        n = task.num_devices
-        timed = refiner.measure([c.on(d) for c in layouts for d in devices])
-        final = [float(max(np.array(timed[i * n:(i + 1) * n]) + c))
-                 for i, c in enumerate(refiner.measure_comm(layouts))]
+        final = _side_by_side(refiner, layouts)[2]
         after_ms, before = final[0], final[1 + best]
         if (fastest := int(np.argmin(final))) > 0:
             layout, after_ms = layouts[fastest], final[fastest]

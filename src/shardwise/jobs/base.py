@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardwise.errors import ShardwiseError
 from shardwise.workload.documents import describe_validation_error
@@ -19,6 +19,13 @@ class JobSettings(BaseModel):
     """A job's settings: frozen, unknown keys refused (a typo in a config file is an error, not a no-op)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def refine_budget_field() -> Any:
+    """The `refine_budget_s` setting of every job that refines a plan (plan, evaluate, benchmark)."""
+    return Field(default=None, gt=0, allow_inf_nan=False,
+                 description="start no new refinement round after this many seconds on a plan (default: the rounds "
+                             "alone limit it)")
 
 
 class JobResult(BaseModel):

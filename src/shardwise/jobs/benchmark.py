@@ -13,7 +13,7 @@ from shardwise.profiling import MeasurementSettings
 from shardwise.search import Searcher, get_method, method_names
 from shardwise.workload import load_tables
 
-from .base import JobResult, JobSettings, SettingsError
+from .base import JobResult, JobSettings, SettingsError, refine_budget_field
 from .models import load_cost_model
 from .plan import build_searcher
 
@@ -55,9 +55,7 @@ class BenchmarkSettings(JobSettings):
         default=3, ge=0, le=50, description="also refine every learned method's plan on this machine for up to this "
         "many rounds, from the faster of it and the measured greedy's plan, reported as <method>+refine (needs "
         "--model; 0: off)")
-    refine_budget_s: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="start no new refinement round after this many "
-        "seconds on a plan (default: rounds alone limit it)")
+    refine_budget_s: float | None = refine_budget_field()
     resume: bool = Field(
         default=False, description="take each task already measured in --out with the same task, methods, settings "
         "and cost model from there instead of measuring it again (an interrupted run goes on where it stopped)")

@@ -16,7 +16,7 @@ from shardwise.profiling import MeasurementSettings
 from shardwise.search import Plan, PlanError, load_plan, save_plan, validate_plan
 from shardwise.workload import ShardingTask, load_task
 
-from .base import JobResult, JobSettings, SettingsError
+from .base import JobResult, JobSettings, SettingsError, refine_budget_field
 from .models import load_cost_model
 
 EXPERIMENT = "shardwise-evaluate"
@@ -46,9 +46,7 @@ class EvaluateSettings(JobSettings):
         description=f"refine the first plan on this machine for up to this many rounds (needs --model; default "
                     f"{DEFAULT_REFINE_ROUNDS} with --model, 0 without): the refined plan is measured beside the others "
                     "as <name>-refined")
-    refine_budget_s: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False,
-        description="start no new refinement round after this many seconds (default: --refine rounds alone)")
+    refine_budget_s: float | None = refine_budget_field()
     refine_from_greedy: bool = Field(
         default=True, description="refinement also measures the greedy on measured single-table costs and goes on "
                                   "from the faster of the two plans (each table timed alone once)")

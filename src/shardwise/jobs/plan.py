@@ -12,7 +12,7 @@ from shardwise.profiling import DeviceName, MeasurementSettings, hardware_kind
 from shardwise.search import Plan, PlanError, Searcher, format_plan, get_method, make_searcher, save_plan
 from shardwise.workload import ShardingTask, load_task
 
-from .base import JobResult, JobSettings, SettingsError
+from .base import JobResult, JobSettings, SettingsError, refine_budget_field
 from .models import load_cost_model, with_policy
 
 
@@ -38,9 +38,7 @@ class PlanSettings(JobSettings):
         default=0, ge=0, le=50, description="refine the plan on this machine's kernels and all-to-alls for up to "
         "this many rounds, from the faster of it and the greedy on measured single-table costs (the plan must be "
         "for this machine's hardware: the cost model's kind; 0: off)")
-    refine_budget_s: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False,
-        description="start no new refinement round after this many seconds (default: --refine rounds alone)")
+    refine_budget_s: float | None = refine_budget_field()
     #: the method's own options (its registry entry's options model validates them)
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -129,9 +127,7 @@ def _refine(task: ShardingTask, plan: Plan, model: CostModel | None, settings: P
     # the kernels and torchrec load only when refining
     from shardwise.evaluation.refine import measured_greedy_start, refine_plan
 
-    if model is None:
-        raise SettingsError("--refine needs a cost model (--model): refinement corrects its predictions by "
-                            "measured residuals")
+    assert model is not None  # loaded as required when refining
     try:
         here = hardware_kind(settings.device)
     except (RuntimeError, ValueError) as err:
