@@ -13,7 +13,7 @@ from shardwise.workload import ShardingTask, TableSpec
 
 pytestmark = pytest.mark.integration
 
-FAST = MeasurementSettings(device="cpu", warmup_iters=2, timing_iters=5)
+FAST = MeasurementSettings(device="cpu", warmup_iters=2, timing_iters=5, timing_rounds=3)
 
 
 def _task(num_tables: int = 4, pooling_factor: float = 10.0, batch_size: int = 1024) -> ShardingTask:

@@ -27,7 +27,7 @@ from search_doubles import FeatureCostModel  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-FAST = MeasurementSettings(device="cpu", warmup_iters=1, timing_iters=3, comm_iters=2)
+FAST = MeasurementSettings(device="cpu", warmup_iters=1, timing_iters=3, timing_rounds=3, comm_iters=2)
 POOL = TableSet(
     batch_size=512,
     tables=tuple(
@@ -164,7 +164,11 @@ def test_an_interrupted_benchmark_resumes_where_it_stopped_and_only_with_the_sam
     assert {k: v for k, v in by_task.items() if k[0] < 2} == {
         (r.task_index, r.method): r.measured_ms for r in first if r.task_index < 2}
     assert len(by_task) == 6 and {r["tasks"] for r in rows} == {3}
-    assert len(json.loads((tmp_path / "results.json").read_text())["plans"]) == 6
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert len(summary["plans"]) == 6
+    # the run's time counts the resumed tasks' own seconds, as their checkpoints stored them
+    stored = [json.loads((tmp_path / f"2dev/task{k:02d}/results.json").read_text())["seconds"] for k in range(3)]
+    assert all(s > 0 for s in stored) and summary["seconds"] == pytest.approx(sum(stored), abs=0.1)
     # other settings (here another measurement protocol) measure every task again; so does no --resume
     run_benchmark(task_sets, searchers, cost_model=FeatureCostModel(), measurement=FAST.model_copy(
         update={"timing_iters": 2}), out_dir=tmp_path, plan_reports=False, resume=True)

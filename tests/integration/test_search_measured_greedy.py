@@ -15,7 +15,7 @@ from shardwise.workload import ShardingTask, TableSpec
 pytestmark = pytest.mark.integration
 
 #: short timings: these tests check placement and caching, not timing accuracy
-FAST = MeasurementSettings(device="cpu", batch_size=256, warmup_iters=1, timing_iters=3)
+FAST = MeasurementSettings(device="cpu", batch_size=256, warmup_iters=1, timing_iters=3, timing_rounds=3)
 
 
 def _task(tables, num_devices: int) -> ShardingTask:

@@ -251,6 +251,8 @@ class _TaskOutcome(BaseModel):
     hardware_kind: str | None = None
     reference_ms: float | None = None
     timing: dict[str, Any] | None = None
+    #: the task's planning, refinement and measurement, wall-clock (a resumed run's total counts it)
+    seconds: float = 0.0
 
 
 def _task_key(task: ShardingTask, methods: Sequence[str], cost_model: CostModel | None, **settings: Any) -> str:
@@ -296,6 +298,7 @@ def _benchmark_task(set_name: str, k: int, task: ShardingTask, searchers: Mappin
                     refine_rounds: int, refine_budget_s: float | None, throughput: dict[str, int] | None,
                     device: torch.device, stage: Callable[[str], None]) -> _TaskOutcome:
     """Plan one task with every searcher (and refine), measure its plans in one session, save what it made."""
+    began = time.perf_counter()
     failures: list[tuple[str, int, str, str]] = []
     planned: list[_Planned] = []
     stage("planning")
@@ -347,7 +350,8 @@ def _benchmark_task(set_name: str, k: int, task: ShardingTask, searchers: Mappin
     outcome = _TaskOutcome(key=key, results=results, failures=failures,
                            hardware_kind=measured[0].hardware_kind if measured else None,
                            reference_ms=measured[0].reference_ms if measured else None,
-                           timing=measured[0].timing if measured else None)
+                           timing=measured[0].timing if measured else None,
+                           seconds=time.perf_counter() - began)
     if task_dir is not None:
         save_task(task, task_dir / "task.json")  # for `shardwise evaluate --task`
         write_json_document(outcome.model_dump(mode="json"), task_dir / TASK_RESULTS)  # last: the task is done
@@ -432,6 +436,7 @@ def run_benchmark(
             bar.update()
     if resumed:
         print(f"benchmark: {resumed} of {len(todo)} tasks taken from {out} (measured earlier with these settings)")
+    seconds = sum(o.seconds for o in outcomes)
 
     results = [r for o in outcomes for r in o.results]
     failures = [f for o in outcomes for f in o.failures]
@@ -452,6 +457,8 @@ def run_benchmark(
                 "measurement": measurement.model_dump(mode="json"),
                 "throughput": {"tasks": throughput_tasks, "iters": throughput_iters, "warmup": throughput_warmup},
                 "seed": seed,
+                # every task's planning, refinement and measurement, resumed ones included (their earlier run's)
+                "seconds": round(seconds, 1),
             },
             out / "results.json",
         )

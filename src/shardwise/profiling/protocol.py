@@ -13,8 +13,10 @@ from .hardware import DeviceName, resolve_device
 
 # Defaults of a plan measurement, each tied to what it was measured against:
 #: interleaved kernel timings per device shard, median per device: one timing of a shard swings by 20% on a
-#: shared CPU; the median of 3 rounds is within 0.85% of the median of 5 (bench_device_accuracy.py --rounds 5)
-COMPUTE_ROUNDS = 3
+#: shared CPU. With 3, two plans' measured cost ratio moved between sessions by a median 2.8% and up to 8.7%
+#: (the slowest device picks up one device's unlucky median); with 9, by 1.1% and at most 3.5%, at twice the
+#: session's time (bench_measurement_noise.py, 2026-11-25: 4- and 8-device paper tasks, 3 sessions each)
+COMPUTE_ROUNDS = 9
 #: timed all-to-all iterations per round, and interleaved rounds (per device: median of rounds x iterations)
 COMM_ITERS = 20
 COMM_ROUNDS = 5

@@ -1,0 +1,121 @@
+"""How far a measured comparison of two plans moves between measurement sessions, per measurement protocol.
+
+Refinement, the benchmark and `shardwise evaluate` judge plans by their measured cost ratio. A gain is only
+real when it is larger than that ratio's noise. This benchmark takes the first tasks of the paper task sets,
+plans them once (NeuroShard, the measured-cost greedy, TorchRec's planner), then measures the same plans again
+and again, each time in a fresh session (new reference calibration, new all-to-all process group), under each
+protocol in turn. The protocols are interleaved session by session, so machine drift hits them alike. It prints,
+per protocol:
+  - ratio moved: how far two plans' cost ratio (NeuroShard over the greedy, NeuroShard over TorchRec) moved
+    between two sessions, the median and the largest over all pairs of sessions and tasks;
+  - compute only: the same for the slowest device's kernel time alone (without the all-to-all);
+  - s/session: the time one session takes.
+
+    python benchmarks/bench_measurement_noise.py --model models:/shardwise-cost-cpu-x86_64-2c@champion
+    python benchmarks/bench_measurement_noise.py --model ... --sets 8dev-80to120 --tasks 2 --sessions 5 --record
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import time
+from typing import Any
+
+import torch
+from bench_plan_quality import paper_tasks
+from record import record
+
+from shardwise.evaluation import measure_plans
+from shardwise.integrations.mlflow import MlflowService
+from shardwise.profiling import MeasurementSettings
+from shardwise.search import make_searcher
+
+METHODS = ("neuroshard", "measured_greedy", "torchrec")
+PAIRS = (("neuroshard", "measured_greedy"), ("neuroshard", "torchrec"))
+#: the protocols compared: name -> MeasurementSettings fields (the rest are the defaults)
+PROTOCOLS: dict[str, dict[str, int]] = {
+    "comm 5x5": {"comm_iters": 5},  # what bench_plan_quality.py measured with until 2026-11-25
+    "default": {},
+    "comm 20x5": {"comm_rounds": 20, "comm_iters": 5},
+    "comm 20x20": {"comm_rounds": 20, "comm_iters": 20},
+    "kernels 9": {"timing_rounds": 9},
+    "kernels 9 comm 20x20": {"timing_rounds": 9, "comm_rounds": 20, "comm_iters": 20},
+}
+
+
+def moved(ratios: list[float]) -> list[float]:
+    """|r_i / r_j - 1| for every pair of sessions (in %)."""
+    return [abs(a / b - 1) * 100 for a, b in itertools.combinations(ratios, 2)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="cost model directory or URI")
+    parser.add_argument("--tasks", type=int, default=2, help="tasks per paper task set")
+    parser.add_argument("--sets", default=None, help="only these paper task sets (comma separated names)")
+    parser.add_argument("--sessions", type=int, default=4, help="measurement sessions per protocol")
+    parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma separated, of: " + ", ".join(PROTOCOLS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/measurement_noise.json")
+    args = parser.parse_args()
+    protocols = args.protocols.split(",")
+    unknown = [p for p in protocols if p not in PROTOCOLS]
+    if unknown:
+        raise SystemExit(f"--protocols: unknown {unknown}; known: {list(PROTOCOLS)}")
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    model = MlflowService().load_cost_model(args.model)
+    base = MeasurementSettings(device="cpu").for_cost_model(model.reference_ms, model.batch_size)
+    tasks = paper_tasks(args.tasks, args.seed, model.batch_size)
+    if args.sets:
+        tasks = [(name, task) for name, task in tasks if name in args.sets.split(",")]
+    planned = [(name, task, {m: make_searcher(m, **({"measurement": base} if m == "measured_greedy" else {}))
+                             .search(task, model, args.seed) for m in METHODS}) for name, task in tasks]
+    # ratios[protocol][(task, pair, "total"/"compute")] -> one ratio per session
+    ratios: dict[str, dict[tuple[int, str, str], list[float]]] = {p: {} for p in protocols}
+    seconds: dict[str, list[float]] = {p: [] for p in protocols}
+    for session in range(args.sessions):
+        for protocol in protocols:
+            settings = base.model_copy(update=PROTOCOLS[protocol])
+            for t, (_, task, plans) in enumerate(planned):
+                began = time.perf_counter()
+                measured = dict(zip(METHODS, measure_plans([(task, plans[m]) for m in METHODS], settings,
+                                                           progress=False)))
+                seconds[protocol].append(time.perf_counter() - began)
+                for a, b in PAIRS:
+                    key = f"{a}/{b}"
+                    ratios[protocol].setdefault((t, key, "total"), []).append(
+                        measured[a].max_cost_ms / measured[b].max_cost_ms)
+                    ratios[protocol].setdefault((t, key, "compute"), []).append(
+                        measured[a].max_compute_ms / measured[b].max_compute_ms)
+        print(f"session {session + 1} of {args.sessions} done ({time.perf_counter() - started:.0f} s)", flush=True)
+
+    rows: list[dict[str, Any]] = []
+    print(f"\n{len(planned)} task(s) ({', '.join(sorted({n for n, _, _ in planned}))}), {args.sessions} sessions "
+          f"per protocol; ratio moved = |r_i/r_j - 1| over all pairs of sessions, in %")
+    print(f"{'protocol':<24}{'ratio moved median':>19}{'max':>7}{'compute only median':>21}{'max':>7}{'s/session':>11}")
+    for protocol in protocols:
+        total = [m for (_, _, part), r in ratios[protocol].items() if part == "total" for m in moved(r)]
+        compute = [m for (_, _, part), r in ratios[protocol].items() if part == "compute" for m in moved(r)]
+        row = {"protocol": protocol, **PROTOCOLS[protocol],
+               "ratio_moved_median_pct": round(statistics.median(total), 2),
+               "ratio_moved_max_pct": round(max(total), 2),
+               "compute_moved_median_pct": round(statistics.median(compute), 2),
+               "compute_moved_max_pct": round(max(compute), 2),
+               "seconds_per_session": round(statistics.fmean(seconds[protocol]), 1)}
+        rows.append(row)
+        print(f"{protocol:<24}{row['ratio_moved_median_pct']:>19.2f}{row['ratio_moved_max_pct']:>7.2f}"
+              f"{row['compute_moved_median_pct']:>21.2f}{row['compute_moved_max_pct']:>7.2f}"
+              f"{row['seconds_per_session']:>11.1f}")
+    print(f"total {time.perf_counter() - started:.0f} s")
+    if args.record:
+        record("measurement_noise", "How far two plans' measured cost ratio moves between sessions, per protocol",
+               rows, notes=f"{len(planned)} task(s) of {args.sets or 'each paper set'} (first {args.tasks}), "
+               f"{args.sessions} sessions per protocol, plans NeuroShard, measured greedy, TorchRec measured together; "
+               f"pairs {', '.join(f'{a}/{b}' for a, b in PAIRS)}, CPU")
+
+
+if __name__ == "__main__":
+    main()
