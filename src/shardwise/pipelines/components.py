@@ -210,6 +210,7 @@ def evaluate_plans(
     device: str,
     validate_iters: int,
     refine_rounds: int,
+    timing_rounds: int,
     evaluation: Output[Artifact],
     comparison: Output[Metrics],
     report: Output[HTML],
@@ -230,7 +231,7 @@ def evaluate_plans(
     uri = registered_model_uri(hardware_kind, model_alias) if model_alias else model.path
     evaluated = evaluate.run(evaluate.EvaluateSettings(
         task=task.path, plan=(plan.path, baseline_plan.path), name=names, out=evaluation.path, model=uri,
-        refine=refine_rounds, measurement=MeasurementSettings(device=device),
+        refine=refine_rounds, measurement=MeasurementSettings(device=device, timing_rounds=timing_rounds),
     ))
     print(evaluated.summary())
     figures = evaluate.versus_baseline(evaluated, names[1])

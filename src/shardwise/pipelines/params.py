@@ -51,6 +51,8 @@ class PipelineParams(BaseModel):
     validate_iters: int = Field(ge=0, description="DLRM training iterations per plan (0: no throughput)")
     refine_rounds: int = Field(ge=0, le=50, description="refine the plan on the evaluate step's hardware for up to "
                                "this many rounds, from the faster of it and the measured-cost greedy (0: no refinement)")
+    evaluate_timing_rounds: int = Field(ge=1, description="interleaved kernel timings per device shard in the "
+                                        "evaluate step (per device: their median; more: less noise, longer)")
     seed: int = Field(description="seed of every random draw")
 
     @field_validator("dataset_uri")

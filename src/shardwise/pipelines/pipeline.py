@@ -131,6 +131,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
         device: str = DEFAULTS.device,
         validate_iters: int = DEFAULTS.validate_iters,
         refine_rounds: int = DEFAULTS.refine_rounds,
+        evaluate_timing_rounds: int = DEFAULTS.evaluate_timing_rounds,
         seed: int = DEFAULTS.seed,
     ) -> dsl.Metrics:
         """The whole method; returns the measured comparison against TorchRec's planner."""
@@ -235,6 +236,7 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                     device=device,
                     validate_iters=validate_iters,
                     refine_rounds=refine_rounds,
+                    timing_rounds=evaluate_timing_rounds,
                 )
             ),
             num_devices,
