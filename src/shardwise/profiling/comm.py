@@ -18,13 +18,16 @@ import queue
 import socket
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+#: what a rank reports once it has joined the process group
+READY = "ready"
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,7 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str, jobs: Any, r
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    results.put((rank, READY))
     parent = os.getppid()
     try:
         while True:
@@ -172,7 +176,9 @@ class AllToAllSession:
     """D processes in one process group, kept for several measurements.
 
     Starting a process group costs seconds (spawning D interpreters that import torch); an exchange costs
-    milliseconds. A caller that measures a few layouts at a time, again and again (refinement, each round),
+    milliseconds. Entering the session waits until every rank has joined the group: ranks still importing torch
+    would otherwise take the CPU from whatever the caller times next (refinement times kernels right after
+    opening its session). A caller that measures a few layouts at a time, again and again (refinement, each round),
     keeps one session open: `with AllToAllSession(4) as session: session.measure(layouts, batch_size)`."""
 
     def __init__(self, num_devices: int, *, backend: str | None = None) -> None:
@@ -209,6 +215,11 @@ class AllToAllSession:
                 os.environ.pop("OMP_NUM_THREADS", None)
             else:
                 os.environ["OMP_NUM_THREADS"] = env_before
+        try:
+            self._collect(lambda rank, result: result == READY)
+        except BaseException:
+            self._stop(graceful=False)
+            raise
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -252,7 +263,13 @@ class AllToAllSession:
                "warmup_iters": warmup_iters, "iters": iters, "check": check}
         for jobs in self._jobs:
             jobs.put(job)
-        per_rank: dict[int, list[dict[str, Any]]] = {}
+        per_rank = self._collect(lambda rank, result: not isinstance(result, str))
+        return [_timings([per_rank[r][k] for r in range(self.num_devices)]) for k in range(len(layouts))]
+
+    def _collect(self, expected: Callable[[int, Any], bool]) -> dict[int, Any]:
+        """Every rank's next report, by rank; a rank that died, or reported what `expected(rank, result)` refuses
+        (an error), stops the session."""
+        per_rank: dict[int, Any] = {}
         while len(per_rank) < self.num_devices:
             try:
                 rank, result = self._results.get(timeout=1.0)
@@ -260,10 +277,10 @@ class AllToAllSession:
                 if any(not p.is_alive() for p in self._ranks):
                     self._fail()
                 continue
-            if isinstance(result, str):
+            if not expected(rank, result):
                 self._fail(f"all-to-all rank {rank} failed: {result}")
             per_rank[rank] = result
-        return [_timings([per_rank[r][k] for r in range(self.num_devices)]) for k in range(len(layouts))]
+        return per_rank
 
 
 def measure_all_to_all_many(
