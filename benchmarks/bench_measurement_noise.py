@@ -60,6 +60,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/measurement_noise.json")
     args = parser.parse_args()
+    if args.sessions < 2:
+        raise SystemExit(f"--sessions: at least 2 (a ratio moves between sessions), got {args.sessions}")
     protocols = args.protocols.split(",")
     unknown = [p for p in protocols if p not in PROTOCOLS]
     if unknown:
