@@ -97,7 +97,7 @@ def build_searchers(
 
 
 def _record(args: argparse.Namespace, specs: tuple[TaskSetSpec, ...], rows: list[dict[str, Any]],
-            headlines: list[str], num_methods: int, elapsed_s: float) -> None:
+            headlines: list[str], num_methods: int, elapsed_s: float, measurement: MeasurementSettings) -> None:
     """The printed summary table as rows, the headline ratio lines as notes."""
     columns = RECORDED_COLUMNS + (THROUGHPUT_COLUMNS if args.throughput_tasks else ())
     recorded = [{c: round(v, 4) if isinstance(v, float) else v for c, v in ((c, r.get(c)) for c in columns)}
@@ -105,7 +105,8 @@ def _record(args: argparse.Namespace, specs: tuple[TaskSetSpec, ...], rows: list
     best = {r["task_set"]: r["best_baseline"] for r in rows}
     sets = ", ".join(f"{s.name} ({s.num_tasks} tasks)" for s in specs)
     notes = [
-        f"{num_methods} methods on {sets}, measured on this machine's kernels and all-to-alls "
+        f"{num_methods} methods on {sets}, measured on this machine's kernels ({measurement.timing_rounds} timings "
+        f"per device) and all-to-alls ({measurement.comm_rounds} rounds x {measurement.comm_iters}) "
         f"({elapsed_s:.0f} s{RESUMED if args.resume else ''}); ratios < 1: cheaper than the reference; memory_headroom and prediction_error "
         "are fractions",
         "best baseline: " + ", ".join(f"{k}: {v}" for k, v in best.items()),
@@ -277,7 +278,7 @@ def main() -> None:
         elapsed_s = json.loads((Path(args.out) / "results.json").read_text())["seconds"]
     print(f"report: {args.out}/benchmark.html ({elapsed_s:.0f} s)")
     if args.record:
-        _record(args, specs, rows, headlines, len(searchers), elapsed_s)
+        _record(args, specs, rows, headlines, len(searchers), elapsed_s, measurement)
 
 
 if __name__ == "__main__":
