@@ -436,7 +436,6 @@ def run_benchmark(
             bar.update()
     if resumed:
         print(f"benchmark: {resumed} of {len(todo)} tasks taken from {out} (measured earlier with these settings)")
-    seconds = sum(o.seconds for o in outcomes)
 
     results = [r for o in outcomes for r in o.results]
     failures = [f for o in outcomes for f in o.failures]
@@ -458,7 +457,7 @@ def run_benchmark(
                 "throughput": {"tasks": throughput_tasks, "iters": throughput_iters, "warmup": throughput_warmup},
                 "seed": seed,
                 # every task's planning, refinement and measurement, resumed ones included (their earlier run's)
-                "seconds": round(seconds, 1),
+                "seconds": round(sum(o.seconds for o in outcomes), 1),
             },
             out / "results.json",
         )

@@ -216,7 +216,7 @@ class AllToAllSession:
             else:
                 os.environ["OMP_NUM_THREADS"] = env_before
         try:
-            self._collect(lambda rank, result: result == READY)
+            self._collect(lambda result: result == READY)
         except BaseException:
             self._stop(graceful=False)
             raise
@@ -263,11 +263,11 @@ class AllToAllSession:
                "warmup_iters": warmup_iters, "iters": iters, "check": check}
         for jobs in self._jobs:
             jobs.put(job)
-        per_rank = self._collect(lambda rank, result: not isinstance(result, str))
+        per_rank = self._collect(lambda result: not isinstance(result, str))
         return [_timings([per_rank[r][k] for r in range(self.num_devices)]) for k in range(len(layouts))]
 
-    def _collect(self, expected: Callable[[int, Any], bool]) -> dict[int, Any]:
-        """Every rank's next report, by rank; a rank that died, or reported what `expected(rank, result)` refuses
+    def _collect(self, expected: Callable[[Any], bool]) -> dict[int, Any]:
+        """Every rank's next report, by rank; a rank that died, or reported what `expected(result)` refuses
         (an error), stops the session."""
         per_rank: dict[int, Any] = {}
         while len(per_rank) < self.num_devices:
@@ -277,7 +277,7 @@ class AllToAllSession:
                 if any(not p.is_alive() for p in self._ranks):
                     self._fail()
                 continue
-            if not expected(rank, result):
+            if not expected(result):
                 self._fail(f"all-to-all rank {rank} failed: {result}")
             per_rank[rank] = result
         return per_rank
