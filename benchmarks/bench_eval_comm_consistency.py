@@ -1,82 +1,101 @@
-"""How reproducible is the evaluator's per-device all-to-all time within one session?
+"""How reproducible is the evaluator's all-to-all time within one session? Exchange by exchange against blocks.
 
-Measures, in one `measure_plans` session: a 4-device plan, the same plan again, and a symmetric plan (equal
-tables on every device, so every device's exchange is the same). Prints, per all-to-all setting, the per-device
-ratio between the two copies of the plan and the max/min across the symmetric plan's devices (1.00 is perfect),
-for the old setting (3 rounds x 5 exchanges) against the current default (MeasurementSettings' comm_rounds x
-comm_iters).
+The layouts here are one plan's per-device widths and its rotations (the same exchange with the devices renamed),
+so every difference between their figures is measurement noise. They are timed in one process group, the two
+schedules alternating rep by rep, so machine drift hits both alike:
+  - blocks: each layout's exchanges one after another (the order until 2026-11-26, when `measure_comm` timed
+    every layout for its own stretch of `comm_iters` exchanges per round);
+  - exchange by exchange: the layouts take turns exchange by exchange (`AllToAllSession.measure` since).
+Per schedule it prints the spread between the layouts (max/min of each layout's mean and slowest device's
+all-to-all ms; 1.000 is perfect), the median and the largest over the reps. On 8 devices the all-to-all is about
+half of a paper task's plan cost on a 2-core CPU, so its spread moves plan comparisons as much as the kernels do.
 
-    .venv/bin/python benchmarks/bench_eval_comm_consistency.py [--devices 4] [--batch-size 2048] [--record]
+    .venv/bin/python benchmarks/bench_eval_comm_consistency.py [--devices 8] [--batch-size 2048] [--reps 4] [--record]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
 from record import record
 
-from shardwise.evaluation import measure_plans
-from shardwise.profiling import MeasurementSettings
-from shardwise.search.plan import Plan, Shard
-from shardwise.workload import ShardingTask, TableSpec
+from shardwise.evaluation.measured import measure_comm
+from shardwise.profiling import AllToAllSession, MeasurementSettings
+
+#: per-device widths of the measured greedy's plan of the 8-device paper set's third task (batch 2048)
+WIDTHS = (384, 532, 544, 424, 820, 552, 452, 564)
 
 
 def _spread(values: list[float]) -> float:
     return max(values) / min(values) if min(values) > 0 else float("inf")
 
 
+def _figures(timed: list[list[tuple[float, float]]]) -> tuple[float, float]:
+    """Spread between the layouts of their mean device's and slowest device's fwd + bwd all-to-all ms."""
+    totals = [[fwd + bwd for fwd, bwd in devices] for devices in timed]
+    return _spread([statistics.mean(t) for t in totals]), _spread([max(t) for t in totals])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", type=int, default=4)
+    parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=2048)
-    parser.add_argument("--record", action="store_true",
-                        help="write benchmarks/results/eval_comm_consistency.json")
+    parser.add_argument("--layouts", type=int, default=4, help="rotations of the plan's widths timed side by side")
+    parser.add_argument("--reps", type=int, default=4, help="measurements per schedule, alternating")
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/eval_comm_consistency.json")
     args = parser.parse_args()
+    if args.reps < 1 or not 2 <= args.layouts <= args.devices:
+        parser.error("--reps must be >= 1 and --layouts between 2 and --devices")
     torch.set_num_threads(1)
-    d = args.devices
-    dims = [16, 32, 64, 128, 32, 64, 16, 128] * d
-    tables = tuple(
-        TableSpec(name=f"t{i}", rows=5000, dim=dim, pooling_factor=8.0, zipf_alpha=1.05) for i, dim in enumerate(dims)
-    )
-    task = ShardingTask(num_devices=d, device_memory_bytes=2**30, batch_size=args.batch_size, tables=tables)
-    # uneven: device k takes tables k, k+d, ... (widths differ); symmetric: same dim multiset on every device
-    uneven = Plan(num_devices=d, method="uneven", shards=tuple(
-        Shard(table=t.name, col_offset=0, dim=t.dim, device=(i * 7 // 3) % d) for i, t in enumerate(tables)))
-    symmetric = Plan(num_devices=d, method="symmetric", shards=tuple(
-        Shard(table=t.name, col_offset=0, dim=t.dim, device=i // 8) for i, t in enumerate(tables)))
-    base = MeasurementSettings(device="cpu", warmup_iters=2, timing_iters=5, reference_ms=1.0)
-    default = MeasurementSettings()
-    print(f"{d} devices, batch {args.batch_size}; widths uneven "
-          f"{[sum(s.dim for s in uneven.shards if s.device == k) for k in range(d)]}, symmetric {sum(dims[:8])} each")
-    print(f"{'setting':<22} {'copy ratio fwd (max)':>20} {'copy ratio bwd (max)':>20} "
-          f"{'sym spread fwd':>14} {'sym spread bwd':>14} {'seconds':>8}")
-    settings = (("old: 3 rounds x 5", 5, 3),
-                (f"now: {default.comm_rounds} rounds x {default.comm_iters}", default.comm_iters, default.comm_rounds))
-    rows = []
-    for label, iters, rounds in settings:
-        started = time.perf_counter()
-        a, b, sym = measure_plans([(task, uneven), (task, uneven), (task, symmetric)],
-                                  base.model_copy(update={"comm_iters": iters, "comm_rounds": rounds}), progress=False)
-        elapsed = time.perf_counter() - started
-        copy_fwd = max(_spread([x.comm_fwd_ms, y.comm_fwd_ms]) for x, y in zip(a.devices, b.devices))
-        copy_bwd = max(_spread([x.comm_bwd_ms, y.comm_bwd_ms]) for x, y in zip(a.devices, b.devices))
-        sym_fwd = _spread([x.comm_fwd_ms for x in sym.devices])
-        sym_bwd = _spread([x.comm_bwd_ms for x in sym.devices])
-        print(f"{label:<22} {copy_fwd:>20.3f} {copy_bwd:>20.3f} {sym_fwd:>14.3f} {sym_bwd:>14.3f} {elapsed:>8.1f}")
-        rows.append({"setting": label, "copy_ratio_fwd_max": round(copy_fwd, 3),
-                     "copy_ratio_bwd_max": round(copy_bwd, 3), "symmetric_spread_fwd": round(sym_fwd, 3),
-                     "symmetric_spread_bwd": round(sym_bwd, 3), "seconds": round(elapsed, 1)})
-        print("  per device a2a fwd/bwd ms, copy 1:", [(round(x.comm_fwd_ms, 3), round(x.comm_bwd_ms, 3)) for x in a.devices])
-        print("  per device a2a fwd/bwd ms, copy 2:", [(round(x.comm_fwd_ms, 3), round(x.comm_bwd_ms, 3)) for x in b.devices])
-        print("  symmetric:                        ", [(round(x.comm_fwd_ms, 3), round(x.comm_bwd_ms, 3)) for x in sym.devices])
+    widths = [WIDTHS[d % len(WIDTHS)] for d in range(args.devices)]
+    layouts = [widths[r:] + widths[:r] for r in range(args.layouts)]
+    settings = MeasurementSettings(device="cpu")
+    rounds, iters = settings.comm_rounds, settings.comm_iters
+    print(f"{args.devices} devices, batch {args.batch_size}, widths {widths} and {args.layouts - 1} rotations; "
+          f"{rounds} rounds x {iters} exchanges per layout, median per device")
 
+    def blocks(session: AllToAllSession) -> list[list[tuple[float, float]]]:
+        per_call = [session.measure([layout], args.batch_size, iters=iters)[0]
+                    for _ in range(rounds) for layout in layouts]
+        return [[(statistics.median(ms for c in per_call[k::len(layouts)] for ms in c[d].fwd_samples_ms),
+                  statistics.median(ms for c in per_call[k::len(layouts)] for ms in c[d].bwd_samples_ms))
+                 for d in range(args.devices)] for k in range(len(layouts))]
+
+    def interleaved(session: AllToAllSession) -> list[list[tuple[float, float]]]:
+        return measure_comm(layouts, args.batch_size, settings, backend="gloo", session=session)
+
+    schedules = {"blocks": blocks, "exchange by exchange": interleaved}
+    spreads: dict[str, list[tuple[float, float]]] = {name: [] for name in schedules}
+    seconds: dict[str, float] = dict.fromkeys(schedules, 0.0)
+    with AllToAllSession(args.devices, backend="gloo") as session:
+        for rep in range(args.reps):
+            for name, schedule in schedules.items():
+                started = time.perf_counter()
+                figures = _figures(schedule(session))
+                seconds[name] += time.perf_counter() - started
+                spreads[name].append(figures)
+                print(f"  rep {rep + 1} {name:<21} spread of mean {figures[0]:.3f}, of slowest {figures[1]:.3f}",
+                      flush=True)
+    print(f"{'schedule':<21} {'mean: median':>12} {'max':>6} {'slowest: median':>15} {'max':>6} {'s/rep':>6}")
+    rows = []
+    for name, values in spreads.items():
+        mean_spread, slow_spread = [v[0] for v in values], [v[1] for v in values]
+        row = {"schedule": name, "spread_mean_median": round(statistics.median(mean_spread), 3),
+               "spread_mean_max": round(max(mean_spread), 3),
+               "spread_slowest_median": round(statistics.median(slow_spread), 3),
+               "spread_slowest_max": round(max(slow_spread), 3), "seconds_per_rep": round(seconds[name] / args.reps, 1)}
+        rows.append(row)
+        print(f"{name:<21} {row['spread_mean_median']:>12.3f} {row['spread_mean_max']:>6.3f} "
+              f"{row['spread_slowest_median']:>15.3f} {row['spread_slowest_max']:>6.3f} {row['seconds_per_rep']:>6.1f}")
     if args.record:
-        record("eval_comm_consistency", "All-to-all timing: reproducibility within one evaluation session",
-               rows, notes=f"{d} devices, batch {args.batch_size}; copy ratio: max over devices of max/min "
-                           "between two copies of the same plan; symmetric spread: max/min over the devices "
-                           "of a plan whose devices all exchange the same widths (1.000 is perfect)")
+        record("eval_comm_consistency", "All-to-all timing within one session: exchange by exchange against blocks",
+               rows, notes=f"{args.devices} devices, batch {args.batch_size}, {args.layouts} layouts (a plan's widths "
+                           f"and rotations: the same exchange), {args.reps} reps per schedule in one gloo process "
+                           "group; spread: max/min between the layouts of the mean device's and the slowest "
+                           "device's fwd + bwd all-to-all ms (1.000 is perfect)")
 
 
 if __name__ == "__main__":

@@ -224,10 +224,10 @@ def measure_comm(
     session: AllToAllSession | None = None,
 ) -> list[list[tuple[float, float]]]:
     """Per layout (its devices' pooled widths; every layout with the same device count), each device's median
-    forward and backward all-to-all ms. One process group (`session`'s, else a new one); every layout timed in
-    `comm_rounds` interleaved rounds of `comm_iters`, the median of all rounds' iterations per device: machine
-    drift during the run then hits all layouts alike instead of whichever happened to run during a slow spell.
-    Layouts with the same widths are timed once and share their figures."""
+    forward and backward all-to-all ms. One process group (`session`'s, else a new one); every layout timed
+    `comm_rounds` x `comm_iters` times, the layouts taking turns exchange by exchange, the median of all its
+    exchanges per device: machine drift during the run then hits all layouts alike instead of whichever happened
+    to run during a slow spell. Layouts with the same widths are timed once and share their figures."""
     distinct = list(dict.fromkeys(tuple(w) for w in layouts))
     repeated = [list(w) for w in distinct] * measurement.comm_rounds
     if session is None:
