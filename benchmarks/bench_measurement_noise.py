@@ -9,7 +9,11 @@ per protocol:
   - ratio moved: how far two plans' cost ratio (NeuroShard over the greedy, NeuroShard over TorchRec) moved
     between two sessions, the median and the largest over all pairs of sessions and tasks;
   - compute only: the same for the slowest device's kernel time alone (without the all-to-all);
+  - against first: how far its ratio is from the first protocol's in the same session (a protocol that measures
+    the same thing moves against another by about as much as within itself; one that is biased, by more);
   - s/session: the time one session takes.
+The protocol "9 timings in refinement's session" measures the plans as refinement measures its starts
+(`measure_side_by_side`), so refinement's decisions can be checked against the benchmark's measurements.
 
     python benchmarks/bench_measurement_noise.py --model models:/shardwise-cost-cpu-x86_64-2c@champion
     python benchmarks/bench_measurement_noise.py --model ... --sets 8dev-80to120 --tasks 2 --sessions 5 --record
@@ -28,12 +32,17 @@ from bench_plan_quality import paper_tasks
 from record import record
 
 from shardwise.evaluation import measure_plans
+from shardwise.evaluation.refine import measure_side_by_side
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import make_searcher
 
 METHODS = ("neuroshard", "measured_greedy", "torchrec")
 PAIRS = (("neuroshard", "measured_greedy"), ("neuroshard", "torchrec"))
+#: the default protocol, the plans measured as refinement measures the plans it can start from
+#: (`measure_side_by_side`: the all-to-all process group open while kernels are timed, 3 plans where the benchmark
+#: measures 6) instead of by `measure_plans`
+REFINEMENT_SESSION = "9 timings in refinement's session"
 #: the protocols compared: name -> MeasurementSettings fields, kernel timings named in each so that a protocol
 #: means the same when the defaults change (the rest are the defaults)
 PROTOCOLS: dict[str, dict[str, int]] = {
@@ -42,6 +51,7 @@ PROTOCOLS: dict[str, dict[str, int]] = {
     "3 timings comm 20x20": {"timing_rounds": 3, "comm_rounds": 20, "comm_iters": 20},
     "9 timings": {"timing_rounds": 9},  # the default since
     "9 timings comm 20x20": {"timing_rounds": 9, "comm_rounds": 20, "comm_iters": 20},
+    REFINEMENT_SESSION: {"timing_rounds": 9},
 }
 
 
@@ -59,6 +69,8 @@ def main() -> None:
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma separated, of: " + ", ".join(PROTOCOLS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/measurement_noise.json")
+    parser.add_argument("--record-name", default="measurement_noise", metavar="NAME",
+                        help="record as benchmarks/results/NAME.json instead")
     args = parser.parse_args()
     if args.sessions < 2:
         raise SystemExit(f"--sessions: at least 2 (a ratio moves between sessions), got {args.sessions}")
@@ -83,37 +95,46 @@ def main() -> None:
             settings = base.model_copy(update=PROTOCOLS[protocol])
             for t, (_, task, plans) in enumerate(planned):
                 began = time.perf_counter()
-                measured = dict(zip(METHODS, measure_plans([(task, plans[m]) for m in METHODS], settings,
-                                                           progress=False)))
+                if protocol == REFINEMENT_SESSION:
+                    figures = measure_side_by_side(task, [plans[m] for m in METHODS], model, settings)
+                else:
+                    figures = [(m.max_cost_ms, m.max_compute_ms) for m in measure_plans(
+                        [(task, plans[m]) for m in METHODS], settings, progress=False)]
+                measured = dict(zip(METHODS, figures, strict=True))
                 seconds[protocol].append(time.perf_counter() - began)
                 for a, b in PAIRS:
-                    key = f"{a}/{b}"
-                    ratios[protocol].setdefault((t, key, "total"), []).append(
-                        measured[a].max_cost_ms / measured[b].max_cost_ms)
-                    ratios[protocol].setdefault((t, key, "compute"), []).append(
-                        measured[a].max_compute_ms / measured[b].max_compute_ms)
+                    for i, part in enumerate(("total", "compute")):
+                        ratios[protocol].setdefault((t, f"{a}/{b}", part), []).append(measured[a][i] / measured[b][i])
         print(f"session {session + 1} of {args.sessions} done ({time.perf_counter() - started:.0f} s)", flush=True)
 
     rows: list[dict[str, Any]] = []
     print(f"\n{len(planned)} task(s) ({', '.join(sorted({n for n, _, _ in planned}))}), {args.sessions} sessions "
           f"per protocol; ratio moved = |r_i/r_j - 1| over all pairs of sessions, in %")
-    print(f"{'protocol':<24}{'ratio moved median':>19}{'max':>7}{'compute only median':>21}{'max':>7}{'s/session':>11}")
+    first = protocols[0]
+    print(f"against {first}: how far each protocol's ratio is from {first}'s of the same session (in %)")
+    print(f"{'protocol':<34}{'ratio moved median':>19}{'max':>7}{'compute only median':>21}{'max':>7}"
+          f"{'against first median':>22}{'max':>7}{'s/session':>11}")
     for protocol in protocols:
         total = [m for (_, _, part), r in ratios[protocol].items() if part == "total" for m in moved(r)]
         compute = [m for (_, _, part), r in ratios[protocol].items() if part == "compute" for m in moved(r)]
+        against = [abs(r / q - 1) * 100 for key, rs in ratios[protocol].items() if key[2] == "total"
+                   for r, q in zip(rs, ratios[first][key], strict=True)]
         row = {"protocol": protocol, **PROTOCOLS[protocol],
                "ratio_moved_median_pct": round(statistics.median(total), 2),
                "ratio_moved_max_pct": round(max(total), 2),
                "compute_moved_median_pct": round(statistics.median(compute), 2),
                "compute_moved_max_pct": round(max(compute), 2),
+               "against_first_median_pct": round(statistics.median(against), 2),
+               "against_first_max_pct": round(max(against), 2),
                "seconds_per_session": round(statistics.fmean(seconds[protocol]), 1)}
         rows.append(row)
-        print(f"{protocol:<24}{row['ratio_moved_median_pct']:>19.2f}{row['ratio_moved_max_pct']:>7.2f}"
+        print(f"{protocol:<34}{row['ratio_moved_median_pct']:>19.2f}{row['ratio_moved_max_pct']:>7.2f}"
               f"{row['compute_moved_median_pct']:>21.2f}{row['compute_moved_max_pct']:>7.2f}"
+              f"{row['against_first_median_pct']:>22.2f}{row['against_first_max_pct']:>7.2f}"
               f"{row['seconds_per_session']:>11.1f}")
     print(f"total {time.perf_counter() - started:.0f} s")
     if args.record:
-        record("measurement_noise", "How far two plans' measured cost ratio moves between sessions, per protocol",
+        record(args.record_name, "How far two plans' measured cost ratio moves between sessions, per protocol",
                rows, notes=f"{len(planned)} task(s) of {args.sets or 'each paper set'} (first {args.tasks}), "
                f"{args.sessions} sessions per protocol, plans NeuroShard, measured greedy, TorchRec measured together; "
                f"pairs {', '.join(f'{a}/{b}' for a, b in PAIRS)}, CPU")

@@ -179,6 +179,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=None,
                         help="measure at this batch (default: the cost model's, else the task's)")
     parser.add_argument("--num-tasks", type=int, default=None, help="tasks per set (default: the set's)")
+    parser.add_argument("--sets", default=None, help="only these task sets (comma separated names)")
     parser.add_argument("--small", action="store_true", help="tiny sets and batch: proves the pipeline works")
     parser.add_argument("--methods", default=",".join(default_methods()),
                         help="comma-separated methods to compare (default: every method without a trained policy)")
@@ -219,6 +220,11 @@ def main() -> None:
     measurement = MeasurementSettings(
         batch_size=args.batch_size,
         **({"warmup_iters": 2, "timing_iters": 5, "timing_rounds": 3, "comm_iters": 3} if args.small else {}))
+    if args.sets:
+        wanted = args.sets.split(",")
+        if unknown := sorted(set(wanted) - {s.name for s in specs}):
+            parser.error(f"--sets: no task set {', '.join(unknown)}; there are {', '.join(s.name for s in specs)}")
+        specs = tuple(s for s in specs if s.name in wanted)
     if args.num_tasks:
         specs = tuple(s.model_copy(update={"num_tasks": args.num_tasks}) for s in specs)
     task_sets = {s.name: make_task_set(pool, s, seed=args.seed) for s in specs}

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardwise.evaluation.refine import refine_plan
+from shardwise.evaluation.refine import measure_side_by_side, refine_plan
 from shardwise.profiling import MeasurementSettings, load_costs
 from shardwise.search import Plan, Shard, validate_plan
 from shardwise.workload import ShardingTask, TableSpec
@@ -168,3 +168,22 @@ def test_a_refused_move_is_not_proposed_first_again_with_another_partner():
     assert first and again and again[0].move != first[0].move
     assert first[0].description.startswith(first[0].move)
     assert all(not c.description.startswith(first[0].move) for c in again[:1])
+
+
+def test_plans_measured_as_refinement_measures_its_starts():
+    """`measure_side_by_side` (what bench_measurement_noise compares with `measure_plans`): each plan's slowest
+    device with and without the all-to-all, from one session; both heavy tables on one device is the slower plan.
+    A plan that does not fit is refused before anything runs."""
+    task = _task()
+    light = tuple(Shard(table=f"l{i}", col_offset=0, dim=16, device=i % 3) for i in range(4))
+    bad = Plan(num_devices=3, method="bad", shards=(
+        Shard(table="h0", col_offset=0, dim=64, device=0), Shard(table="h1", col_offset=0, dim=64, device=0), *light))
+    good = Plan(num_devices=3, method="good", shards=(
+        Shard(table="h0", col_offset=0, dim=64, device=1), Shard(table="h1", col_offset=0, dim=64, device=2), *light))
+    (bad_ms, bad_kernels), (good_ms, good_kernels) = measure_side_by_side(task, [bad, good], FeatureCostModel(),
+                                                                          MEASUREMENT)
+    assert bad_ms > bad_kernels > 0 and good_ms > good_kernels > 0  # the all-to-all is counted on top
+    assert bad_kernels > good_kernels
+    small = task.model_copy(update={"device_memory_bytes": 8 * 2**20})  # one heavy table a device
+    with pytest.raises(ValueError, match="over its cap"):
+        measure_side_by_side(small, [bad], FeatureCostModel(), MEASUREMENT)

@@ -259,7 +259,7 @@ def measure_plans(
     One reference calibration for all (unless `measurement.reference_ms` pins it), every device shard timed in
     `timing_rounds` interleaved rounds at `measurement.batch_size` (default: each task's), and all-to-alls of
     equal device count and batch in one process group (`comm_backend`: NCCL on CUDA, gloo on CPU by default),
-    interleaved over `comm_rounds` rounds of `comm_iters`; medians per device."""
+    the layouts taking turns exchange by exchange, `comm_rounds` x `comm_iters` each; medians per device."""
     measurement = measurement or MeasurementSettings()
     for task, plan in items:
         validate_plan(plan, task)  # refuses columns covered twice, devices out of range, over memory

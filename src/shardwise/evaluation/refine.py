@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -305,17 +305,37 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
     for candidate in (plan, *starts):
         validate_plan(candidate, task)
     started = time.perf_counter()
-    measurement = measurement or MeasurementSettings()
     if dataset is not None:
         prepare_dataset(dataset)  # a path that cannot hold the dataset fails before anything is measured
+    with _open_refiner(task, cost_model, measurement, progress, dataset) as refiner:
+        return _refine(refiner, plan, starts, rounds, time_budget_s, started)
+
+
+def measure_side_by_side(task: ShardingTask, plans: Sequence[Plan], cost_model: CostModel,
+                         measurement: MeasurementSettings | None = None, *,
+                         progress: bool = False) -> list[tuple[float, float]]:
+    """Each plan's measured slowest device, kernels + all-to-all and kernels alone (ms), measured as refinement
+    measures the plans it can start from: one session, its all-to-all process group open while the kernels are
+    timed, fwd + bwd per timing. For comparing refinement's measurements with `measure_plans`'
+    (bench_measurement_noise.py)."""
+    for plan in plans:
+        validate_plan(plan, task)
+    with _open_refiner(task, cost_model, measurement, progress, None) as refiner:
+        kernels, _, totals = _side_by_side(refiner, [_Layout(list(plan.shards)) for plan in plans])
+    return [(total, max(k)) for total, k in zip(totals, kernels, strict=True)]
+
+
+@contextlib.contextmanager
+def _open_refiner(task: ShardingTask, cost_model: CostModel, measurement: MeasurementSettings | None,
+                  progress: bool, dataset: str | Path | None) -> Iterator[_Refiner]:
+    """A refiner with its all-to-all process group open (none on one device), closed on the way out."""
+    measurement = measurement or MeasurementSettings()
     with contextlib.ExitStack() as stack:
         session = None
         if task.num_devices > 1:
             backend = default_backend(resolve_timing(measurement)[0].type)
             session = stack.enter_context(AllToAllSession(task.num_devices, backend=backend))
-        refiner = _Refiner(task, cost_model, measurement, progress, dataset, session)
-        refined, record = _refine(refiner, plan, starts, rounds, time_budget_s, started)
-    return refined, record
+        yield _Refiner(task, cost_model, measurement, progress, dataset, session)
 
 
 def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, time_budget_s: float | None,
