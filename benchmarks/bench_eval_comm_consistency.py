@@ -7,8 +7,8 @@ schedules alternating rep by rep, so machine drift hits both alike:
     every layout for its own stretch of `comm_iters` exchanges per round);
   - exchange by exchange: the layouts take turns exchange by exchange (`AllToAllSession.measure` since).
 Per schedule it prints the spread between the layouts (max/min of each layout's mean and slowest device's
-all-to-all ms; 1.000 is perfect), the median and the largest over the reps. On 8 devices the all-to-all is about
-half of a paper task's plan cost on a 2-core CPU, so its spread moves plan comparisons as much as the kernels do.
+all-to-all ms; 1.000 is perfect), the median and the largest over the reps. On 8 devices the all-to-all is over
+40% of a paper task's plan cost on a 2-core CPU (bench_plan_quality.py), so its spread moves plan comparisons.
 
     .venv/bin/python benchmarks/bench_eval_comm_consistency.py [--devices 8] [--batch-size 2048] [--reps 4] [--record]
 """

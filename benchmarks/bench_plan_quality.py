@@ -264,8 +264,8 @@ def main() -> None:
             if parts:
                 say(f"{spec.name}: {name} " + ", ".join(parts))
         # refinement against the measured greedy, task by task: plan cost, then the kernels alone (placement decides
-        # them; on a 2-core CPU the all-to-all is about half of an 8-device plan's cost, nearly the same for every
-        # layout of a task, and its measurement moves by several percent: bench_eval_comm_consistency.py)
+        # them; on a 2-core CPU the all-to-all is over 40% of an 8-device plan's cost (cost ms against comp ms), and
+        # its measurement moves by several percent: bench_eval_comm_consistency.py)
         for part, value in (("", lambda r: r.measured_ms), (" on the slowest device's kernels alone",
                                                                lambda r: r.compute_ms)):
             if line := at_or_below(in_set, REFINED, MEASURED_GREEDY, value):

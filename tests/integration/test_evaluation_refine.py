@@ -93,15 +93,21 @@ def test_memory_bounds_every_change_and_a_balanced_plan_is_left_alone():
         refine_plan(task, plan, FeatureCostModel(), MEASUREMENT, rounds=0)
 
 
-def test_refinement_goes_on_from_the_fastest_start():
-    """A bad searched plan and a good other start (both heavy tables apart): both are measured in one session, the
-    record names each start's measured figure, and refinement goes on from the faster one, never slower than it."""
-    task = _task()
+def _bad_and_good() -> tuple[Plan, Plan]:
+    """Plans of `_task()`: both heavy tables on device 0 ("bad"), and apart on devices 1 and 2 ("good")."""
     light = tuple(Shard(table=f"l{i}", col_offset=0, dim=16, device=i % 3) for i in range(4))
     bad = Plan(num_devices=3, method="bad", shards=(
         Shard(table="h0", col_offset=0, dim=64, device=0), Shard(table="h1", col_offset=0, dim=64, device=0), *light))
     good = Plan(num_devices=3, method="good", shards=(
         Shard(table="h0", col_offset=0, dim=64, device=1), Shard(table="h1", col_offset=0, dim=64, device=2), *light))
+    return bad, good
+
+
+def test_refinement_goes_on_from_the_fastest_start():
+    """A bad searched plan and a good other start (both heavy tables apart): both are measured in one session, the
+    record names each start's measured figure, and refinement goes on from the faster one, never slower than it."""
+    task = _task()
+    bad, good = _bad_and_good()
     refined, record = refine_plan(task, bad, FeatureCostModel(), MEASUREMENT, rounds=1, starts=[good],
                                   progress=False)
     validate_plan(refined, task)
@@ -175,11 +181,7 @@ def test_plans_measured_as_refinement_measures_its_starts():
     device with and without the all-to-all, from one session; both heavy tables on one device is the slower plan.
     A plan that does not fit is refused before anything runs."""
     task = _task()
-    light = tuple(Shard(table=f"l{i}", col_offset=0, dim=16, device=i % 3) for i in range(4))
-    bad = Plan(num_devices=3, method="bad", shards=(
-        Shard(table="h0", col_offset=0, dim=64, device=0), Shard(table="h1", col_offset=0, dim=64, device=0), *light))
-    good = Plan(num_devices=3, method="good", shards=(
-        Shard(table="h0", col_offset=0, dim=64, device=1), Shard(table="h1", col_offset=0, dim=64, device=2), *light))
+    bad, good = _bad_and_good()
     (bad_ms, bad_kernels), (good_ms, good_kernels) = measure_side_by_side(task, [bad, good], FeatureCostModel(),
                                                                           MEASUREMENT)
     assert bad_ms > bad_kernels > 0 and good_ms > good_kernels > 0  # the all-to-all is counted on top

@@ -170,7 +170,7 @@ def test_measure_plans_times_as_the_measurement_settings_say(monkeypatch) -> Non
     # rounds interleaved over all shards: device 0 of the first plan was timed 1st, 5th and 9th, median 5th
     assert first.devices[0].fwd_ms == 5.0 and first.devices[0].bwd_ms == 10.0
     # both plans' layouts in one all-to-all session, comm_rounds times over, comm_iters each
-    assert kernels.exchanges == [(4, 128, 7)]
+    assert kernels.exchanges == [(2, 128, 2 * 7)]  # 2 layouts, each rounds x iters exchanges, taking turns
     assert first.devices[1].comm_fwd_ms == pytest.approx(0.1) and second.devices[1].comm_bwd_ms == pytest.approx(0.2)
     assert first.batch_size == 128 and first.reference_ms == 0.5
     assert first.timing["compute_rounds"] == 3 and first.timing["comm_iters"] == 7
@@ -189,7 +189,7 @@ def test_measure_plans_calibrates_one_reference_for_all_plans_at_the_tasks_batch
     assert {batch for _, batch, _ in kernels.shards} == {TASK.batch_size}
     defaults = MeasurementSettings()
     assert costs[0].timing["compute_rounds"] == defaults.timing_rounds
-    assert kernels.exchanges == [(2 * defaults.comm_rounds, TASK.batch_size, defaults.comm_iters)]
+    assert kernels.exchanges == [(2, TASK.batch_size, defaults.comm_rounds * defaults.comm_iters)]
 
 
 def test_a_device_two_plans_lay_out_alike_is_timed_once_and_gets_one_figure(monkeypatch) -> None:
@@ -204,8 +204,8 @@ def test_a_device_two_plans_lay_out_alike_is_timed_once_and_gets_one_figure(monk
     assert len(kernels.shards) == 6 and {names for names, _, _ in kernels.shards} == {("t0",), ("t1", "t2")}
     assert first.devices == again.devices
     assert (other.devices[1].fwd_ms, other.devices[0].fwd_ms) == (first.devices[0].fwd_ms, first.devices[1].fwd_ms)
-    # widths (16, 32) and (32, 16): two layouts exchanged per round, not three
-    assert kernels.exchanges == [(2 * 2, TASK.batch_size, settings.comm_iters)]
+    # widths (16, 32) and (32, 16): two layouts exchanged, not three
+    assert kernels.exchanges == [(2, TASK.batch_size, 2 * settings.comm_iters)]
 
 
 class _ModelWithReference(FeatureCostModel):

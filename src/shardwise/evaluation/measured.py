@@ -228,23 +228,14 @@ def measure_comm(
     `comm_rounds` x `comm_iters` times, the layouts taking turns exchange by exchange, the median of all its
     exchanges per device: machine drift during the run then hits all layouts alike instead of whichever happened
     to run during a slow spell. Layouts with the same widths are timed once and share their figures."""
-    distinct = list(dict.fromkeys(tuple(w) for w in layouts))
-    repeated = [list(w) for w in distinct] * measurement.comm_rounds
+    distinct = [list(w) for w in dict.fromkeys(tuple(w) for w in layouts)]
+    iters = measurement.comm_rounds * measurement.comm_iters
     if session is None:
-        exchanges = measure_all_to_all_many(repeated, batch_size, backend=backend, iters=measurement.comm_iters)
+        exchanges = measure_all_to_all_many(distinct, batch_size, backend=backend, iters=iters)
     else:
-        exchanges = session.measure(repeated, batch_size, iters=measurement.comm_iters)
-    medians = {}
-    for j, widths in enumerate(distinct):
-        rounds = exchanges[j :: len(distinct)]
-        medians[widths] = [
-            (
-                statistics.median(ms for r in rounds for ms in r[d].fwd_samples_ms),
-                statistics.median(ms for r in rounds for ms in r[d].bwd_samples_ms),
-            )
-            for d in range(len(widths))
-        ]
-    return [list(medians[tuple(w)]) for w in layouts]
+        exchanges = session.measure(distinct, batch_size, iters=iters)
+    medians = {tuple(w): [(t.fwd_ms, t.bwd_ms) for t in timed] for w, timed in zip(distinct, exchanges, strict=True)}
+    return [medians[tuple(w)] for w in layouts]
 
 
 def measure_plans(

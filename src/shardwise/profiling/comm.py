@@ -113,7 +113,8 @@ def _time_layouts(
 
     The layouts take turns exchange by exchange (iteration i of every layout, then iteration i + 1): on a shared
     machine an exchange's time drifts by tens of percent over seconds, and layouts timed one after another, each
-    for its own stretch of iterations, measured up to 20% apart on the same total width (8 gloo ranks on 2 cores)."""
+    for its own stretch of iterations, measured up to 18% apart on the same exchange (8 gloo ranks on 2 cores:
+    bench_eval_comm_consistency.py)."""
     buffers, checks = [], []
     for widths in layouts:
         send, recv, fwd_in, fwd_out, correct = _exchange(rank, widths, batch_size, device, check)
@@ -137,8 +138,8 @@ def _time_layouts(
             t3 = time.perf_counter()
             if i >= warmup_iters:
                 stamps[k].append((t0, t1, t2, t3))
-    return [{"stamps": s, "received_bytes": b[1].numel() * b[1].element_size(), "correct": c}
-            for s, b, c in zip(stamps, buffers, checks)]
+    return [{"stamps": times, "received_bytes": recv.numel() * recv.element_size(), "correct": correct}
+            for times, (_, recv, *_), correct in zip(stamps, buffers, checks, strict=True)]
 
 
 def _rank_main(rank: int, world_size: int, port: int, backend: str, jobs: Any, results: Any) -> None:
