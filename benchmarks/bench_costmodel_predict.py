@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from record import record
 
+from shardwise.cli import quiet_libraries
 from shardwise.costmodel import ModelMeta, NetworkConfig, NeuralCostModel
 from shardwise.costmodel.features import TABLE_FEATURE_NAMES, FeatureNormaliser, TableFeatureCache
 from shardwise.costmodel.networks import ComputeNet
@@ -45,6 +46,7 @@ def main() -> None:
     parser.add_argument("--record", action="store_true",
                         help="write benchmarks/results/costmodel_predict.json")
     args = parser.parse_args()
+    quiet_libraries(verbose=False)  # MLflow's download bars and INFO logs, as the CLI without -v
     torch.set_num_threads(args.threads)
 
     tableset = synthesize_tables(200, seed=args.seed, row_scale=0.01, batch_size=2048, progress=False)

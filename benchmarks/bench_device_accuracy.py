@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from record import record
 
+from shardwise.cli import quiet_libraries
 from shardwise.evaluation import KernelShard, resolve_timing, time_shards_in_rounds
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
@@ -65,6 +66,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved measurement rounds (median = reference)")
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/device_accuracy.json")
     args = parser.parse_args()
+    quiet_libraries(verbose=False)  # MLflow's download bars and INFO logs, as the CLI without -v
     if args.rounds < COMPUTE_ROUNDS:
         parser.error(f"--rounds must be >= {COMPUTE_ROUNDS}")
     torch.set_num_threads(1)

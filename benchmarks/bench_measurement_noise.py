@@ -31,6 +31,7 @@ import torch
 from bench_plan_quality import paper_tasks
 from record import record
 
+from shardwise.cli import quiet_libraries
 from shardwise.evaluation import measure_plans
 from shardwise.evaluation.refine import measure_side_by_side
 from shardwise.integrations.mlflow import MlflowService
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--record-name", default="measurement_noise", metavar="NAME",
                         help="record as benchmarks/results/NAME.json instead")
     args = parser.parse_args()
+    quiet_libraries(verbose=False)  # MLflow's download bars and INFO logs, as the CLI without -v
     if args.sessions < 2:
         raise SystemExit(f"--sessions: at least 2 (a ratio moves between sessions), got {args.sessions}")
     protocols = args.protocols.split(",")

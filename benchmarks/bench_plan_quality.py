@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from record import record
 
+from shardwise.cli import quiet_libraries
 from shardwise.costmodel.types import CostModel
 from shardwise.evaluation import (
     PAPER_TASK_SETS,
@@ -204,6 +205,7 @@ def main() -> None:
     parser.add_argument("--record-name", default=None, metavar="NAME",
                         help="record as benchmarks/results/NAME.json instead (another cost model's run, say)")
     args = parser.parse_args()
+    quiet_libraries(verbose=False)  # MLflow's download bars and INFO logs, as the CLI without -v
     torch.set_num_threads(1)
 
     cost_model = MlflowService().load_cost_model(args.model) if args.model else None

@@ -20,6 +20,7 @@ import time
 import numpy as np
 from record import record
 
+from shardwise.cli import quiet_libraries
 from shardwise.search import PlanError, make_searcher
 from shardwise.workload.synthetic import synthesize_tables
 from shardwise.workload.tableset import sample_task
@@ -93,6 +94,7 @@ def main() -> None:
                         "measured at it: larger batches make synthesizing 1,000 tables slow, not planning)")
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/planning_time.json")
     args = parser.parse_args()
+    quiet_libraries(verbose=False)  # MLflow's download bars and INFO logs, as the CLI without -v
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
 
     batch_size = args.batch_size

@@ -21,6 +21,7 @@ import torch
 from bench_plan_quality import paper_tasks
 from record import record
 
+from shardwise.cli import quiet_libraries
 from shardwise.evaluation import measure_plans
 from shardwise.evaluation.refine import refine_plan
 from shardwise.integrations.mlflow import MlflowService
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/refine.json")
     args = parser.parse_args()
+    quiet_libraries(verbose=False)  # MLflow's download bars and INFO logs, as the CLI without -v
     torch.set_num_threads(1)
     model = MlflowService().load_cost_model(args.model)
     measurement = MeasurementSettings(device="cpu").for_cost_model(model.reference_ms, model.batch_size)

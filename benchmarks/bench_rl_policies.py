@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from record import record
 
+from shardwise.cli import quiet_libraries
 from shardwise.costmodel.types import CostModel
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.search import (
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/rl_policies.json")
     args = parser.parse_args()
+    quiet_libraries(verbose=False)  # MLflow's download bars and INFO logs, as the CLI without -v
     torch.set_num_threads(1)
 
     cost_model = MlflowService().load_cost_model(args.model)

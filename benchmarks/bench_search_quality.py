@@ -17,6 +17,7 @@ import numpy as np
 from record import record
 from tqdm.auto import tqdm
 
+from shardwise.cli import quiet_libraries
 from shardwise.search import PlanError, get_method, make_searcher, method_names
 from shardwise.workload.synthetic import synthesize_tables
 from shardwise.workload.tableset import sample_task
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/search_quality.json")
     args = parser.parse_args()
+    quiet_libraries(verbose=False)  # MLflow's download bars and INFO logs, as the CLI without -v
 
     from shardwise.integrations.mlflow import MlflowService, champion_uri, cost_model_name
     from shardwise.profiling.hardware import hardware_kind
