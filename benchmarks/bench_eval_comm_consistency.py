@@ -10,6 +10,13 @@ Per schedule it prints the spread between the layouts (max/min of each layout's 
 all-to-all ms; 1.000 is perfect), the median and the largest over the reps. On 8 devices the all-to-all is over
 40% of a paper task's plan cost on a 2-core CPU (bench_plan_quality.py), so its spread moves plan comparisons.
 
+What is left of the spread, exchange by exchange? Two more rows split each layout's exchanges into the even and
+the odd ones (half the exchanges each, alternating, so drift hits both alike) and compare, pair by pair:
+  - one layout's even exchanges with its own odd ones: the spread that sampling single exchanges alone gives;
+  - one layout's even exchanges with the next layout's odd ones: the same, plus whatever differs between layouts.
+About equal: the rest is the spread of single exchanges, which more exchanges or another estimator can lower. The
+second well above the first: the rotations themselves time apart (which rank runs where), and they cannot.
+
     .venv/bin/python benchmarks/bench_eval_comm_consistency.py [--devices 8] [--batch-size 2048] [--reps 4] [--record]
 """
 
@@ -23,7 +30,10 @@ import torch
 from record import record
 
 from shardwise.evaluation.measured import measure_comm
-from shardwise.profiling import AllToAllSession, MeasurementSettings
+from shardwise.profiling import AllToAllSession, CommTiming, MeasurementSettings
+
+SAME = "one layout, even vs odd exchanges"
+NEXT = "next layout, even vs odd exchanges"
 
 #: per-device widths of the measured greedy's plan of the 8-device paper set's third task (batch 2048)
 WIDTHS = (384, 532, 544, 424, 820, 552, 452, 564)
@@ -37,6 +47,33 @@ def _figures(timed: list[list[tuple[float, float]]]) -> tuple[float, float]:
     """Spread between the layouts of their mean device's and slowest device's fwd + bwd all-to-all ms."""
     totals = [[fwd + bwd for fwd, bwd in devices] for devices in timed]
     return _spread([statistics.mean(t) for t in totals]), _spread([max(t) for t in totals])
+
+
+def _medians(timings: list[CommTiming], parity: int) -> list[tuple[float, float]]:
+    """Each device's median fwd and bwd ms over its even (parity 0) or odd (1) exchanges."""
+    return [(statistics.median(t.fwd_samples_ms[parity::2]), statistics.median(t.bwd_samples_ms[parity::2]))
+            for t in timings]
+
+
+def _halves(timed: list[list[CommTiming]]) -> dict[str, list[tuple[float, float]]]:
+    """Per layout k, the spread between its even exchanges and the odd ones of layout k (itself) and k + 1."""
+    pairs: dict[str, list[tuple[float, float]]] = {SAME: [], NEXT: []}
+    for k, timings in enumerate(timed):
+        even = _medians(timings, 0)
+        pairs[SAME].append(_figures([even, _medians(timings, 1)]))
+        pairs[NEXT].append(_figures([even, _medians(timed[(k + 1) % len(timed)], 1)]))
+    return pairs
+
+
+class _Recorder:
+    """The session, keeping the samples of the exchanges `measure_comm` times, for the even/odd split."""
+
+    def __init__(self, session: AllToAllSession) -> None:
+        self.session, self.timed = session, []
+
+    def measure(self, layouts: list[list[int]], batch_size: int, **kwargs: int) -> list[list[CommTiming]]:
+        self.timed = self.session.measure(layouts, batch_size, **kwargs)
+        return self.timed
 
 
 def main() -> None:
@@ -64,8 +101,14 @@ def main() -> None:
                   statistics.median(ms for c in per_call[k::len(layouts)] for ms in c[d].bwd_samples_ms))
                  for d in range(args.devices)] for k in range(len(layouts))]
 
+    halves: dict[str, list[tuple[float, float]]] = {SAME: [], NEXT: []}
+
     def interleaved(session: AllToAllSession) -> list[list[tuple[float, float]]]:
-        return measure_comm(layouts, args.batch_size, settings, backend="gloo", session=session)
+        recorder = _Recorder(session)
+        medians = measure_comm(layouts, args.batch_size, settings, backend="gloo", session=recorder)
+        for name, pairs in _halves(recorder.timed).items():
+            halves[name] += pairs
+        return medians
 
     schedules = {"blocks": blocks, "exchange by exchange": interleaved}
     spreads: dict[str, list[tuple[float, float]]] = {name: [] for name in schedules}
@@ -79,23 +122,29 @@ def main() -> None:
                 spreads[name].append(figures)
                 print(f"  rep {rep + 1} {name:<21} spread of mean {figures[0]:.3f}, of slowest {figures[1]:.3f}",
                       flush=True)
-    print(f"{'schedule':<21} {'mean: median':>12} {'max':>6} {'slowest: median':>15} {'max':>6} {'s/rep':>6}")
+    print(f"{'schedule':<36} {'mean: median':>12} {'max':>6} {'slowest: median':>15} {'max':>6} {'s/rep':>6}")
     rows = []
-    for name, values in spreads.items():
+    for name, values in [*spreads.items(), *((f"exchange by exchange, {n}", v) for n, v in halves.items())]:
         mean_spread, slow_spread = [v[0] for v in values], [v[1] for v in values]
-        row = {"schedule": name, "spread_mean_median": round(statistics.median(mean_spread), 3),
-               "spread_mean_max": round(max(mean_spread), 3),
-               "spread_slowest_median": round(statistics.median(slow_spread), 3),
-               "spread_slowest_max": round(max(slow_spread), 3), "seconds_per_rep": round(seconds[name] / args.reps, 1)}
+        row: dict[str, str | float] = {
+            "schedule": name, "spread_mean_median": round(statistics.median(mean_spread), 3),
+            "spread_mean_max": round(max(mean_spread), 3),
+            "spread_slowest_median": round(statistics.median(slow_spread), 3),
+            "spread_slowest_max": round(max(slow_spread), 3)}
+        if name in seconds:
+            row["seconds_per_rep"] = round(seconds[name] / args.reps, 1)
         rows.append(row)
-        print(f"{name:<21} {row['spread_mean_median']:>12.3f} {row['spread_mean_max']:>6.3f} "
-              f"{row['spread_slowest_median']:>15.3f} {row['spread_slowest_max']:>6.3f} {row['seconds_per_rep']:>6.1f}")
+        print(f"{name:<36} {row['spread_mean_median']:>12.3f} {row['spread_mean_max']:>6.3f} "
+              f"{row['spread_slowest_median']:>15.3f} {row['spread_slowest_max']:>6.3f} "
+              f"{row.get('seconds_per_rep', '-'):>6}")
     if args.record:
         record("eval_comm_consistency", "All-to-all timing within one session: exchange by exchange against blocks",
                rows, notes=f"{args.devices} devices, batch {args.batch_size}, {args.layouts} layouts (a plan's widths "
                            f"and rotations: the same exchange), {args.reps} reps per schedule in one gloo process "
                            "group; spread: max/min between the layouts of the mean device's and the slowest "
-                           "device's fwd + bwd all-to-all ms (1.000 is perfect)")
+                           "device's fwd + bwd all-to-all ms (1.000 is perfect); the even/odd rows: "
+                           "exchange by exchange, per layout and rep, its even exchanges against the odd ones of "
+                           "the same layout or the next (half the exchanges each)")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -94,3 +96,19 @@ def test_fp16_weights_and_sgd_run() -> None:
         optimizer="sgd", weights_precision="fp16",
     )
     assert timing.reference_ms is None and timing.fwd_ms == timing.raw_fwd_ms > 0
+
+
+def test_fbgemm_configuration_logs_hidden_unless_asked(caplog: pytest.LogCaptureFixture) -> None:
+    """fbgemm logs each kernel's configuration through the root logger: a pipeline step (root at INFO) built
+    thousands and its log grew by megabytes. Shown only with the fbgemm_gpu logger at INFO (`shardwise -v`)."""
+    tables = [TableSpec(name="a", rows=100, dim=8, pooling_factor=2.0)]
+    caplog.set_level(logging.INFO)  # the root logger, as under KFP's executor
+    logging.getLogger("shardwise.test").info("a log of ours")
+    build_shard_kernel(tables, 16)
+    assert [r.getMessage() for r in caplog.records] == ["a log of ours"]
+    assert logging.getLogger().filters == []  # nothing left behind
+
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="fbgemm_gpu")
+    build_shard_kernel(tables, 16)
+    assert any(r.getMessage().startswith("[TBE=") for r in caplog.records)

@@ -10,6 +10,7 @@ ratio is kept (reference normalisation, see TimingProtocol).
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import statistics
 import time
@@ -97,6 +98,29 @@ def table_index_data(
     return lengths, np.mod(indices, table.rows)
 
 
+class _TbeConfigurationFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno <= logging.INFO and str(record.msg).startswith("[TBE="))
+
+
+@contextlib.contextmanager
+def _tbe_configuration_logs_hidden() -> Iterator[None]:
+    """fbgemm logs each kernel's configuration, a dozen INFO lines, through the root logger; profiling builds
+    thousands of kernels, and where the root logger is at INFO (a pipeline step under KFP's executor) they filled
+    the step's log (about 10 MB for `make run`'s profile step). Kept when the fbgemm_gpu logger is set to INFO
+    (`shardwise -v`)."""
+    fbgemm = logging.getLogger("fbgemm_gpu")
+    if fbgemm.level != logging.NOTSET and fbgemm.level <= logging.INFO:
+        yield
+        return
+    root, hidden = logging.getLogger(), _TbeConfigurationFilter()
+    root.addFilter(hidden)
+    try:
+        yield
+    finally:
+        root.removeFilter(hidden)
+
+
 def build_shard_kernel(
     tables: Sequence[TableSpec],
     batch_size: int,
@@ -131,13 +155,14 @@ def build_shard_kernel(
         location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
 
     torch.manual_seed(seed)
-    tbe = SplitTableBatchedEmbeddingBagsCodegen(
-        [(t.rows, t.dim, location, compute) for t in tables],
-        optimizer=getattr(EmbOptimType, _OPTIMIZERS[optimizer]),
-        weights_precision=getattr(SparseType, _PRECISIONS[weights_precision]),
-        learning_rate=0.01,
-        device=dev,
-    )
+    with _tbe_configuration_logs_hidden():
+        tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            [(t.rows, t.dim, location, compute) for t in tables],
+            optimizer=getattr(EmbOptimType, _OPTIMIZERS[optimizer]),
+            weights_precision=getattr(SparseType, _PRECISIONS[weights_precision]),
+            learning_rate=0.01,
+            device=dev,
+        )
     per_table = tuple(table_index_data(t, batch_size, index_data) for t in tables)
     lengths = np.concatenate([lengths for lengths, _ in per_table])  # table-major, as TBE wants
     offsets = np.concatenate([[0], np.cumsum(lengths)])
