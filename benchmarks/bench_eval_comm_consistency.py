@@ -32,8 +32,8 @@ from record import record
 from shardwise.evaluation.measured import measure_comm
 from shardwise.profiling import AllToAllSession, CommTiming, MeasurementSettings
 
-SAME = "one layout, even vs odd exchanges"
-NEXT = "next layout, even vs odd exchanges"
+SAME = "even vs odd, one layout"
+NEXT = "even vs odd, next layout"
 
 #: per-device widths of the measured greedy's plan of the 8-device paper set's third task (batch 2048)
 WIDTHS = (384, 532, 544, 424, 820, 552, 452, 564)
@@ -122,9 +122,9 @@ def main() -> None:
                 spreads[name].append(figures)
                 print(f"  rep {rep + 1} {name:<21} spread of mean {figures[0]:.3f}, of slowest {figures[1]:.3f}",
                       flush=True)
-    print(f"{'schedule':<36} {'mean: median':>12} {'max':>6} {'slowest: median':>15} {'max':>6} {'s/rep':>6}")
+    print(f"{'schedule':<24} {'mean: median':>12} {'max':>6} {'slowest: median':>15} {'max':>6} {'s/rep':>6}")
     rows = []
-    for name, values in [*spreads.items(), *((f"exchange by exchange, {n}", v) for n, v in halves.items())]:
+    for name, values in [*spreads.items(), *halves.items()]:
         mean_spread, slow_spread = [v[0] for v in values], [v[1] for v in values]
         row: dict[str, str | float] = {
             "schedule": name, "spread_mean_median": round(statistics.median(mean_spread), 3),
@@ -134,7 +134,7 @@ def main() -> None:
         if name in seconds:
             row["seconds_per_rep"] = round(seconds[name] / args.reps, 1)
         rows.append(row)
-        print(f"{name:<36} {row['spread_mean_median']:>12.3f} {row['spread_mean_max']:>6.3f} "
+        print(f"{name:<24} {row['spread_mean_median']:>12.3f} {row['spread_mean_max']:>6.3f} "
               f"{row['spread_slowest_median']:>15.3f} {row['spread_slowest_max']:>6.3f} "
               f"{row.get('seconds_per_rep', '-'):>6}")
     if args.record:
@@ -143,7 +143,7 @@ def main() -> None:
                            f"and rotations: the same exchange), {args.reps} reps per schedule in one gloo process "
                            "group; spread: max/min between the layouts of the mean device's and the slowest "
                            "device's fwd + bwd all-to-all ms (1.000 is perfect); the even/odd rows: "
-                           "exchange by exchange, per layout and rep, its even exchanges against the odd ones of "
+                           "exchanges taking turns, per layout and rep, its even exchanges against the odd ones of "
                            "the same layout or the next (half the exchanges each)")
 
 
