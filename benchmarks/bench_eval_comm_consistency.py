@@ -16,6 +16,8 @@ the odd ones (half the exchanges each, alternating, so drift hits both alike) an
   - one layout's even exchanges with the next layout's odd ones: the same, plus whatever differs between layouts.
 About equal: the rest is the spread of single exchanges, which more exchanges or another estimator can lower. The
 second well above the first: the rotations themselves time apart (which rank runs where), and they cannot.
+A last row tries a paired estimator on the same exchanges: each layout's figure relative to the first layout's,
+as the median over turns of the ratio of their exchanges in that turn (each layout's mean and slowest device).
 
     .venv/bin/python benchmarks/bench_eval_comm_consistency.py [--devices 8] [--batch-size 2048] [--reps 4] [--record]
 """
@@ -26,6 +28,7 @@ import argparse
 import statistics
 import time
 
+import numpy as np
 import torch
 from record import record
 
@@ -34,6 +37,7 @@ from shardwise.profiling import AllToAllSession, CommTiming, MeasurementSettings
 
 SAME = "even vs odd, one layout"
 NEXT = "even vs odd, next layout"
+PAIRED = "paired with the first"
 
 #: per-device widths of the measured greedy's plan of the 8-device paper set's third task (batch 2048)
 WIDTHS = (384, 532, 544, 424, 820, 552, 452, 564)
@@ -65,8 +69,17 @@ def _halves(timed: list[list[CommTiming]]) -> dict[str, list[tuple[float, float]
     return pairs
 
 
+def _paired(timed: list[list[CommTiming]]) -> tuple[float, float]:
+    """Spread between the layouts of each one's median, over turns, of its mean (and slowest) device's fwd + bwd
+    ms over the first layout's in the same turn."""
+    totals = [np.array([np.add(t.fwd_samples_ms, t.bwd_samples_ms) for t in timings]) for timings in timed]
+    mean, slowest = ([float(np.median(reduce(x, axis=0) / reduce(totals[0], axis=0))) for x in totals]
+                     for reduce in (np.mean, np.max))
+    return _spread(mean), _spread(slowest)
+
+
 class _Recorder:
-    """The session, keeping the samples of the exchanges `measure_comm` times, for the even/odd split."""
+    """The session, keeping the samples of the exchanges `measure_comm` times (the even/odd and paired rows)."""
 
     def __init__(self, session: AllToAllSession) -> None:
         self.session, self.timed = session, []
@@ -101,13 +114,14 @@ def main() -> None:
                   statistics.median(ms for c in per_call[k::len(layouts)] for ms in c[d].bwd_samples_ms))
                  for d in range(args.devices)] for k in range(len(layouts))]
 
-    halves: dict[str, list[tuple[float, float]]] = {SAME: [], NEXT: []}
+    from_samples: dict[str, list[tuple[float, float]]] = {SAME: [], NEXT: [], PAIRED: []}
 
     def interleaved(session: AllToAllSession) -> list[list[tuple[float, float]]]:
         recorder = _Recorder(session)
         medians = measure_comm(layouts, args.batch_size, settings, backend="gloo", session=recorder)
         for name, pairs in _halves(recorder.timed).items():
-            halves[name] += pairs
+            from_samples[name] += pairs
+        from_samples[PAIRED].append(_paired(recorder.timed))
         return medians
 
     schedules = {"blocks": blocks, "exchange by exchange": interleaved}
@@ -124,7 +138,7 @@ def main() -> None:
                       flush=True)
     print(f"{'schedule':<24} {'mean: median':>12} {'max':>6} {'slowest: median':>15} {'max':>6} {'s/rep':>6}")
     rows = []
-    for name, values in [*spreads.items(), *halves.items()]:
+    for name, values in [*spreads.items(), *from_samples.items()]:
         mean_spread, slow_spread = [v[0] for v in values], [v[1] for v in values]
         row: dict[str, str | float] = {
             "schedule": name, "spread_mean_median": round(statistics.median(mean_spread), 3),
@@ -144,7 +158,8 @@ def main() -> None:
                            "group; spread: max/min between the layouts of the mean device's and the slowest "
                            "device's fwd + bwd all-to-all ms (1.000 is perfect); the even/odd rows: "
                            "exchanges taking turns, per layout and rep, its even exchanges against the odd ones of "
-                           "the same layout or the next (half the exchanges each)")
+                           "the same layout or the next (half the exchanges each); paired: each layout's median over "
+                           "turns of its exchange's ms over the first layout's in the same turn")
 
 
 if __name__ == "__main__":
