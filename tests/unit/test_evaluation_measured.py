@@ -169,8 +169,8 @@ def test_measure_plans_times_as_the_measurement_settings_say(monkeypatch) -> Non
     assert {ref for _, _, ref in kernels.shards} == {0.5}
     # rounds interleaved over all shards: device 0 of the first plan was timed 1st, 5th and 9th, median 5th
     assert first.devices[0].fwd_ms == 5.0 and first.devices[0].bwd_ms == 10.0
-    # both plans' layouts in one all-to-all session, comm_rounds times over, comm_iters each
-    assert kernels.exchanges == [(2, 128, 2 * 7)]  # 2 layouts, each rounds x iters exchanges, taking turns
+    # both plans' layouts in one all-to-all session, taking turns for comm_rounds x comm_iters exchanges each
+    assert kernels.exchanges == [(2, 128, 2 * 7)]
     assert first.devices[1].comm_fwd_ms == pytest.approx(0.1) and second.devices[1].comm_bwd_ms == pytest.approx(0.2)
     assert first.batch_size == 128 and first.reference_ms == 0.5
     assert first.timing["compute_rounds"] == 3 and first.timing["comm_iters"] == 7

@@ -98,11 +98,6 @@ def table_index_data(
     return lengths, np.mod(indices, table.rows)
 
 
-class _TbeConfigurationFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno <= logging.INFO and str(record.msg).startswith("[TBE="))
-
-
 @contextlib.contextmanager
 def _tbe_configuration_logs_hidden() -> Iterator[None]:
     """fbgemm logs each kernel's configuration, a dozen INFO lines, through the root logger; profiling builds
@@ -113,7 +108,11 @@ def _tbe_configuration_logs_hidden() -> Iterator[None]:
     if fbgemm.level != logging.NOTSET and fbgemm.level <= logging.INFO:
         yield
         return
-    root, hidden = logging.getLogger(), _TbeConfigurationFilter()
+
+    def hidden(record: logging.LogRecord) -> bool:
+        return not (record.levelno <= logging.INFO and str(record.msg).startswith("[TBE="))
+
+    root = logging.getLogger()
     root.addFilter(hidden)
     try:
         yield
