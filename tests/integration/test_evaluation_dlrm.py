@@ -34,7 +34,7 @@ def test_unsharded_dlrm_trains_on_synthetic_batches_of_mixed_width_tables() -> N
     torch.nn.functional.binary_cross_entropy_with_logits(logits.squeeze(-1), labels).backward()
 
 
-def test_dlrm_throughput_on_two_gloo_processes_is_positive() -> None:
+def test_dlrm_throughput_on_two_gloo_processes_is_positive(capfd: pytest.CaptureFixture[str]) -> None:
     task = _task([16, 32, 16])
     # t1 split column-wise over both ranks, as NeuroShard's plans do
     shards = (
@@ -51,6 +51,9 @@ def test_dlrm_throughput_on_two_gloo_processes_is_positive() -> None:
     assert result.samples_per_s > 0
     assert result.global_batch_size == 128
     assert result.samples_per_s == pytest.approx(128 * 4 / (sum(result.iter_ms) / 1e3))
+    # the ranks' library notices (torchrec's DDP deprecation, torch.fx's is_fx_tracing) stay off the console
+    err = capfd.readouterr().err
+    assert "broadcast_buffers" not in err and "is_fx_tracing" not in err, err
 
 
 def test_dlrm_throughput_refuses_an_invalid_plan() -> None:

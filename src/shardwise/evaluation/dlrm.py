@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import statistics
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -156,8 +158,18 @@ def synthetic_batch(task: ShardingTask, batch_size: int, rank: int, step: int) -
     return dense, kjt, labels
 
 
+def _hide_library_notices() -> None:
+    """Two notices every rank printed once per plan, about torchrec's own use of torch and nothing a user can act
+    on (24 lines on the console of `shardwise validate` with two plans on 4 ranks): DDP's `broadcast_buffers`
+    deprecation, and torch.fx's note on `is_fx_tracing`. A spawned rank starts with Python's default filters,
+    not the parent's."""
+    warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+
+
 def _worker(rank: int, world_size: int, init_file: str, out_dir: str, job: dict[str, Any]) -> None:
     """One rank: build, shard, train; writes its per-iteration ms to out_dir/rank{rank}.json."""
+    _hide_library_notices()
     # fbgemm_gpu, torchrec: heavy (seconds to import), needed only in the training processes
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
