@@ -14,6 +14,7 @@ is better) to the table. Off by default: on CPU each plan costs a training run o
     python benchmarks/bench_plan_quality.py --small --throughput-tasks 1   # + end-to-end DLRM samples/s
     (--record also writes benchmarks/results/plan_quality.json; with --small, plan_quality_small.json;
      --resume goes on with an interrupted run in the same --out, each task's results are saved as it ends)
+    python benchmarks/bench_plan_sessions.py --run runs/bench_plan_quality   # its plans again, in fresh sessions
 """
 
 from __future__ import annotations
@@ -169,7 +170,8 @@ def session_noise(results: list[PlanResult], records: dict[int, dict[str, Any]])
         return ""
     return (f"noise: NeuroShard's plan over the measured greedy's, measured in refinement's session and again in this "
             f"one, moved by {statistics.median(moved):.1%} (median over {len(moved)} tasks, at most {max(moved):.1%}): "
-            "differences between plans below that are within this machine's noise")
+            "differences between plans below that are within this machine's noise (bench_plan_sessions.py measures "
+            "the plans again in fresh sessions)")
 
 
 def main() -> None:
