@@ -22,26 +22,23 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from record import record
 
+from shardwise.evaluation import MeasuredPlanCost
+
 REFINED, GREEDY = "neuroshard+refine", "measured_greedy"
 #: plans of a task that do not depend on the cost model, so two runs on the same tasks hold the same ones
 MODEL_FREE = ("torchrec", "torchrec_cw", "size_lookup_greedy", GREEDY)
 
 
-def _devices(task_dir: Path, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """A measured plan's per-device kernels ms, all-to-all ms and pooled width (None when not measured)."""
+def _measured(task_dir: Path, method: str) -> MeasuredPlanCost | None:
     path = task_dir / f"{method}.measured.json"
-    if not path.is_file():
-        return None
-    devices = json.loads(path.read_text())["devices"]
-    return (np.array([d["fwd_ms"] + d["bwd_ms"] for d in devices]),
-            np.array([d["comm_fwd_ms"] + d["comm_bwd_ms"] for d in devices]),
-            np.array([d["width"] for d in devices], dtype=float))
+    return MeasuredPlanCost.model_validate_json(path.read_text()) if path.is_file() else None
 
 
 def _shards(task_dir: Path, method: str) -> Any:
@@ -63,12 +60,14 @@ def repeatability(run: Path, against: Path, task_set: str) -> dict[str, Any] | N
         if not (other / "task.json").is_file() or (task_dir / "task.json").read_text() != (other / "task.json").read_text():
             continue
         for method in MODEL_FREE:
-            a, b = _devices(task_dir, method), _devices(other, method)
+            a, b = _measured(task_dir, method), _measured(other, method)
             if a is None or b is None or _shards(task_dir, method) != _shards(other, method):
                 continue
-            mine += list(a[1] / a[1].mean() - 1)
-            theirs += list(b[1] / b[1].mean() - 1)
-            widths += list(a[2] / a[2].mean() - 1)
+            for cost, out in ((a, mine), (b, theirs)):
+                comm = np.array([d.comm_ms for d in cost.devices])
+                out += list(comm / comm.mean() - 1)
+            width = np.array([d.width for d in a.devices], dtype=float)
+            widths += list(width / width.mean() - 1)
     if len(mine) < 3:
         return None
     x, y, w = np.array(mine), np.array(theirs), np.array(widths)
@@ -80,26 +79,32 @@ def repeatability(run: Path, against: Path, task_set: str) -> dict[str, Any] | N
             "repeats_residual_corr": round(float(np.corrcoef(rx, ry)[0, 1]), 3)}
 
 
+def priced_by_width(costs: Sequence[MeasuredPlanCost]) -> list[float]:
+    """Each plan's slowest device (kernels + all-to-all), every device's all-to-all priced by a straight line in its
+    pooled width fitted over every device of `costs` (plans measured together); widths all alike: their mean."""
+    widths = np.array([d.width for c in costs for d in c.devices], dtype=float)
+    comm = np.array([d.comm_ms for c in costs for d in c.devices])
+    slope, intercept = np.polyfit(widths, comm, 1) if np.ptp(widths) > 0 else (0.0, float(comm.mean()))
+    return [max(d.compute_ms + intercept + slope * d.width for d in c.devices) for c in costs]
+
+
 def verdicts(run: Path, task_set: str) -> dict[str, list[float]]:
     """Refined over greedy per task, with each device's all-to-all priced three ways."""
     out: dict[str, list[float]] = {"as measured": [], "layout mean": [], "line in width": []}
     for task_dir in sorted((run / task_set).glob("task*")):
-        plans = {m: d for m in {*MODEL_FREE, "neuroshard", REFINED} if (d := _devices(task_dir, m)) is not None}
-        if REFINED not in plans or GREEDY not in plans:
+        paths = sorted(task_dir.glob("*.measured.json"))
+        methods = [p.name.removesuffix(".measured.json") for p in paths]
+        if REFINED not in methods or GREEDY not in methods:
             continue
-        widths = np.concatenate([w for _, _, w in plans.values()])
-        slope, intercept = np.polyfit(widths, np.concatenate([c for _, c, _ in plans.values()]), 1)
-        for way, ratios in out.items():
-            ratios.append(_cost(plans[REFINED], way, slope, intercept) / _cost(plans[GREEDY], way, slope, intercept))
+        costs = [MeasuredPlanCost.model_validate_json(p.read_text()) for p in paths]
+        refined, greedy = methods.index(REFINED), methods.index(GREEDY)
+        by_line = priced_by_width(costs)
+        by_mean = [max(d.compute_ms for d in c.devices) + statistics.fmean(d.comm_ms for d in c.devices)
+                   for c in costs]
+        for way, figures in (("as measured", [c.max_cost_ms for c in costs]), ("layout mean", by_mean),
+                             ("line in width", by_line)):
+            out[way].append(figures[refined] / figures[greedy])
     return out
-
-
-def _cost(plan: tuple[np.ndarray, np.ndarray, np.ndarray], way: str, slope: float, intercept: float) -> float:
-    """The slowest device's kernels + all-to-all, the all-to-all priced `way`."""
-    kernels, comm, width = plan
-    priced = {"as measured": comm, "layout mean": np.full_like(comm, comm.mean()),
-              "line in width": intercept + slope * width}[way]
-    return float((kernels + priced).max())
 
 
 def main() -> None:

@@ -12,6 +12,9 @@ per protocol:
   - against first: how far its ratio is from the first protocol's in the same session (a protocol that measures
     the same thing moves against another by about as much as within itself; one that is biased, by more);
   - s/session: the time one session takes.
+Each protocol measured by `measure_plans` has a twin computed from the same sessions (", all-to-all by width
+line"): each device's all-to-all priced by a straight line in its pooled width, fitted over every device of the
+task's plans in that session (bench_comm_estimator.py: the part of a device's figure that repeats between sessions).
 The protocol "9 timings in refinement's session" measures the plans as refinement measures its starts
 (`measure_side_by_side`), so refinement's decisions can be checked against the benchmark's measurements.
 
@@ -28,6 +31,7 @@ import time
 from typing import Any
 
 import torch
+from bench_comm_estimator import priced_by_width
 from bench_plan_quality import paper_tasks
 from record import record
 
@@ -54,6 +58,11 @@ PROTOCOLS: dict[str, dict[str, int]] = {
     "9 timings comm 20x20": {"timing_rounds": 9, "comm_rounds": 20, "comm_iters": 20},
     REFINEMENT_SESSION: {"timing_rounds": 9},
 }
+
+
+#: suffix of a protocol's twin: the same sessions, each device's all-to-all priced by a line in its pooled width
+#: fitted over every device of the task's plans in the session (bench_comm_estimator.py: the part that repeats)
+BY_WIDTH = ", all-to-all by width line"
 
 
 def moved(ratios: list[float]) -> list[float]:
@@ -92,6 +101,8 @@ def main() -> None:
     # ratios[protocol][(task, pair, "total"/"compute")] -> one ratio per session
     ratios: dict[str, dict[tuple[int, str, str], list[float]]] = {p: {} for p in protocols}
     seconds: dict[str, list[float]] = {p: [] for p in protocols}
+    for protocol in [p for p in protocols if p != REFINEMENT_SESSION]:  # their twins, from the same sessions
+        ratios[protocol + BY_WIDTH] = {}
     for session in range(args.sessions):
         for protocol in protocols:
             settings = base.model_copy(update=PROTOCOLS[protocol])
@@ -100,8 +111,13 @@ def main() -> None:
                 if protocol == REFINEMENT_SESSION:
                     figures = measure_side_by_side(task, [plans[m] for m in METHODS], model, settings)
                 else:
-                    figures = [(m.max_cost_ms, m.max_compute_ms) for m in measure_plans(
-                        [(task, plans[m]) for m in METHODS], settings, progress=False)]
+                    costs = measure_plans([(task, plans[m]) for m in METHODS], settings, progress=False)
+                    figures = [(m.max_cost_ms, m.max_compute_ms) for m in costs]
+                    twin = [(total, m.max_compute_ms) for total, m in zip(priced_by_width(costs), costs, strict=True)]
+                    for (a, b), i in itertools.product(PAIRS, range(2)):
+                        key = (t, f"{a}/{b}", ("total", "compute")[i])
+                        ratios[protocol + BY_WIDTH].setdefault(key, []).append(
+                            twin[METHODS.index(a)][i] / twin[METHODS.index(b)][i])
                 measured = dict(zip(METHODS, figures, strict=True))
                 seconds[protocol].append(time.perf_counter() - began)
                 for a, b in PAIRS:
@@ -114,23 +130,24 @@ def main() -> None:
           f"per protocol; ratio moved = |r_i/r_j - 1| over all pairs of sessions, in %")
     first = protocols[0]
     print(f"against {first}: how far each protocol's ratio is from {first}'s of the same session (in %)")
-    print(f"{'protocol':<34}{'ratio moved median':>19}{'max':>7}{'compute only median':>21}{'max':>7}"
+    print(f"{'protocol':<48}{'ratio moved median':>19}{'max':>7}{'compute only median':>21}{'max':>7}"
           f"{'against first median':>22}{'max':>7}{'s/session':>11}")
-    for protocol in protocols:
+    for protocol in ratios:  # each protocol, then the twins priced by width
+        base = protocol.removesuffix(BY_WIDTH)
         total = [m for (_, _, part), r in ratios[protocol].items() if part == "total" for m in moved(r)]
         compute = [m for (_, _, part), r in ratios[protocol].items() if part == "compute" for m in moved(r)]
         against = [abs(r / q - 1) * 100 for key, rs in ratios[protocol].items() if key[2] == "total"
                    for r, q in zip(rs, ratios[first][key], strict=True)]
-        row = {"protocol": protocol, **PROTOCOLS[protocol],
+        row = {"protocol": protocol, **PROTOCOLS[base],
                "ratio_moved_median_pct": round(statistics.median(total), 2),
                "ratio_moved_max_pct": round(max(total), 2),
                "compute_moved_median_pct": round(statistics.median(compute), 2),
                "compute_moved_max_pct": round(max(compute), 2),
                "against_first_median_pct": round(statistics.median(against), 2),
                "against_first_max_pct": round(max(against), 2),
-               "seconds_per_session": round(statistics.fmean(seconds[protocol]), 1)}
+               "seconds_per_session": round(statistics.fmean(seconds[base]), 1)}
         rows.append(row)
-        print(f"{protocol:<34}{row['ratio_moved_median_pct']:>19.2f}{row['ratio_moved_max_pct']:>7.2f}"
+        print(f"{protocol:<48}{row['ratio_moved_median_pct']:>19.2f}{row['ratio_moved_max_pct']:>7.2f}"
               f"{row['compute_moved_median_pct']:>21.2f}{row['compute_moved_max_pct']:>7.2f}"
               f"{row['against_first_median_pct']:>22.2f}{row['against_first_max_pct']:>7.2f}"
               f"{row['seconds_per_session']:>11.1f}")
