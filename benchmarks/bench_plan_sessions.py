@@ -95,7 +95,10 @@ def main() -> None:
             plans = [load_plan(task_dir / f"{m}.plan.json") for m in METHODS]
             measured = measure_plans([(task, p) for p in plans], measurement, progress=False)
             done[key] = {m: [c.max_cost_ms, c.max_compute_ms] for m, c in zip(METHODS, measured, strict=True)}
-            out.write_text(json.dumps(done, indent=1) + "\n")  # an interrupted run keeps its sessions (--resume)
+            # an interrupted run keeps its sessions (--resume): the file is replaced whole, never left half-written
+            partial = out.with_name(f".{out.name}.tmp")
+            partial.write_text(json.dumps(done, indent=1) + "\n")
+            partial.replace(out)
             print(f"session {session + 1} of {args.sessions}, {name} task {index}: {REFINED} / {GREEDY} "
                   f"{done[key][REFINED][0] / done[key][GREEDY][0]:.3f} ({time.perf_counter() - started:.0f} s)",
                   flush=True)
