@@ -15,6 +15,8 @@ tasks, planned without a cost model) and, per task set, prints:
     plan of the task in that session.
 
     python benchmarks/bench_comm_estimator.py --run runs/bench_pq_large4 --against runs/bench_pq_inter [--record]
+    python benchmarks/bench_comm_estimator.py --run runs/bench_pq_inter --against runs/bench_pq_large4 \
+        --record --record-name comm_estimator_make_run
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench_plan_quality import at_or_below
 from record import record
 
-from shardwise.evaluation import MeasuredPlanCost
+from shardwise.evaluation import MeasuredPlanCost, PlanResult
+from shardwise.search import Shard, load_plan
 
 REFINED, GREEDY = "neuroshard+refine", "measured_greedy"
 #: plans of a task that do not depend on the cost model, so two runs on the same tasks hold the same ones
@@ -41,9 +45,9 @@ def _measured(task_dir: Path, method: str) -> MeasuredPlanCost | None:
     return MeasuredPlanCost.model_validate_json(path.read_text()) if path.is_file() else None
 
 
-def _shards(task_dir: Path, method: str) -> Any:
+def _shards(task_dir: Path, method: str) -> tuple[Shard, ...] | None:
     path = task_dir / f"{method}.plan.json"
-    return json.loads(path.read_text())["shards"] if path.is_file() else None
+    return load_plan(path).shards if path.is_file() else None
 
 
 def _residual(deviation: np.ndarray, width: np.ndarray) -> np.ndarray:
@@ -88,23 +92,23 @@ def priced_by_width(costs: Sequence[MeasuredPlanCost]) -> list[float]:
     return [max(d.compute_ms + intercept + slope * d.width for d in c.devices) for c in costs]
 
 
-def verdicts(run: Path, task_set: str) -> dict[str, list[float]]:
-    """Refined over greedy per task, with each device's all-to-all priced three ways."""
-    out: dict[str, list[float]] = {"as measured": [], "layout mean": [], "line in width": []}
-    for task_dir in sorted((run / task_set).glob("task*")):
-        paths = sorted(task_dir.glob("*.measured.json"))
-        methods = [p.name.removesuffix(".measured.json") for p in paths]
-        if REFINED not in methods or GREEDY not in methods:
-            continue
-        costs = [MeasuredPlanCost.model_validate_json(p.read_text()) for p in paths]
-        refined, greedy = methods.index(REFINED), methods.index(GREEDY)
-        by_line = priced_by_width(costs)
+def verdicts(run: Path, task_set: str) -> dict[str, str]:
+    """Refined against the greedy, task by task (bench_plan_quality.py's verdict), each device's all-to-all priced
+    three ways: as measured, its layout's mean, the line in width over the task's plans in their session."""
+    results = [PlanResult.model_validate(p) for p in json.loads((run / "results.json").read_text())["plans"]
+               if p["task_set"] == task_set]
+    priced: dict[str, list[PlanResult]] = {"as measured": [], "layout mean": [], "line in width": []}
+    for index in sorted({r.task_index for r in results}):
+        task_dir = run / task_set / f"task{index:02d}"
+        mine = [r for r in results if r.task_index == index]
+        costs = [MeasuredPlanCost.model_validate_json((task_dir / f"{r.method}.measured.json").read_text())
+                 for r in mine]
         by_mean = [max(d.compute_ms for d in c.devices) + statistics.fmean(d.comm_ms for d in c.devices)
                    for c in costs]
         for way, figures in (("as measured", [c.max_cost_ms for c in costs]), ("layout mean", by_mean),
-                             ("line in width", by_line)):
-            out[way].append(figures[refined] / figures[greedy])
-    return out
+                             ("line in width", priced_by_width(costs))):
+            priced[way] += [r.model_copy(update={"measured_ms": ms}) for r, ms in zip(mine, figures, strict=True)]
+    return {way: at_or_below(plans, REFINED, GREEDY, lambda r: r.measured_ms) for way, plans in priced.items()}
 
 
 def main() -> None:
@@ -112,6 +116,8 @@ def main() -> None:
     parser.add_argument("--run", required=True, help="a bench_plan_quality.py --out directory")
     parser.add_argument("--against", required=True, help="another run on the same tasks (another cost model)")
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/comm_estimator.json")
+    parser.add_argument("--record-name", default="comm_estimator", metavar="NAME",
+                        help="record as benchmarks/results/NAME.json instead (another run, say)")
     args = parser.parse_args()
     run, against = Path(args.run), Path(args.against)
     for path in (run, against):
@@ -128,16 +134,12 @@ def main() -> None:
               f"{found['residual_sd_pct']:.1f}% is left, repeating with correlation "
               f"{found['repeats_residual_corr']:.2f}")
         row = dict(found)
-        for way, ratios in verdicts(run, task_set).items():
-            key = way.replace(" ", "_")
-            row[f"{key}_at_or_below"] = f"{sum(r <= 1 for r in ratios)} of {len(ratios)}"
-            row[f"{key}_worst"] = round(max(ratios), 4)
-            row[f"{key}_mean"] = round(statistics.fmean(ratios), 4)
-            print(f"  {REFINED} / {GREEDY}, all-to-all {way}: at or below on {row[f'{key}_at_or_below']} tasks "
-                  f"(worst {max(ratios):.3f}, mean {statistics.fmean(ratios):.3f})")
+        for way, verdict in verdicts(run, task_set).items():
+            row[f"all_to_all_{way.replace(' ', '_')}"] = verdict
+            print(f"  all-to-all {way}: {verdict}")
         rows.append(row)
     if args.record:
-        record("comm_estimator", "A device's all-to-all: what repeats between sessions, and pricing it without the rest",
+        record(args.record_name, "A device's all-to-all: what repeats between sessions, and pricing it without the rest",
                rows, notes=f"plans of {run}, repeatability against {against} on the plans identical in both "
                            f"({', '.join(MODEL_FREE)}); deviations relative to each layout's mean; the line in width "
                            "fitted per run (repeatability) or per task over every plan measured in its session "

@@ -18,7 +18,6 @@ over every task, then session 2, and so on, so drift on the machine spreads over
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import time
@@ -26,37 +25,37 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_measurement_noise import moved
+from bench_plan_quality import at_or_below
 from record import record
 
 from shardwise.cli import quiet_libraries
-from shardwise.evaluation import measure_plans
+from shardwise.evaluation import PlanResult, cost_ratio, measure_plans
 from shardwise.profiling import MeasurementSettings
-from shardwise.search import load_plan
-from shardwise.workload import load_task
+from shardwise.search import Plan, load_plan
+from shardwise.workload import ShardingTask, load_task
 
 REFINED, GREEDY, TORCHREC = "neuroshard+refine", "measured_greedy", "torchrec"
 #: the plans measured again in each session (the verdicts need the first two; TorchRec's for the headline ratio)
 METHODS = (REFINED, GREEDY, "neuroshard", TORCHREC)
 
 
-def _tasks(run: Path, sets: list[str] | None) -> list[tuple[str, int, Path]]:
-    """(task set, task index, task directory) of every task of the run with a plan file for each method."""
+def _tasks(run: Path, sets: list[str] | None) -> list[tuple[str, int, ShardingTask, list[Plan]]]:
+    """(task set, task index, task, its plans in METHODS' order) of every task of the run with a plan file for
+    each method, read once."""
     found = []
     for task_dir in sorted(run.glob("*/task*")):
         name, index = task_dir.parent.name, int(task_dir.name.removeprefix("task"))
         if (sets is None or name in sets) and all((task_dir / f"{m}.plan.json").is_file() for m in METHODS):
-            found.append((name, index, task_dir))
+            found.append((name, index, load_task(task_dir / "task.json"),
+                          [load_plan(task_dir / f"{m}.plan.json") for m in METHODS]))
     return found
 
 
 def _median_ratio(figures: dict[str, list[float]], a: str, b: str) -> float:
+    """The median over sessions of `a`'s figure over `b`'s in the same session (a paired ratio: a slow session
+    slows both)."""
     return statistics.median(x / y for x, y in zip(figures[a], figures[b], strict=True))
-
-
-def _mean_ratio(cost: dict[tuple[str, int], float], a: str, b: str) -> float:
-    """Mean cost of method `a` over mean cost of `b` over the tasks in `cost` ((method, task) -> ms)."""
-    tasks = {i for _, i in cost}
-    return sum(cost[a, i] for i in tasks) / sum(cost[b, i] for i in tasks)
 
 
 def main() -> None:
@@ -87,12 +86,10 @@ def main() -> None:
     torch.set_num_threads(1)
     started = time.perf_counter()
     for session in range(args.sessions):
-        for name, index, task_dir in tasks:
+        for name, index, task, plans in tasks:
             key = f"{session}/{name}/{index}"
             if key in done:
                 continue
-            task = load_task(task_dir / "task.json")
-            plans = [load_plan(task_dir / f"{m}.plan.json") for m in METHODS]
             measured = measure_plans([(task, p) for p in plans], measurement, progress=False)
             done[key] = {m: [c.max_cost_ms, c.max_compute_ms] for m, c in zip(METHODS, measured, strict=True)}
             # an interrupted run keeps its sessions (--resume): the file is replaced whole, never left half-written
@@ -103,49 +100,47 @@ def main() -> None:
                   f"{done[key][REFINED][0] / done[key][GREEDY][0]:.3f} ({time.perf_counter() - started:.0f} s)",
                   flush=True)
 
-    in_run = {(p["task_set"], p["task_index"], p["method"]): p["measured_ms"] for p in original["plans"]}
+    in_run = [PlanResult.model_validate(p) for p in original["plans"] if p["method"] in METHODS]
     rows: list[dict[str, Any]] = []
     headlines: list[str] = []
-    for name in dict.fromkeys(n for n, _, _ in tasks):
+    for name in dict.fromkeys(t[0] for t in tasks):
         print(f"\n{name}: {REFINED} / {GREEDY}, plan cost (the run, then each fresh session, then their median)")
-        per_task = []
-        for _, index, _ in (t for t in tasks if t[0] == name):
+        run_set = [r for r in in_run if r.task_set == name]
+        run_ms = {(r.task_index, r.method): r.measured_ms for r in run_set}
+        per_task, at_median = [], []
+        for index in (t[1] for t in tasks if t[0] == name):
             sessions = [done[f"{s}/{name}/{index}"] for s in range(args.sessions)]
             figures = {m: [s[m][0] for s in sessions] for m in METHODS}
             kernels = {m: [s[m][1] for s in sessions] for m in METHODS}
             ratios = [r / g for r, g in zip(figures[REFINED], figures[GREEDY], strict=True)]
             row = {"task_set": name, "task": index,
-                   "run": round(in_run[name, index, REFINED] / in_run[name, index, GREEDY], 4),
+                   "run": round(run_ms[index, REFINED] / run_ms[index, GREEDY], 4),
                    "sessions": [round(r, 4) for r in ratios],
                    "median": round(statistics.median(ratios), 4),
                    "kernels_median": round(_median_ratio(kernels, REFINED, GREEDY), 4),
                    "to_torchrec_median": round(_median_ratio(figures, REFINED, TORCHREC), 4),
                    "neuroshard_to_torchrec_median": round(_median_ratio(figures, "neuroshard", TORCHREC), 4),
-                   "moved_max_pct": round(max(abs(a / b - 1) * 100 for a, b in itertools.permutations(ratios, 2)), 2)}
+                   "moved_max_pct": round(max(moved(ratios)), 2)}
             rows.append(row)
             per_task.append(row)
+            # each plan's cost as its median over the sessions, for the mean-cost ratios the run prints
+            at_median += [r.model_copy(update={"measured_ms": statistics.median(figures[r.method])})
+                          for r in run_set if r.task_index == index]
             print(f"  task {index}: run {row['run']:.3f}; sessions " + " ".join(f"{r:.3f}" for r in ratios)
                   + f"; median {row['median']:.3f} (kernels alone {row['kernels_median']:.3f})")
-        for label, field in (("in the run", "run"), (f"on the median of {args.sessions} fresh sessions", "median")):
-            values = [r[field] for r in per_task]
-            headlines.append(f"{name}: {REFINED} at or below {GREEDY} {label} on {sum(v <= 1 for v in values)} of "
-                             f"{len(values)} tasks (worst {max(values):.3f}, mean {statistics.fmean(values):.3f})")
-        moved = [m for r in per_task for m in
-                 (abs(a / b - 1) * 100 for a, b in itertools.combinations(r["sessions"], 2))]
-        # as bench_plan_quality.py aggregates: mean cost over mean cost, here each plan's cost its median over sessions
-        tasks_in = [index for n, index, _ in tasks if n == name]
-        median_ms = {(m, i): statistics.median(done[f"{s}/{name}/{i}"][m][0] for s in range(args.sessions))
-                     for m in METHODS for i in tasks_in}
-
-        run_ms = {(m, i): in_run[name, i, m] for m in METHODS for i in tasks_in}
+        medians = [r["median"] for r in per_task]
+        # the verdict on each task's paired median (the same sessions' ratios), not on the ratio of two medians
+        headlines += [f"{name}: {at_or_below(run_set, REFINED, GREEDY, lambda r: r.measured_ms)} in the run",
+                      f"{name}: {REFINED} at or below {GREEDY} on the median of {args.sessions} fresh sessions on "
+                      f"{sum(v <= 1 for v in medians)} of {len(medians)} tasks (worst {max(medians):.3f}, mean "
+                      f"{statistics.fmean(medians):.3f})"]
+        spread = [m for r in per_task for m in moved(r["sessions"])]
+        pairs = ((REFINED, TORCHREC), ("neuroshard", TORCHREC), (REFINED, GREEDY))
         headlines.append(
-            f"{name}: mean cost over mean cost, the sessions' medians (the run's): {REFINED} / {TORCHREC} "
-            f"{_mean_ratio(median_ms, REFINED, TORCHREC):.3f} ({_mean_ratio(run_ms, REFINED, TORCHREC):.3f}), "
-            f"neuroshard / {TORCHREC} {_mean_ratio(median_ms, 'neuroshard', TORCHREC):.3f} "
-            f"({_mean_ratio(run_ms, 'neuroshard', TORCHREC):.3f}), {REFINED} / {GREEDY} "
-            f"{_mean_ratio(median_ms, REFINED, GREEDY):.3f} ({_mean_ratio(run_ms, REFINED, GREEDY):.3f}); "
-            f"{REFINED} / {GREEDY} moved {statistics.median(moved):.1f}% between two sessions (median, at most "
-            f"{max(moved):.1f}%)")
+            f"{name}: mean cost over mean cost, the sessions' medians (the run's): " + ", ".join(
+                f"{a} / {b} {cost_ratio(at_median, a, b):.3f} ({cost_ratio(run_set, a, b):.3f})" for a, b in pairs)
+            + f"; {REFINED} / {GREEDY} moved {statistics.median(spread):.1f}% between two sessions (median, at most "
+            f"{max(spread):.1f}%)")
     print()
     for line in headlines:
         print(line)
