@@ -11,8 +11,10 @@ tasks, planned without a cost model) and, per task set, prints:
     (correlation), and how much repeats in the other run: the raw deviation, and what is left after a line in width
     (fitted per run over every device of those plans) is taken out;
   - for the plans of --run, refinement's plan against the measured greedy's, task by task, under three ways to
-    price a device's all-to-all: as measured (today's), its layout's mean, and the line in width fitted over every
-    plan of the task in that session.
+    price a device's all-to-all: as measured (its own median, measurement's pricing until 2026-11-26), its
+    layout's mean, and the line in width fitted over every plan of the task in that session (close to
+    measurement's pricing since, `price_comm`, which fits over the distinct layouts measured together).
+The "as measured" figures are each device's own medians, kept in every measured file (`comm_*_measured_ms`).
 
     python benchmarks/bench_comm_estimator.py --run runs/bench_pq_large4 --against runs/bench_pq_inter [--record]
     python benchmarks/bench_comm_estimator.py --run runs/bench_pq_inter --against runs/bench_pq_large4 \
@@ -32,7 +34,7 @@ import numpy as np
 from bench_plan_quality import at_or_below
 from record import record
 
-from shardwise.evaluation import MeasuredPlanCost, PlanResult
+from shardwise.evaluation import DeviceCost, MeasuredPlanCost, PlanResult
 from shardwise.search import Shard, load_plan
 
 REFINED, GREEDY = "neuroshard+refine", "measured_greedy"
@@ -68,7 +70,7 @@ def repeatability(run: Path, against: Path, task_set: str) -> dict[str, Any] | N
             if a is None or b is None or _shards(task_dir, method) != _shards(other, method):
                 continue
             for cost, out in ((a, mine), (b, theirs)):
-                comm = np.array([d.comm_ms for d in cost.devices])
+                comm = np.array([measured_comm_ms(d) for d in cost.devices])
                 out += list(comm / comm.mean() - 1)
             width = np.array([d.width for d in a.devices], dtype=float)
             widths += list(width / width.mean() - 1)
@@ -83,11 +85,19 @@ def repeatability(run: Path, against: Path, task_set: str) -> dict[str, Any] | N
             "repeats_residual_corr": round(float(np.corrcoef(rx, ry)[0, 1]), 3)}
 
 
+def measured_comm_ms(device: DeviceCost) -> float:
+    """A device's own median all-to-all ms (fwd + bwd), before any pricing (files from before 2026-11-26 held only
+    that)."""
+    if device.comm_fwd_measured_ms is None or device.comm_bwd_measured_ms is None:
+        return device.comm_ms
+    return device.comm_fwd_measured_ms + device.comm_bwd_measured_ms
+
+
 def priced_by_width(costs: Sequence[MeasuredPlanCost]) -> list[float]:
     """Each plan's slowest device (kernels + all-to-all), every device's all-to-all priced by a straight line in its
     pooled width fitted over every device of `costs` (plans measured together); widths all alike: their mean."""
     widths = np.array([d.width for c in costs for d in c.devices], dtype=float)
-    comm = np.array([d.comm_ms for c in costs for d in c.devices])
+    comm = np.array([measured_comm_ms(d) for c in costs for d in c.devices])
     slope, intercept = np.polyfit(widths, comm, 1) if np.ptp(widths) > 0 else (0.0, float(comm.mean()))
     return [max(d.compute_ms + intercept + slope * d.width for d in c.devices) for c in costs]
 
@@ -103,9 +113,10 @@ def verdicts(run: Path, task_set: str) -> dict[str, str]:
         mine = [r for r in results if r.task_index == index]
         costs = [MeasuredPlanCost.model_validate_json((task_dir / f"{r.method}.measured.json").read_text())
                  for r in mine]
-        by_mean = [max(d.compute_ms for d in c.devices) + statistics.fmean(d.comm_ms for d in c.devices)
+        by_mean = [max(d.compute_ms for d in c.devices) + statistics.fmean(measured_comm_ms(d) for d in c.devices)
                    for c in costs]
-        for way, figures in (("as measured", [c.max_cost_ms for c in costs]), ("layout mean", by_mean),
+        raw = [max(d.compute_ms + measured_comm_ms(d) for d in c.devices) for c in costs]
+        for way, figures in (("as measured", raw), ("layout mean", by_mean),
                              ("line in width", priced_by_width(costs))):
             priced[way] += [r.model_copy(update={"measured_ms": ms}) for r, ms in zip(mine, figures, strict=True)]
     return {way: at_or_below(plans, REFINED, GREEDY, lambda r: r.measured_ms) for way, plans in priced.items()}

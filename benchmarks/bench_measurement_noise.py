@@ -50,13 +50,17 @@ PAIRS = (("neuroshard", "measured_greedy"), ("neuroshard", "torchrec"))
 REFINEMENT_SESSION = "9 timings in refinement's session"
 #: the protocols compared: name -> MeasurementSettings fields, kernel timings named in each so that a protocol
 #: means the same when the defaults change (the rest are the defaults)
-PROTOCOLS: dict[str, dict[str, int]] = {
-    "3 timings comm 5x5": {"timing_rounds": 3, "comm_iters": 5},  # bench_plan_quality.py's until 2026-11-25
-    "3 timings": {"timing_rounds": 3},  # the default until 2026-11-25
-    "3 timings comm 20x20": {"timing_rounds": 3, "comm_rounds": 20, "comm_iters": 20},
-    "9 timings": {"timing_rounds": 9},  # the default since
-    "9 timings comm 20x20": {"timing_rounds": 9, "comm_rounds": 20, "comm_iters": 20},
-    REFINEMENT_SESSION: {"timing_rounds": 9},
+#: each protocol prices each device's all-to-all as measured (its own median), as measurement did until 2026-11-26;
+#: its twin below prices it by a line in width, as measurement has by default since (`price_comm` over one task's
+#: plans fits the twin's line)
+AS_MEASURED = {"comm_pricing": "measured"}
+PROTOCOLS: dict[str, dict[str, Any]] = {
+    "3 timings comm 5x5": {**AS_MEASURED, "timing_rounds": 3, "comm_iters": 5},  # bench_plan_quality's until 11-25
+    "3 timings": {**AS_MEASURED, "timing_rounds": 3},  # the default until 2026-11-25
+    "3 timings comm 20x20": {**AS_MEASURED, "timing_rounds": 3, "comm_rounds": 20, "comm_iters": 20},
+    "9 timings": {**AS_MEASURED, "timing_rounds": 9},  # the default since
+    "9 timings comm 20x20": {**AS_MEASURED, "timing_rounds": 9, "comm_rounds": 20, "comm_iters": 20},
+    REFINEMENT_SESSION: {**AS_MEASURED, "timing_rounds": 9},
 }
 
 

@@ -25,7 +25,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from record import record
@@ -44,7 +44,7 @@ from shardwise.evaluation import (
     throughput_ratio,
 )
 from shardwise.integrations.mlflow import MlflowService
-from shardwise.profiling import MeasurementSettings
+from shardwise.profiling import CommPricing, MeasurementSettings
 from shardwise.search import Searcher, get_method, load_plan, make_searcher, method_names
 from shardwise.workload import ShardingTask
 from shardwise.workload.synthetic import synthesize_tables
@@ -109,7 +109,8 @@ def _record(args: argparse.Namespace, specs: tuple[TaskSetSpec, ...], rows: list
     sets = ", ".join(f"{s.name} ({s.num_tasks} tasks)" for s in specs)
     notes = [
         f"{num_methods} methods on {sets}, measured on this machine's kernels ({measurement.timing_rounds} timings "
-        f"per device) and all-to-alls ({measurement.comm_rounds} rounds x {measurement.comm_iters}) "
+        f"per device) and all-to-alls ({measurement.comm_rounds} rounds x {measurement.comm_iters}, each device's "
+        f"priced {measurement.comm_pricing!r}) "
         f"({elapsed_s:.0f} s{RESUMED if args.resume else ''}); ratios < 1: cheaper than the reference; memory_headroom and prediction_error "
         "are fractions",
         "best baseline: " + ", ".join(f"{k}: {v}" for k, v in best.items()),
@@ -197,6 +198,9 @@ def main() -> None:
                         help="also refine each learned method's plan on this machine (<method>+refine; 0: off)")
     parser.add_argument("--refine-budget-s", type=float, default=None, metavar="S",
                         help="start no new refinement round after S seconds on a plan (default: rounds alone)")
+    parser.add_argument("--comm-pricing", choices=get_args(CommPricing), default=None,
+                        help="each device's all-to-all: a line in width over the devices measured together, or its "
+                             "own median (default: measurement's, width)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench_plan_quality")
     parser.add_argument("--resume", action="store_true",
@@ -222,7 +226,7 @@ def main() -> None:
     # the protocol `shardwise evaluate` measures with (comm 5 x 5 here until 2026-11-25: two plans' ratio then
     # moved 3.8% between sessions, up to 11.5%, bench_measurement_noise.py); --small: a cheaper one
     measurement = MeasurementSettings(
-        batch_size=args.batch_size,
+        batch_size=args.batch_size, **({"comm_pricing": args.comm_pricing} if args.comm_pricing else {}),
         **({"warmup_iters": 2, "timing_iters": 5, "timing_rounds": 3, "comm_iters": 3} if args.small else {}))
     if args.sets:
         wanted = args.sets.split(",")

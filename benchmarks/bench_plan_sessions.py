@@ -76,7 +76,8 @@ def main() -> None:
     if args.sessions < 2:
         parser.error(f"--sessions: at least 2 (a ratio moves between sessions), got {args.sessions}")
     original = json.loads((run / "results.json").read_text())
-    measurement = MeasurementSettings(**original["measurement"])  # the run's protocol, its reference pinned
+    # the run's protocol, its reference pinned; runs before 2026-11-26 priced each device's all-to-all as measured
+    measurement = MeasurementSettings(**{"comm_pricing": "measured", **original["measurement"]})
     tasks = _tasks(run, args.sets.split(",") if args.sets else None)
     if not tasks:
         parser.error(f"--run: no task in {run} has plan files for {', '.join(METHODS)}")
@@ -149,7 +150,8 @@ def main() -> None:
         record(args.record_name, "A plan-quality run's plans measured again in fresh sessions: each task on the median",
                rows, notes=f"plans of {run} ({len(tasks)} tasks), {args.sessions} fresh sessions each, measured as "
                            f"the run measured them ({measurement.timing_rounds} kernel timings, "
-                           f"{measurement.comm_rounds} x {measurement.comm_iters} all-to-alls, reference "
+                           f"{measurement.comm_rounds} x {measurement.comm_iters} all-to-alls priced "
+                           f"{measurement.comm_pricing!r}, reference "
                            f"{measurement.reference_ms:.4f} ms); " + "; ".join(headlines))
 
 

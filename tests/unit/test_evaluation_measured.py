@@ -15,6 +15,7 @@ from shardwise.evaluation.measured import (
     compare_measured,
     measure_plan,
     measure_plans,
+    price_comm,
 )
 from shardwise.profiling import MeasurementSettings, kernel
 from shardwise.profiling.comm import CommTiming
@@ -230,3 +231,52 @@ def test_evaluate_plans_times_as_the_cost_model_was_trained_unless_the_settings_
     assert costs[0].batch_size == batch and comparison.reference_ms == reference
     assert comparison.row("a").predicted_max_cost_ms is not None  # the model's prediction next to the measurement
     assert json.loads((tmp_path / "a.measured.json").read_text())["batch_size"] == batch
+
+
+def test_price_comm_by_width_fits_one_line_per_direction_over_the_distinct_layouts() -> None:
+    layouts = [[16, 48], [32, 32], [16, 48]]  # the third is the first again: timed once, fitted once
+    # forward 0.1 + 0.01 x width, backward twice that, each device off its line by noise that the fit cancels
+    measured_ms = [[(0.28, 0.54), (0.60, 1.18)], [(0.37, 0.79), (0.43, 0.85)], [(0.28, 0.54), (0.60, 1.18)]]
+    priced = price_comm(layouts, measured_ms, "width")
+    by_width = dict(zip((w for layout in layouts for w in layout), (ms for ds in priced for ms in ds)))
+    # least squares over 4 devices (widths 16, 48, 32, 32), not 6: counted twice, the first layout would tilt it
+    assert by_width[16] == pytest.approx((0.26, 0.52))
+    assert by_width[48] == pytest.approx((0.58, 1.16))
+    assert by_width[32] == pytest.approx((0.42, 0.84))
+    assert priced[0] == priced[2]
+    # the line keeps the fitted devices' mean
+    fwd = [ms[0] for ds in measured_ms[:2] for ms in ds]
+    assert sum(ms[0] for ds in priced[:2] for ms in ds) == pytest.approx(sum(fwd))
+    assert price_comm(layouts, measured_ms, "measured") == measured_ms
+
+
+def test_price_comm_by_width_with_every_width_alike_is_the_mean_and_never_negative() -> None:
+    assert price_comm([[8, 8], [8, 8]], [[(1.0, 2.0), (3.0, 2.0)], [(1.0, 2.0), (3.0, 2.0)]], "width") == [
+        [(2.0, 2.0), (2.0, 2.0)], [(2.0, 2.0), (2.0, 2.0)]]
+    # a steep line would price a narrow device below zero: an exchange costs at least nothing
+    priced = price_comm([[0, 10, 100]], [[(0.0, 0.0), (0.0, 0.0), (9.0, 9.0)]], "width")
+    assert min(ms for ds in priced for pair in ds for ms in pair) == 0.0
+
+
+def test_measure_plans_prices_the_all_to_all_by_width_and_keeps_each_devices_own_median(monkeypatch) -> None:
+    kernels = _Kernels(monkeypatch)
+    noise = iter([0.02, -0.01, 0.01, -0.02])
+
+    def exchanges(layouts, batch_size, *, backend, iters):  # 0.01 ms per column, each device off by some noise
+        return [[CommTiming(w / 100 + (n := next(noise)), 2 * w / 100 + n, 0, None, (), ()) for w in widths]
+                for widths in layouts]
+
+    monkeypatch.setattr(measured, "measure_all_to_all_many", exchanges)
+    valid, other = measure_plans([(TASK, VALID), (TASK, OTHER)], MeasurementSettings(device="cpu"), progress=False)
+    assert valid.timing["comm_pricing"] == "width" and kernels.calibrations == 1
+    # VALID's widths 16, 32; OTHER's 32, 16: the noise cancels in the line
+    assert [d.comm_fwd_ms for d in valid.devices] == pytest.approx([0.16, 0.32])
+    assert [d.comm_bwd_ms for d in other.devices] == pytest.approx([0.64, 0.32])
+    assert [d.comm_fwd_measured_ms for d in valid.devices] == pytest.approx([0.18, 0.31])
+    assert [d.comm_bwd_measured_ms for d in other.devices] == pytest.approx([0.65, 0.30])
+    comparison = compare_measured([("valid", valid), ("other", other)])
+    assert comparison.comm_pricing == "width" and "line in its pooled width" in comparison.table()
+    noise = iter([0.02, -0.01, 0.01, -0.02])
+    raw = measure_plans([(TASK, VALID)], MeasurementSettings(device="cpu", comm_pricing="measured"), progress=False)
+    assert [d.comm_fwd_ms for d in raw[0].devices] == pytest.approx([0.18, 0.31])
+    assert raw[0].timing["comm_pricing"] == "measured"

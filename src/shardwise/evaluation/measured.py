@@ -8,12 +8,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from shardwise.profiling import (
     AllToAllSession,
+    CommPricing,
     MeasurementSettings,
     ShardTiming,
     TimingProtocol,
@@ -30,7 +32,8 @@ MEASURED_FORMAT = "shardwise.measured/v1"
 COMPARISON_FORMAT = "shardwise.comparison/v1"
 # How many rounds and iterations a measurement takes, and why, is MeasurementSettings' (shardwise.profiling):
 # per device, the median of `timing_rounds` interleaved kernel timings (one timing of a shard swings by 20% on
-# a shared CPU) and of `comm_rounds` x `comm_iters` all-to-alls (one exchange swings by 2x with scheduling).
+# a shared CPU) and of `comm_rounds` x `comm_iters` all-to-alls (one exchange swings by 2x with scheduling),
+# each device's all-to-all then priced as `comm_pricing` says (`price_comm`).
 
 
 class DeviceCost(BaseModel):
@@ -43,9 +46,12 @@ class DeviceCost(BaseModel):
     width: int  # pooled output width on this device (sum of shard dims)
     fwd_ms: float
     bwd_ms: float
-    comm_fwd_ms: float
+    comm_fwd_ms: float  # as priced (the measurement's `timing["comm_pricing"]`)
     comm_bwd_ms: float
     memory_bytes: int
+    # the device's own median all-to-all ms, before pricing (None in files written before 2026-11-26)
+    comm_fwd_measured_ms: float | None = None
+    comm_bwd_measured_ms: float | None = None
 
     @property
     def compute_ms(self) -> float:
@@ -160,12 +166,14 @@ class KernelShard(NamedTuple):
 
 def timing_document(protocol: TimingProtocol, measurement: MeasurementSettings) -> dict[str, Any]:
     """How a measurement was timed, as stored in `MeasuredPlanCost.timing` (keys of shardwise.measured/v1):
-    the protocol's settings (its reference is stored on its own), compute_rounds, comm_iters, comm_rounds."""
+    the protocol's settings (its reference is stored on its own), compute_rounds, comm_iters, comm_rounds,
+    comm_pricing (absent in files written before 2026-11-26: "measured")."""
     return {
         **protocol.model_dump(mode="json", exclude={"reference_ms"}),
         "compute_rounds": measurement.timing_rounds,
         "comm_iters": measurement.comm_iters,
         "comm_rounds": measurement.comm_rounds,
+        "comm_pricing": measurement.comm_pricing,
     }
 
 
@@ -238,6 +246,28 @@ def measure_comm(
     return [medians[tuple(w)] for w in layouts]
 
 
+def price_comm(
+    layouts: Sequence[Sequence[int]], measured: Sequence[Sequence[tuple[float, float]]], pricing: CommPricing,
+) -> list[list[tuple[float, float]]]:
+    """Each device's forward and backward all-to-all ms as `pricing` says, from `measure_comm`'s medians of the
+    same layouts (each layout its devices' pooled widths). "measured": the medians as they are. "width": a straight
+    line in the device's width, fitted by least squares over every device of the distinct layouts (timed together,
+    so one session's exchanges), forward and backward each; when every width is the same, their mean. The line
+    keeps the part of a device's figure that follows its width, which repeats between sessions, and drops the
+    rest, which does not (see CommPricing); its mean over the fitted devices is theirs."""
+    if pricing == "measured":
+        return [list(devices) for devices in measured]
+    distinct = dict(zip((tuple(w) for w in layouts), measured, strict=True))
+    widths = np.array([w for layout in distinct for w in layout], dtype=float)
+    figures = np.array([ms for devices in distinct.values() for ms in devices], dtype=float).reshape(-1, 2)
+    if np.ptp(widths) > 0:
+        slope, intercept = np.polyfit(widths, figures, 1)  # one line per column: forward, backward
+    else:
+        slope, intercept = np.zeros(2), figures.mean(axis=0)
+    priced = [[np.maximum(intercept + slope * w, 0.0) for w in layout] for layout in layouts]
+    return [[(float(fwd), float(bwd)) for fwd, bwd in devices] for devices in priced]
+
+
 def measure_plans(
     items: Sequence[tuple[ShardingTask, Plan]],
     measurement: MeasurementSettings | None = None,
@@ -277,11 +307,13 @@ def measure_plans(
     for k, (w, batch) in enumerate(zip(widths, batches)):
         if len(w) > 1:
             groups.setdefault((len(w), batch), []).append(k)
+    measured_comm = [list(c) for c in comm]
     backend = comm_backend or default_backend(device.type)
     for (_, batch), members in groups.items():
-        for k, per_device in zip(members, measure_comm([widths[k] for k in members], batch, measurement,
-                                                        backend=backend)):
-            comm[k] = per_device
+        group = [widths[k] for k in members]
+        medians = measure_comm(group, batch, measurement, backend=backend)
+        for k, raw, priced in zip(members, medians, price_comm(group, medians, measurement.comm_pricing)):
+            measured_comm[k], comm[k] = raw, priced
 
     kind = hardware_kind(device)
     timing = timing_document(protocol, measurement)
@@ -298,6 +330,8 @@ def measure_plans(
                 comm_fwd_ms=comm[k][d][0],
                 comm_bwd_ms=comm[k][d][1],
                 memory_bytes=memory[d],
+                comm_fwd_measured_ms=measured_comm[k][d][0],
+                comm_bwd_measured_ms=measured_comm[k][d][1],
             )
             for d, tables in enumerate(layouts[k])
         )
@@ -360,7 +394,15 @@ class PlanComparison(BaseModel):
     compute_rounds: int
     comm_iters: int
     comm_rounds: int
+    comm_pricing: CommPricing = "measured"
     plans: tuple[PlanComparisonRow, ...]
+
+    @property
+    def comm_pricing_text(self) -> str:
+        """How each device's all-to-all was priced, in words."""
+        if self.comm_pricing == "width":
+            return "each device's all-to-all priced by a line in its pooled width fitted over all plans' devices"
+        return "each device's all-to-all its own median"
 
     def row(self, name: str) -> PlanComparisonRow:
         """The row of plan `name`."""
@@ -385,7 +427,7 @@ class PlanComparison(BaseModel):
             f"measured in one session: batch {self.batch_size}, {self.hardware_kind}, reference_ms "
             f"{'-' if self.reference_ms is None else format(self.reference_ms, '.4f')}; medians of "
             f"{self.compute_rounds} interleaved kernel timings and {self.comm_rounds} interleaved rounds x "
-            f"{self.comm_iters} all-to-alls per device"
+            f"{self.comm_iters} all-to-alls per device, {self.comm_pricing_text}"
         )
         return "\n".join(lines)
 
@@ -423,5 +465,6 @@ def compare_measured(
         compute_rounds=int(ref.timing.get("compute_rounds", 1)),
         comm_iters=int(ref.timing.get("comm_iters", 0)),
         comm_rounds=int(ref.timing.get("comm_rounds", 1)),
+        comm_pricing=ref.timing.get("comm_pricing", "measured"),
         plans=rows,
     )

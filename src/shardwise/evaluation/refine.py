@@ -15,9 +15,11 @@ another partner each).
 
 The all-to-all is measured too, never taken from the model: its prediction is the least accurate part of the
 model's (on a shared CPU the default model over-predicted gloo's exchanges by half and saw differences between
-devices that measurements did not). One process group stays open for the whole refinement (starting one costs
-seconds, an exchange milliseconds), and each round times the changed layout's exchange paired with the current
-one's when the change's kernels gained (a change its kernels refuse is refused without timing its exchange).
+devices that measurements did not). Each device's exchange is priced as the measurement's `comm_pricing` says: by
+default a line in width, fitted over the layouts timed together. One process group stays open for the whole
+refinement (starting one costs seconds, an exchange milliseconds), and each round times the changed layout's
+exchange paired with the current one's when the change's kernels gained (a change its kernels refuse is refused
+without timing its exchange).
 Candidates are ranked assuming the exchange unchanged (a move keeps the total width); a change is kept on
 measured kernels plus measured exchanges.
 
@@ -54,7 +56,7 @@ from shardwise.search.report import finish_plan
 from shardwise.search.simulator import ShardCostCache
 from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
 
-from .measured import KernelShard, distinct_shards, measure_comm, time_shards_in_rounds
+from .measured import KernelShard, distinct_shards, measure_comm, price_comm, time_shards_in_rounds
 
 
 class RefinementRound(BaseModel):
@@ -174,13 +176,14 @@ class _Refiner:
         return [sum(s.dim for s in layout.on(d)) for d in range(self.task.num_devices)]
 
     def measure_comm(self, layouts: Sequence[_Layout]) -> list[np.ndarray]:
-        """Each layout's measured fwd + bwd all-to-all ms per device, interleaved in the session's process group
-        (zeros on one device)."""
+        """Each layout's fwd + bwd all-to-all ms per device, interleaved in the session's process group and priced
+        over these layouts as the measurement's `comm_pricing` says (zeros on one device)."""
         if self.session is None:
             return [np.zeros(self.task.num_devices) for _ in layouts]
-        timed = measure_comm([self.widths(layout) for layout in layouts], self.batch, self.measurement,
-                             backend=self.session.backend, session=self.session)
-        return [np.array([fwd + bwd for fwd, bwd in devices]) for devices in timed]
+        widths = [self.widths(layout) for layout in layouts]
+        timed = measure_comm(widths, self.batch, self.measurement, backend=self.session.backend, session=self.session)
+        priced = price_comm(widths, timed, self.measurement.comm_pricing)
+        return [np.array([fwd + bwd for fwd, bwd in devices]) for devices in priced]
 
     def fits(self, shards: Sequence[Shard]) -> bool:
         task = self.task

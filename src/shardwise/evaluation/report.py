@@ -285,7 +285,7 @@ def write_comparison_report(comparison: PlanComparison, out_dir: str | Path) -> 
         f"<p>All plans were measured in one session: one reference timing (reference_ms {ref}), every shard "
         f"timed in {comparison.compute_rounds} interleaved rounds, one all-to-all process group with the plans' "
         f"layouts taking turns exchange by exchange, {comparison.comm_rounds * comparison.comm_iters} each (medians "
-        f"per device); batch {comparison.batch_size}, hardware "
+        f"per device; {comparison.comm_pricing_text}); batch {comparison.batch_size}, hardware "
         f"{html.escape(comparison.hardware_kind)}. Plan cost is the slowest device's forward + backward + "
         "all-to-all ms.</p>"
         + _table(COMPARISON_HEADER, rows)

@@ -4,13 +4,14 @@ from .comm import AllToAllSession, CommTiming, measure_all_to_all, measure_all_t
 from .dataset import append_rows, load_costs, noise_floor
 from .hardware import DeviceName, check_device_name, hardware_info, hardware_kind, resolve_device
 from .kernel import ShardTiming, calibrate_reference, measure_shard, resolve_timing
-from .protocol import MeasurementSettings, TimingProtocol
+from .protocol import CommPricing, MeasurementSettings, TimingProtocol
 from .runner import ProfileSettings, ProfileSummary, profile
 from .sampling import sample_comm_layouts, sample_shard_configs
 from .schema import DATASET_FORMAT
 
 __all__ = [
     "AllToAllSession",
+    "CommPricing",
     "DATASET_FORMAT",
     "MeasurementSettings",
     "CommTiming",

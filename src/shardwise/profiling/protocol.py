@@ -20,6 +20,13 @@ COMPUTE_ROUNDS = 9
 #: timed all-to-all iterations per round, and interleaved rounds (per device: median of rounds x iterations)
 COMM_ITERS = 20
 COMM_ROUNDS = 5
+#: how each device's all-to-all is priced from the exchanges measured together: "width", a straight line in the
+#: device's pooled width fitted over every device of the layouts measured together; "measured", each device's own
+#: median. Per device, the part of the figure that follows its width repeats between sessions (correlation 0.62
+#: and 0.56 on 4 and 8 devices) and most of the rest does not (0.23, 0.17); priced by the line, two plans' cost
+#: ratio moved between sessions by a median 0.93% (at most 3.33%) against 1.69% (7.39%) as measured
+#: (bench_comm_estimator.py, bench_measurement_noise.py, 2026-11-26, gloo on this 2-core CPU)
+CommPricing = Literal["width", "measured"]
 
 
 class TimingProtocol(BaseModel):
@@ -85,6 +92,11 @@ class MeasurementSettings(BaseModel):
     comm_rounds: int = Field(
         default=COMM_ROUNDS, ge=1,
         description="interleaved all-to-all rounds (per device: median of rounds x iterations)",
+    )
+    comm_pricing: CommPricing = Field(
+        default="width",
+        description="each device's all-to-all: a line in its pooled width fitted over the devices measured "
+        "together (width), or its own median (measured)",
     )
     reference_ms: float | None = Field(
         default=None, gt=0, description="reference kernel ms to normalise by (default: the model's, else calibrate)"
