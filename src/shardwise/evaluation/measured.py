@@ -106,6 +106,11 @@ class MeasuredPlanCost(BaseModel):
         return self.max_cost_ms / mean if mean > 0 else 1.0
 
     @property
+    def comm_pricing(self) -> CommPricing:
+        """How each device's all-to-all was priced (files from before 2026-11-26: each device's own median)."""
+        return "width" if self.timing.get("comm_pricing") == "width" else "measured"
+
+    @property
     def max_memory_bytes(self) -> int:
         """The fullest device's memory."""
         return max(d.memory_bytes for d in self.devices)
@@ -144,6 +149,13 @@ class MeasuredPlanCost(BaseModel):
             f"(batch {self.batch_size}, {self.hardware_kind})"
         )
         return "\n".join(lines)
+
+
+def describe_comm_pricing(pricing: CommPricing) -> str:
+    """How each device's all-to-all was priced, in words (reports and tables)."""
+    if pricing == "width":
+        return "each device's all-to-all priced by a line in its pooled width fitted over the devices measured together"
+    return "each device's all-to-all its own median"
 
 
 def save_measured(cost: MeasuredPlanCost, path: str | Path) -> Path:
@@ -397,13 +409,6 @@ class PlanComparison(BaseModel):
     comm_pricing: CommPricing = "measured"
     plans: tuple[PlanComparisonRow, ...]
 
-    @property
-    def comm_pricing_text(self) -> str:
-        """How each device's all-to-all was priced, in words."""
-        if self.comm_pricing == "width":
-            return "each device's all-to-all priced by a line in its pooled width fitted over all plans' devices"
-        return "each device's all-to-all its own median"
-
     def row(self, name: str) -> PlanComparisonRow:
         """The row of plan `name`."""
         for r in self.plans:
@@ -427,7 +432,7 @@ class PlanComparison(BaseModel):
             f"measured in one session: batch {self.batch_size}, {self.hardware_kind}, reference_ms "
             f"{'-' if self.reference_ms is None else format(self.reference_ms, '.4f')}; medians of "
             f"{self.compute_rounds} interleaved kernel timings and {self.comm_rounds} interleaved rounds x "
-            f"{self.comm_iters} all-to-alls per device, {self.comm_pricing_text}"
+            f"{self.comm_iters} all-to-alls per device, {describe_comm_pricing(self.comm_pricing)}"
         )
         return "\n".join(lines)
 
@@ -465,6 +470,6 @@ def compare_measured(
         compute_rounds=int(ref.timing.get("compute_rounds", 1)),
         comm_iters=int(ref.timing.get("comm_iters", 0)),
         comm_rounds=int(ref.timing.get("comm_rounds", 1)),
-        comm_pricing=ref.timing.get("comm_pricing", "measured"),
+        comm_pricing=ref.comm_pricing,
         plans=rows,
     )

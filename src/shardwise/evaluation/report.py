@@ -14,7 +14,7 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .dlrm import DLRMThroughput  # noqa: E402
-from .measured import MeasuredPlanCost, PlanComparison  # noqa: E402
+from .measured import MeasuredPlanCost, PlanComparison, describe_comm_pricing  # noqa: E402
 
 GIB = 2**30
 _STYLE = (
@@ -151,7 +151,8 @@ def write_plan_report(
         f"<p>plan cost (slowest device) <b>{cost.max_cost_ms:.3f} ms</b>, mean {cost.mean_cost_ms:.3f} ms, "
         f"imbalance {cost.imbalance:.3f}, memory headroom {cost.memory_headroom:.1%}; batch {cost.batch_size}, "
         f"hardware {html.escape(cost.hardware_kind)}, reference_ms "
-        f"{'-' if cost.reference_ms is None else format(cost.reference_ms, '.4f')}</p>"
+        f"{'-' if cost.reference_ms is None else format(cost.reference_ms, '.4f')}; "
+        f"{describe_comm_pricing(cost.comm_pricing)}</p>"
     )
     body = summary + _table(header, device_rows(cost, predicted_total_ms))
     body += f"<img src='{cost_png.name}' alt='cost per device'><img src='{memory_png.name}' alt='memory per device'>"
@@ -285,7 +286,7 @@ def write_comparison_report(comparison: PlanComparison, out_dir: str | Path) -> 
         f"<p>All plans were measured in one session: one reference timing (reference_ms {ref}), every shard "
         f"timed in {comparison.compute_rounds} interleaved rounds, one all-to-all process group with the plans' "
         f"layouts taking turns exchange by exchange, {comparison.comm_rounds * comparison.comm_iters} each (medians "
-        f"per device; {comparison.comm_pricing_text}); batch {comparison.batch_size}, hardware "
+        f"per device; {describe_comm_pricing(comparison.comm_pricing)}); batch {comparison.batch_size}, hardware "
         f"{html.escape(comparison.hardware_kind)}. Plan cost is the slowest device's forward + backward + "
         "all-to-all ms.</p>"
         + _table(COMPARISON_HEADER, rows)
