@@ -12,8 +12,8 @@ tasks, planned without a cost model) and, per task set, prints:
     (fitted per run over every device of those plans) is taken out;
   - for the plans of --run, refinement's plan against the measured greedy's, task by task, under three ways to
     price a device's all-to-all: as measured (its own median, measurement's pricing until 2026-11-26), its
-    layout's mean, and the line in width fitted over every plan of the task in that session (close to
-    measurement's pricing since, `price_comm`, which fits over the distinct layouts measured together).
+    layout's mean, and the line in width fitted over every plan of the task in that session (measurement's pricing
+    since, `price_comm`).
 The "as measured" figures are each device's own medians, kept in every measured file (`comm_*_measured_ms`).
 
     python benchmarks/bench_comm_estimator.py --run runs/bench_pq_large4 --against runs/bench_pq_inter [--record]
@@ -35,6 +35,7 @@ from bench_plan_quality import at_or_below
 from record import record
 
 from shardwise.evaluation import DeviceCost, MeasuredPlanCost, PlanResult
+from shardwise.evaluation.measured import price_comm
 from shardwise.search import Shard, load_plan
 
 REFINED, GREEDY = "neuroshard+refine", "measured_greedy"
@@ -85,21 +86,28 @@ def repeatability(run: Path, against: Path, task_set: str) -> dict[str, Any] | N
             "repeats_residual_corr": round(float(np.corrcoef(rx, ry)[0, 1]), 3)}
 
 
-def measured_comm_ms(device: DeviceCost) -> float:
-    """A device's own median all-to-all ms (fwd + bwd), before any pricing (files from before 2026-11-26 held only
-    that)."""
+def _measured_fwd_bwd(device: DeviceCost) -> tuple[float, float]:
+    """A device's own median forward and backward all-to-all ms, before any pricing (files from before 2026-11-26
+    held only those)."""
     if device.comm_fwd_measured_ms is None or device.comm_bwd_measured_ms is None:
-        return device.comm_ms
-    return device.comm_fwd_measured_ms + device.comm_bwd_measured_ms
+        return device.comm_fwd_ms, device.comm_bwd_ms
+    return device.comm_fwd_measured_ms, device.comm_bwd_measured_ms
+
+
+def measured_comm_ms(device: DeviceCost) -> float:
+    """A device's own median all-to-all ms (fwd + bwd), before any pricing."""
+    return sum(_measured_fwd_bwd(device))
 
 
 def priced_by_width(costs: Sequence[MeasuredPlanCost]) -> list[float]:
-    """Each plan's slowest device (kernels + all-to-all), every device's all-to-all priced by a straight line in its
-    pooled width fitted over every device of `costs` (plans measured together); widths all alike: their mean."""
-    widths = np.array([d.width for c in costs for d in c.devices], dtype=float)
-    comm = np.array([measured_comm_ms(d) for c in costs for d in c.devices])
-    slope, intercept = np.polyfit(widths, comm, 1) if np.ptp(widths) > 0 else (0.0, float(comm.mean()))
-    return [max(d.compute_ms + intercept + slope * d.width for d in c.devices) for c in costs]
+    """Each plan's slowest device (kernels + all-to-all), every device's all-to-all priced as measurement prices it
+    by default (`price_comm`, "width") from each device's own medians, over every device of `costs` (plans measured
+    together)."""
+    widths = [[d.width for d in c.devices] for c in costs]
+    raw = [[_measured_fwd_bwd(d) for d in c.devices] for c in costs]
+    priced = price_comm(widths, raw, "width")
+    return [max(d.compute_ms + fwd + bwd for d, (fwd, bwd) in zip(c.devices, p, strict=True))
+            for c, p in zip(costs, priced, strict=True)]
 
 
 def verdicts(run: Path, task_set: str) -> dict[str, str]:
