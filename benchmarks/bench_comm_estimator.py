@@ -10,6 +10,7 @@ tasks, planned without a cost model) and, per task set, prints:
   - how far a device's all-to-all strays from its layout's mean (sd), how much of that follows its width
     (correlation), and how much repeats in the other run: the raw deviation, and what is left after a line in width
     (fitted per run over every device of those plans) is taken out;
+  - the same residual's mean per rank in each run, and how those means agree (a per-rank effect would repeat);
   - for the plans of --run, refinement's plan against the measured greedy's, task by task, under three ways to
     price a device's all-to-all: as measured (its own median, measurement's pricing until 2026-11-26), its
     layout's mean, and the line in width fitted over every plan of the task in that session (measurement's pricing
@@ -61,7 +62,7 @@ def _residual(deviation: np.ndarray, width: np.ndarray) -> np.ndarray:
 
 def repeatability(run: Path, against: Path, task_set: str) -> dict[str, Any] | None:
     """The per-device all-to-all deviation from its layout's mean, over plans identical in both runs."""
-    mine, theirs, widths = [], [], []
+    mine, theirs, widths, ranks = [], [], [], []
     for task_dir in sorted((run / task_set).glob("task*")):
         other = against / task_set / task_dir.name
         if not (other / "task.json").is_file() or (task_dir / "task.json").read_text() != (other / "task.json").read_text():
@@ -75,15 +76,22 @@ def repeatability(run: Path, against: Path, task_set: str) -> dict[str, Any] | N
                 out += list(comm / comm.mean() - 1)
             width = np.array([d.width for d in a.devices], dtype=float)
             widths += list(width / width.mean() - 1)
+            ranks += range(len(a.devices))
     if len(mine) < 3:
         return None
     x, y, w = np.array(mine), np.array(theirs), np.array(widths)
     rx, ry = _residual(x, w), _residual(y, w)
+    rank = np.array(ranks)
+    by_rank = [(rx[rank == r].mean(), ry[rank == r].mean()) for r in range(rank.max() + 1)]
     return {"task_set": task_set, "devices": len(x), "deviation_sd_pct": round(float(x.std()) * 100, 2),
             "corr_with_width": round(float(np.corrcoef(x, w)[0, 1]), 3),
             "repeats_raw_corr": round(float(np.corrcoef(x, y)[0, 1]), 3),
             "residual_sd_pct": round(float(rx.std()) * 100, 2),
-            "repeats_residual_corr": round(float(np.corrcoef(rx, ry)[0, 1]), 3)}
+            "repeats_residual_corr": round(float(np.corrcoef(rx, ry)[0, 1]), 3),
+            # a per-rank effect (rank 0 slower, say) would show as the same rank means in both runs
+            "rank_residual_pct": [round(float(m) * 100, 2) for m, _ in by_rank],
+            "rank_residual_pct_against": [round(float(m) * 100, 2) for _, m in by_rank],
+            "rank_residual_corr": round(float(np.corrcoef(*zip(*by_rank, strict=True))[0, 1]), 3)}
 
 
 def _measured_fwd_bwd(device: DeviceCost) -> tuple[float, float]:
@@ -152,6 +160,8 @@ def main() -> None:
               f"in the other run with correlation {found['repeats_raw_corr']:.2f}; after a line in width, "
               f"{found['residual_sd_pct']:.1f}% is left, repeating with correlation "
               f"{found['repeats_residual_corr']:.2f}")
+        print(f"  left after the line, mean per rank: {found['rank_residual_pct']} % here, "
+              f"{found['rank_residual_pct_against']} % in the other run (correlation {found['rank_residual_corr']:.2f})")
         row = dict(found)
         for way, verdict in verdicts(run, task_set).items():
             row[f"all_to_all_{way.replace(' ', '_')}"] = verdict
