@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import datetime
 import io
 import json
 import os
@@ -114,7 +115,8 @@ _TAIL_LINES = 40
 class _StepConsole:
     """Reads everything the run writes to fd 1 and 2 (this process and the steps' subprocesses) into the log file
     (and each step's lines into logs/<step>.log); the terminal gets one line per step with its time, and on
-    failure the last lines of the log."""
+    failure the last lines of the log. The log file keeps every run, each after a line with its start time; a step's
+    file holds that step's latest run."""
 
     def __init__(self, log_path: Path, terminal: IO[str]) -> None:
         self.log_path, self.terminal = log_path, terminal
@@ -127,6 +129,7 @@ class _StepConsole:
         """Copy the pipe to the log until every writer has closed it, reporting task events."""
         pending = ""
         with open(read_fd, "rb", closefd=True) as pipe, self.log_path.open("ab") as log:
+            log.write(f"=== pipeline run started {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M:%S %z}\n".encode())
             while chunk := pipe.read1(65536):
                 log.write(chunk)
                 log.flush()
@@ -149,6 +152,9 @@ class _StepConsole:
         self.step = started
         if started:
             self.step_logs.mkdir(parents=True, exist_ok=True)
+            # a step's first start in this run begins its file afresh; a loop's step starts again and appends
+            with (self.step_logs / f"{started}.log").open("a" if started in self.started else "w") as log:
+                log.write(line + "\n")
             self.started[started] = time.monotonic()
             if self.terminal.isatty():  # a live line, completed in place when the step ends
                 self.terminal.write(f"{started:<22} running")
