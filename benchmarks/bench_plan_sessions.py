@@ -9,7 +9,9 @@ over every task, then session 2, and so on, so drift on the machine spreads over
   - per task: the refined plan over the measured greedy's, in the run and in each session, and the median;
   - on how many tasks the refined plan is at or below the greedy, in the run and on the median of the sessions;
   - the mean ratios to TorchRec's planner and to the greedy on the medians;
-  - how far that ratio moved between two sessions (median and most over tasks).
+  - how far that ratio moved between two sessions (median and most over tasks);
+  - the same verdict on each device's all-to-all as measured (its own median, kept in every measured file), when
+    the run prices it by a line in width: whether the two rulers agree on fresh sessions.
 
     python benchmarks/bench_plan_sessions.py --run runs/bench_pq_large4 --sessions 3
     python benchmarks/bench_plan_sessions.py --run ... --sets 8dev-80to120 --resume --record --record-name NAME
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_comm_estimator import measured_comm_ms
 from bench_measurement_noise import moved
 from bench_plan_quality import at_or_below
 from record import record
@@ -82,7 +85,8 @@ def main() -> None:
     if not tasks:
         parser.error(f"--run: no task in {run} has plan files for {', '.join(METHODS)}")
     out = Path(args.out) if args.out else run / "sessions.json"
-    # (session, task set, task index) -> method -> (plan cost ms, slowest device's kernels ms)
+    # (session, task set, task index) -> method -> (plan cost ms, slowest device's kernels ms, plan cost ms with each
+    # device's all-to-all its own median; absent in files from before 2026-11-26)
     done: dict[str, dict[str, list[float]]] = json.loads(out.read_text()) if args.resume and out.is_file() else {}
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -92,7 +96,9 @@ def main() -> None:
             if key in done:
                 continue
             measured = measure_plans([(task, p) for p in plans], measurement, progress=False)
-            done[key] = {m: [c.max_cost_ms, c.max_compute_ms] for m, c in zip(METHODS, measured, strict=True)}
+            done[key] = {m: [c.max_cost_ms, c.max_compute_ms,
+                             max(d.compute_ms + measured_comm_ms(d) for d in c.devices)]
+                         for m, c in zip(METHODS, measured, strict=True)}
             # an interrupted run keeps its sessions (--resume): the file is replaced whole, never left half-written
             partial = out.with_name(f".{out.name}.tmp")
             partial.write_text(json.dumps(done, indent=1) + "\n")
@@ -114,6 +120,8 @@ def main() -> None:
             figures = {m: [s[m][0] for s in sessions] for m in METHODS}
             kernels = {m: [s[m][1] for s in sessions] for m in METHODS}
             ratios = [r / g for r, g in zip(figures[REFINED], figures[GREEDY], strict=True)]
+            # the same sessions judged on each device's own all-to-all median (when every session kept it)
+            own = [x[REFINED][2] / x[GREEDY][2] for x in sessions] if all(len(x[REFINED]) > 2 for x in sessions) else []
             row = {"task_set": name, "task": index,
                    "run": round(run_ms[index, REFINED] / run_ms[index, GREEDY], 4),
                    "sessions": [round(r, 4) for r in ratios],
@@ -121,7 +129,8 @@ def main() -> None:
                    "kernels_median": round(_median_ratio(kernels, REFINED, GREEDY), 4),
                    "to_torchrec_median": round(_median_ratio(figures, REFINED, TORCHREC), 4),
                    "neuroshard_to_torchrec_median": round(_median_ratio(figures, "neuroshard", TORCHREC), 4),
-                   "moved_max_pct": round(max(moved(ratios)), 2)}
+                   "moved_max_pct": round(max(moved(ratios)), 2),
+                   "own_median_all_to_all_median": round(statistics.median(own), 4) if own else None}
             rows.append(row)
             per_task.append(row)
             # each plan's cost as its median over the sessions, for the mean-cost ratios the run prints
@@ -135,6 +144,11 @@ def main() -> None:
                       f"{name}: {REFINED} at or below {GREEDY} on the median of {args.sessions} fresh sessions on "
                       f"{sum(v <= 1 for v in medians)} of {len(medians)} tasks (worst {max(medians):.3f}, mean "
                       f"{statistics.fmean(medians):.3f})"]
+        own_medians = [r["own_median_all_to_all_median"] for r in per_task]
+        if measurement.comm_pricing != "measured" and None not in own_medians:
+            headlines.append(f"{name}: the same sessions with each device's all-to-all its own median: at or below on "
+                             f"{sum(v <= 1 for v in own_medians)} of {len(own_medians)} tasks (worst "
+                             f"{max(own_medians):.3f}, mean {statistics.fmean(own_medians):.3f})")
         spread = [m for r in per_task for m in moved(r["sessions"])]
         pairs = ((REFINED, TORCHREC), ("neuroshard", TORCHREC), (REFINED, GREEDY))
         headlines.append(
