@@ -94,17 +94,9 @@ def repeatability(run: Path, against: Path, task_set: str) -> dict[str, Any] | N
             "rank_residual_corr": round(float(np.corrcoef(*zip(*by_rank, strict=True))[0, 1]), 3)}
 
 
-def _measured_fwd_bwd(device: DeviceCost) -> tuple[float, float]:
-    """A device's own median forward and backward all-to-all ms, before any pricing (files from before 2026-11-26
-    held only those)."""
-    if device.comm_fwd_measured_ms is None or device.comm_bwd_measured_ms is None:
-        return device.comm_fwd_ms, device.comm_bwd_ms
-    return device.comm_fwd_measured_ms, device.comm_bwd_measured_ms
-
-
 def measured_comm_ms(device: DeviceCost) -> float:
     """A device's own median all-to-all ms (fwd + bwd), before any pricing."""
-    return sum(_measured_fwd_bwd(device))
+    return sum(device.own_comm_fwd_bwd_ms)
 
 
 def priced_by_width(costs: Sequence[MeasuredPlanCost]) -> list[float]:
@@ -112,7 +104,7 @@ def priced_by_width(costs: Sequence[MeasuredPlanCost]) -> list[float]:
     by default (`price_comm`, "width") from each device's own medians, over every device of `costs` (plans measured
     together)."""
     widths = [[d.width for d in c.devices] for c in costs]
-    raw = [[_measured_fwd_bwd(d) for d in c.devices] for c in costs]
+    raw = [[d.own_comm_fwd_bwd_ms for d in c.devices] for c in costs]
     priced = price_comm(widths, raw, "width")
     return [max(d.compute_ms + fwd + bwd for d, (fwd, bwd) in zip(c.devices, p, strict=True))
             for c, p in zip(costs, priced, strict=True)]

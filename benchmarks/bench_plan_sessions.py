@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_comm_estimator import measured_comm_ms
 from bench_measurement_noise import moved
 from bench_plan_quality import at_or_below
 from record import record
@@ -97,7 +96,7 @@ def main() -> None:
                 continue
             measured = measure_plans([(task, p) for p in plans], measurement, progress=False)
             done[key] = {m: [c.max_cost_ms, c.max_compute_ms,
-                             max(d.compute_ms + measured_comm_ms(d) for d in c.devices)]
+                             max(d.compute_ms + sum(d.own_comm_fwd_bwd_ms) for d in c.devices)]
                          for m, c in zip(METHODS, measured, strict=True)}
             # an interrupted run keeps its sessions (--resume): the file is replaced whole, never left half-written
             partial = out.with_name(f".{out.name}.tmp")

@@ -68,6 +68,14 @@ class DeviceCost(BaseModel):
         """Forward + backward + forward all-to-all + backward all-to-all."""
         return self.compute_ms + self.comm_ms
 
+    @property
+    def own_comm_fwd_bwd_ms(self) -> tuple[float, float]:
+        """The device's own median forward and backward all-to-all ms, before any pricing (files written before
+        2026-11-26 priced none, so their figures are those)."""
+        if self.comm_fwd_measured_ms is None or self.comm_bwd_measured_ms is None:
+            return self.comm_fwd_ms, self.comm_bwd_ms
+        return self.comm_fwd_measured_ms, self.comm_bwd_measured_ms
+
 
 class MeasuredPlanCost(BaseModel):
     """A plan's measured per-device costs; the plan costs what its slowest device costs."""
