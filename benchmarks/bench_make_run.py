@@ -1,0 +1,88 @@
+"""The main job's figures: what `make run` (the local pipeline) measured, read from its work directory.
+
+    make run && python benchmarks/bench_make_run.py [--workdir runs/local] [--record]
+
+Measures nothing itself: it reads the latest finished run under WORKDIR/pipeline_root (the pretrain step's
+held-out accuracy next to TorchRec's estimator and the noise floor, the evaluate step's measured plan cost and
+DLRM throughput next to TorchRec's planner) and prints each figure beside its comparison. `make run`'s time on a
+busy machine is `bench_newcomer.py`'s figure. A run whose evaluate step has not finished is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from record import record
+
+
+def _metadata(step: Path, artifact: str) -> dict[str, Any]:
+    outputs = json.loads((step / "executor_output.json").read_text())
+    return outputs["artifacts"][artifact]["artifacts"][0]["metadata"]
+
+
+def latest_run(workdir: Path) -> Path:
+    """The newest pipeline run under `workdir` whose evaluate step wrote its outputs."""
+    runs = sorted((workdir / "pipeline_root").glob("*/evaluate-plans/executor_output.json"))
+    if not runs:
+        sys.exit(f"error: no finished pipeline run under {workdir / 'pipeline_root'} (run `make run` first)")
+    return runs[-1].parent.parent
+
+
+def figures(run: Path) -> tuple[list[dict[str, Any]], str]:
+    """The run's rows (figure, value, comparison, ratio) and a line naming the task it planned."""
+    accuracy = _metadata(run / "pretrain-cost-model", "metrics")
+    comparison = _metadata(run / "evaluate-plans", "comparison")
+    task = json.loads((run / "make-task" / "task").read_text())
+    model = _metadata(run / "pretrain-cost-model", "model")["registered_model_uri"]
+
+    def row(figure: str, value: float, against: float | None, against_name: str, fmt: str) -> dict[str, Any]:
+        return {"figure": figure, "value": format(value, fmt), "comparison": against_name,
+                "comparison_value": None if against is None else format(against, fmt),
+                "ratio": None if not against else round(value / against, 3)}
+
+    rows = [
+        row("held-out tables, total fwd+bwd MAPE %", accuracy["neural_heldout_tables_total_mape_pct"],
+            accuracy["torchrec_estimator_heldout_tables_total_mape_pct"], "TorchRec's estimator", ".1f"),
+        row("held-out tables, MAPE % against the noise floor (repeats)", accuracy["neural_heldout_tables_total_mape_pct"],
+            accuracy["noise_floor_repeats_total_mape_pct"], "noise floor", ".1f"),
+        row("held-out tables, Spearman", accuracy["neural_heldout_tables_total_spearman"],
+            accuracy["torchrec_estimator_heldout_tables_total_spearman"], "TorchRec's estimator", ".3f"),
+        row("plan cost, ms (slowest device, measured)", comparison["method_max_cost_ms"],
+            comparison["torchrec_max_cost_ms"], "TorchRec's planner", ".3f"),
+    ]
+    if "refined_max_cost_ms" in comparison:
+        rows.append(row("refined plan cost, ms (measured in the same session)", comparison["refined_max_cost_ms"],
+                        comparison["torchrec_max_cost_ms"], "TorchRec's planner", ".3f"))
+    if "method_samples_per_s" in comparison:
+        rows.append(row("DLRM training, samples/s", comparison["method_samples_per_s"],
+                        comparison["torchrec_samples_per_s"], "TorchRec's planner", ",.0f"))
+    where = (f"{run.name}: {len(task['tables'])} held-out tables on {task['num_devices']} devices, "
+             f"batch {task['batch_size']}; cost model {model} ({int(accuracy['train_shards'])} training shards)")
+    return rows, where
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", default="runs/local", help="the local pipeline's work directory")
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/make_run.json")
+    args = parser.parse_args()
+    run = latest_run(Path(args.workdir))
+    rows, where = figures(run)
+    print(where)
+    print(f"{'figure':58} {'value':>10} {'comparison':>22} {'':>10} {'ratio':>6}")
+    for r in rows:
+        print(f"{r['figure']:58} {r['value']:>10} {r['comparison']:>22} {r['comparison_value'] or '-':>10} "
+              f"{'-' if r['ratio'] is None else format(r['ratio'], '.3f'):>6}")
+    if args.record:
+        record("make_run", "The main job: `make run`", rows,
+               notes=(f"{where}. One run of the local pipeline on CPU (gloo, fbgemm's CPU kernels): the plan and "
+                      "throughput ratios move by a few percent between runs (read measurement_noise); DLRM "
+                      "training is 10 iterations. `make run`'s wall time on a busy machine: the newcomer record."))
+
+
+if __name__ == "__main__":
+    main()
