@@ -10,7 +10,8 @@ import subprocess
 import pytest
 
 from shardwise.evaluation import DeviceCost, MeasuredPlanCost, compare_measured
-from shardwise.evaluation.report import plot_device_costs, plot_plan_comparison
+from shardwise.evaluation.refine import Refinement, RefinementRound
+from shardwise.evaluation.report import plot_device_costs, plot_plan_comparison, write_plan_report
 from shardwise.jobs.evaluate import EvaluateResult, comparison_page
 
 
@@ -24,6 +25,14 @@ def _cost(method: str, scale: float) -> MeasuredPlanCost:
                             device_memory_bytes=2**30, timing={}, reference_ms=1.0, devices=devices)
 
 
+def _refinement() -> Refinement:
+    return Refinement(rounds=[RefinementRound(round=1, measured_max_ms=8.8011, slowest_device=2, change="t147[0] 2->1",
+                                              predicted_max_ms=8.61234, after_ms=8.65512, kept=True),
+                              RefinementRound(round=2, measured_max_ms=8.644, slowest_device=1, change="")],
+                      starts={"neuroshard": 8.8011, "measured_greedy": 8.9123}, start="neuroshard",
+                      before_ms=8.8011, after_ms=8.65512, seconds=36.3, devices_measured=44, stopped="2 rounds done")
+
+
 @pytest.fixture()
 def page(tmp_path) -> str:
     costs = [_cost("neuroshard", 1.0), _cost("torchrec", 1.1)]
@@ -31,7 +40,7 @@ def page(tmp_path) -> str:
     paths = [plot_plan_comparison(comparison, tmp_path / "comparison.png"),
              *(plot_device_costs(c, tmp_path / f"{c.method}_cost.png") for c in costs)]
     evaluated = EvaluateResult(names=["neuroshard", "torchrec"], costs=costs, comparison=comparison,
-                               paths=[str(p) for p in paths])
+                               paths=[str(p) for p in paths], refinement=_refinement())
     figures = {"method_max_cost_ms": costs[0].max_cost_ms, "torchrec_max_cost_ms": costs[1].max_cost_ms,
                "ratio_to_torchrec": costs[0].max_cost_ms / costs[1].max_cost_ms, "method_samples_per_s": 17395.123}
     html = comparison_page("neuroshard", figures, evaluated)
@@ -43,7 +52,20 @@ def page(tmp_path) -> str:
 def test_page_is_self_contained_and_rounded(page):
     assert page.count("data:image/png;base64,") == 3
     assert not re.search(r"\d\.\d{5,}", page.split("data:image")[0])  # no 16-digit floats in the tables
-    assert "17395.123" in page and "neuroshard vs TorchRec" in page
+    assert "17,395" in page and "neuroshard vs TorchRec" in page
+    assert "DLRM training, samples/s" in page and "method_samples_per_s" not in page  # labels, not keys
+
+
+def test_page_shows_the_refinement_rounds(page):
+    section = page.split("Refinement on this hardware")[1]
+    assert "t147[0] 2-&gt;1" in section and "nothing promised a gain" in section
+    assert "8.801 -&gt; 8.655 ms" in section and "measured_greedy 8.912 ms" in section
+
+
+def test_refined_plans_own_report_shows_its_rounds(tmp_path):
+    page = write_plan_report(_cost("neuroshard+refine", 1.0), tmp_path, name="refined", refinement=_refinement())[0]
+    assert "t147[0] 2-&gt;1" in page.read_text()
+    assert "Refinement" not in write_plan_report(_cost("neuroshard", 1.0), tmp_path, name="plain")[0].read_text()
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium not installed")

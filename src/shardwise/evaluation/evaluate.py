@@ -13,6 +13,7 @@ from shardwise.search.simulator import simulate
 from shardwise.workload import ShardingTask
 
 from .measured import MeasuredPlanCost, PlanComparison, compare_measured, measure_plans, save_measured
+from .refine import Refinement
 from .report import write_comparison_report, write_plan_report
 
 
@@ -44,9 +45,11 @@ def evaluate_plans(
     ]
     out = Path(out_dir)
     paths: list[Path] = []
-    for name, cost, pred in zip(names, costs, predicted):
+    for (name, plan), cost, pred in zip(plans, costs, predicted):
         paths.append(save_measured(cost, out / f"{name}.measured.json"))
-        paths += write_plan_report(cost, out, name=name, predicted_total_ms=pred)
+        # a refined plan's file carries its rounds: its report shows them
+        refinement = Refinement.model_validate(plan.extra["refinement"]) if "refinement" in plan.extra else None
+        paths += write_plan_report(cost, out, name=name, predicted_total_ms=pred, refinement=refinement)
     comparison = compare_measured(
         list(zip(names, costs)),
         predicted_max_ms=[max(p) if p else None for p in predicted],

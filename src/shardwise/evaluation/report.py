@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -15,6 +15,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .dlrm import DLRMThroughput  # noqa: E402
 from .measured import MeasuredPlanCost, PlanComparison, describe_comm_pricing  # noqa: E402
+
+if TYPE_CHECKING:
+    from .refine import Refinement
 
 GIB = 2**30
 _STYLE = (
@@ -113,12 +116,13 @@ DEVICE_HEADER = (
 def summary_page(
     title: str,
     intro: str,
-    figures: Mapping[str, float],
+    figures: Sequence[tuple[str, str]],
     named_costs: Sequence[tuple[str, MeasuredPlanCost]],
     images: Sequence[str | Path],
+    refinement: Refinement | None = None,
 ) -> str:
-    """A self-contained page (what the pipeline hands the Kubeflow UI): the figures, the plots embedded as data
-    URIs, and each plan's per-device table; numbers rounded, no file paths."""
+    """A self-contained page (what the pipeline hands the Kubeflow UI): the figures (label, value as shown), the
+    plots embedded as data URIs, the refinement's rounds, and each plan's per-device table; no file paths."""
     plots = "".join(
         f"<img alt='{html.escape(Path(p).stem)}' src='data:image/png;base64,"
         f"{base64.b64encode(Path(p).read_bytes()).decode()}'>"
@@ -129,8 +133,30 @@ def summary_page(
         f"imbalance {cost.imbalance:.3f})</h2>" + _table(DEVICE_HEADER, device_rows(cost))
         for name, cost in named_costs
     )
-    rows = [[key.replace("_", " "), value] for key, value in figures.items()]
-    return _page(title, f"<p>{html.escape(intro)}</p>" + _table(("figure", "value"), rows) + plots + per_plan)
+    body = f"<p>{html.escape(intro)}</p>" + _table(("figure", "value"), figures) + plots
+    return _page(title, body + (refinement_section(refinement) if refinement else "") + per_plan)
+
+
+def refinement_section(refinement: Refinement) -> str:
+    """Refinement on the hardware as a report shows it: the starts it measured, each round (the slowest device
+    measured, what moved, the corrected prediction and the measurement after), and how it ended."""
+    starts = ", ".join(f"{html.escape(m)} {ms:.3f} ms" for m, ms in refinement.starts.items())
+    intro = (
+        f"<p>Every device measured, kernels and all-to-alls; refined from <b>{html.escape(refinement.start)}</b>"
+        + (f" (starts measured side by side: {starts})" if len(refinement.starts) > 1 else "")
+        + f". Slowest device <b>{refinement.before_ms:.3f} -&gt; {refinement.after_ms:.3f} ms</b> measured "
+        f"({refinement.after_ms / refinement.before_ms:.3f}x), {refinement.devices_measured} device shards timed "
+        f"in {refinement.seconds:.1f} s" + (f"; stopped: {html.escape(refinement.stopped)}" if refinement.stopped
+                                              else "") + ". A change is kept only when it measured faster.</p>"
+    )
+    rows = [
+        [r.round, r.measured_max_ms, r.slowest_device, r.change or "nothing promised a gain",
+         "-" if r.predicted_max_ms is None else r.predicted_max_ms, "-" if r.after_ms is None else r.after_ms,
+         "yes" if r.kept else "no"]
+        for r in refinement.rounds
+    ]
+    header = ("round", "slowest device, ms", "device", "change", "predicted after, ms", "measured after, ms", "kept")
+    return "<h2>Refinement on this hardware</h2>" + intro + _table(header, rows)
 
 
 def write_plan_report(
@@ -140,8 +166,10 @@ def write_plan_report(
     name: str = "plan",
     predicted_total_ms: Sequence[float] | None = None,
     throughput: Sequence[DLRMThroughput] = (),
+    refinement: Refinement | None = None,
 ) -> list[Path]:
-    """`<name>.html` with the per-device table and plots `<name>_cost.png`, `<name>_memory.png`; returns paths."""
+    """`<name>.html` with the per-device table and plots `<name>_cost.png`, `<name>_memory.png` (and the rounds
+    of the refinement that made the plan); returns paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cost_png = plot_device_costs(cost, out / f"{name}_cost.png", predicted_total_ms)
@@ -156,6 +184,8 @@ def write_plan_report(
     )
     body = summary + _table(header, device_rows(cost, predicted_total_ms))
     body += f"<img src='{cost_png.name}' alt='cost per device'><img src='{memory_png.name}' alt='memory per device'>"
+    if refinement:
+        body += refinement_section(refinement)
     if throughput:
         body += "<h2>End-to-end DLRM training</h2>" + _table(
             ("plan", "samples/s", "median iteration ms", "ranks", "backend", "global batch"),

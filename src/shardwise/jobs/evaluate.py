@@ -187,33 +187,41 @@ def versus_baseline(evaluated: EvaluateResult, baseline: str) -> dict[str, float
     return figures
 
 
-#: the figures of versus_baseline (and validate's) a Markdown summary shows, with their labels
-_MARKDOWN_FIGURES = (
-    ("method_max_cost_ms", "plan cost, ms (slowest device, measured)"),
-    ("torchrec_max_cost_ms", "TorchRec's planner's plan cost, ms"),
-    ("ratio_to_torchrec", "ratio to TorchRec's planner (below 1 is better)"),
-    ("refined_max_cost_ms", "refined on this node, ms"),
-    ("refined_ratio_to_torchrec", "refined, ratio to TorchRec's planner"),
-    ("method_imbalance", "imbalance (max / mean device)"),
-    ("throughput_ratio_to_torchrec", "DLRM samples/s, ratio to TorchRec's plan (above 1 is better)"),
+#: the figures of versus_baseline (and validate's) the run's summaries show: key, label, format
+_FIGURES = (
+    ("method_max_cost_ms", "plan cost, ms (slowest device, measured)", ".3f"),
+    ("torchrec_max_cost_ms", "TorchRec's planner's plan cost, ms", ".3f"),
+    ("ratio_to_torchrec", "ratio to TorchRec's planner (below 1 is better)", ".3f"),
+    ("refined_max_cost_ms", "refined on this node, ms", ".3f"),
+    ("refined_ratio_to_torchrec", "refined, ratio to TorchRec's planner", ".3f"),
+    ("method_imbalance", "imbalance (max / mean device)", ".3f"),
+    ("torchrec_imbalance", "TorchRec's planner's imbalance", ".3f"),
+    ("method_samples_per_s", "DLRM training, samples/s", ",.0f"),
+    ("torchrec_samples_per_s", "DLRM training under TorchRec's plan, samples/s", ",.0f"),
+    ("throughput_ratio_to_torchrec", "DLRM samples/s, ratio to TorchRec's plan (above 1 is better)", ".3f"),
 )
+
+
+def _figure_rows(figures: dict[str, float]) -> list[tuple[str, str]]:
+    return [(label, format(figures[key], fmt)) for key, label, fmt in _FIGURES if key in figures]
 
 
 def comparison_markdown(method: str, figures: dict[str, float]) -> str:
     """The comparison against TorchRec's planner as a Markdown table (the Kubeflow UI's run summary)."""
-    rows = [f"| {label} | {figures[key]:.3f} |" for key, label in _MARKDOWN_FIGURES if key in figures]
+    rows = [f"| {label} | {value} |" for label, value in _figure_rows(figures)]
     return "\n".join([f"# {method} vs TorchRec's planner (measured on this node)", "", "| figure | value |",
                       "|---|---|", *rows, ""])
 
 
 def comparison_page(method: str, figures: dict[str, float], evaluated: EvaluateResult) -> str:
     """The page the pipeline hands the Kubeflow UI: the figures against TorchRec's planner, the plots the
-    evaluation drew, each plan's measured per-device costs."""
+    evaluation drew, the refinement's rounds, each plan's measured per-device costs."""
     return summary_page(
         f"{method} vs TorchRec's planner (measured)",
         "Both plans were measured on this node in one session; plan cost is the slowest device's forward + "
         "backward + all-to-all ms (lower is better); DLRM samples/s higher is better.",
-        figures,
+        _figure_rows(figures),
         list(zip(evaluated.names, evaluated.costs)),
         [p for p in evaluated.paths if p.endswith(".png") and Path(p).is_file()],
+        evaluated.refinement,
     )
