@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,14 +24,20 @@ GIB = 2**30
 _STYLE = (
     "body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}"
     "td,th{border:1px solid #bbb;padding:3px 8px;text-align:right}th{background:#eee}"
-    "td:first-child,th:first-child{text-align:left}img{max-width:48%;margin:0.5%}"
+    "td:first-child,th:first-child,td.text{text-align:left}img{max-width:48%;margin:0.5%}"
 )
+#: a cell that reads as a number (right-aligned); anything else is text (left-aligned)
+_NUMBER = re.compile(r"^[-+]?[\d,.]+(%|x)?$|^-$")
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(_cell(_fmt(c)) for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _cell(text: str) -> str:
+    return f"<td>{html.escape(text)}</td>" if _NUMBER.match(text) else f"<td class='text'>{html.escape(text)}</td>"
 
 
 def _fmt(value: Any) -> str:
