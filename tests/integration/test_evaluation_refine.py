@@ -189,34 +189,3 @@ def test_plans_measured_as_refinement_measures_its_starts():
     small = task.model_copy(update={"device_memory_bytes": 8 * 2**20})  # one heavy table a device
     with pytest.raises(ValueError, match="over its cap"):
         measure_side_by_side(small, [bad], FeatureCostModel(), MEASUREMENT)
-
-
-def test_a_refused_round_goes_on_from_the_figures_it_just_took():
-    """The slowest device's first figure is the largest of several noisy ones: when the paired measurement of a
-    round shows it was a spike (another device is the slowest, the change gains nothing), the next round starts
-    from the device that is the slowest now, not from the spike again. The timings are scripted (the hardware is
-    not the code under test): each table costs its pooling factor in ms, and device 0's first timing is 3 ms high."""
-    from shardwise.evaluation.refine import _refine, _Refiner
-
-    task = ShardingTask(num_devices=3, device_memory_bytes=2**30, batch_size=1024, tables=(
-        *(TableSpec(name=f"a{i}", rows=1_000, dim=16, pooling_factor=2.5) for i in range(2)),  # device 0: 5 ms
-        *(TableSpec(name=f"b{i}", rows=1_000, dim=16, pooling_factor=2.75) for i in range(2)),  # device 1: 5.5 ms
-        TableSpec(name="c0", rows=1_000, dim=16, pooling_factor=1.0)))  # device 2: 1 ms
-    home = {"a0": 0, "a1": 0, "b0": 1, "b1": 1, "c0": 2}
-    plan = Plan(num_devices=3, method="handmade", shards=tuple(
-        Shard(table=t, col_offset=0, dim=16, device=d) for t, d in home.items()))
-
-    class Scripted(_Refiner):
-        spiked = False
-
-        def measure(self, groups):
-            out = [sum(task.table(s.table).pooling_factor for s in g) for g in groups]
-            if not self.spiked:  # the first session: device 0's figure caught a stall
-                self.spiked, out[0] = True, out[0] + 3.0
-            return out
-
-    refiner = Scripted(task, FeatureCostModel(), MEASUREMENT, progress=False, dataset=None, comm=None)
-    _, record = _refine(refiner, plan, (), rounds=2, time_budget_s=None, started=0.0)
-    first, second = record.rounds
-    assert first.slowest_device == 0 and not first.kept  # the spike's device: moving off it cannot lower 5.5 ms
-    assert second.slowest_device == 1, record  # device 1 (5.5 ms) is the slowest on the figures just taken

@@ -8,9 +8,7 @@ without loading another device to its level, within memory. A round goes on with
 the next, while such a change exists: on a balanced start several devices sit within noise of the slowest, and
 only a change off each of them lowers the plan's cost. It measures only the devices that changed, before and after
 the round's changes in one interleaved session (a paired comparison), and keeps them only when the measured
-slowest device got faster; when a round is refused, the figures it just took of its devices as they are replace
-their earlier ones (the slowest device's earlier figure was the largest of several noisy ones, biased high: kept,
-every later round would start from it again). It stops when a round promises nothing, or after `rounds` rounds or `time_budget_s`
+slowest device got faster; it stops when a round promises nothing, or after `rounds` rounds or `time_budget_s`
 seconds. A round refused is not proposed again with the same first move (the same shard to the same device,
 with or without a shard swapped back: seen on 4 devices, three rounds in a row spent on one refused move with
 another partner each).
@@ -378,7 +376,7 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
         trial_measured, current = list(measured), list(measured)
         for d, new, old in zip(touched, timed[:len(touched)], timed[len(touched):], strict=True):
             trial_measured[d], current[d] = new, old
-        trial_comm, current_comm = comm, comm
+        trial_comm = comm
         now = float(max(np.array(current) + comm))
         after = float(max(np.array(trial_measured) + comm))
         if after < now:
@@ -395,11 +393,8 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
         if kept:
             layout, measured, comm = trial, trial_measured, trial_comm
         else:
-            # the layout stays, with the figures just taken: the slowest device's earlier one was the largest of
-            # several noisy figures, biased high, and kept it would make every later round start from it again
-            measured, comm = current, current_comm
             refused.add(changes[0].move)
-    after_ms = before  # nothing kept: the start, as first measured
+    after_ms = float(max(np.array(measured) + comm))
     if any(r.kept for r in history):
         # the rounds' figures come from sessions minutes apart, and a shared machine drifts between them: the
         # refined layout is measured once more beside every start, in one paired session, and the fastest of them
