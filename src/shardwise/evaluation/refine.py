@@ -393,6 +393,10 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
         if kept:
             layout, measured, comm = trial, trial_measured, trial_comm
         else:
+            # the layout keeps its earlier figures, so the next round starts from the same slowest device. Taking the
+            # refused round's fresh figures instead (they replace a figure biased high by being the largest) mixes
+            # sessions minutes apart on a drifting machine: measured, no gain and two 8-device tasks above the
+            # greedy (benchmarks/results/plan_quality_fresh_after_refusal.json against plan_quality_width)
             refused.add(changes[0].move)
     after_ms = float(max(np.array(measured) + comm))
     if any(r.kept for r in history):
