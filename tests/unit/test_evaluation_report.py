@@ -38,7 +38,7 @@ def test_benchmark_report_holds_the_method_comparison(tmp_path) -> None:
     ]
     page, png = write_benchmark_report(rows, tmp_path, plan_reports=[("4dev task 0 neuroshard", "x/neuroshard.html")])
     html = page.read_text()
-    assert "<td>4dev</td><td>neuroshard</td><td>2</td><td>0</td><td>6.000</td><td>3.000</td><td>0.600</td><td>0.750</td>" in html
+    assert "<td class='text'>4dev</td><td class='text'>neuroshard</td><td>2</td><td>0</td><td>6.000</td><td>3.000</td><td>0.600</td><td>0.750</td>" in html
     assert "href='x/neuroshard.html'" in html
     assert png.read_bytes()[:8] == PNG_MAGIC
 
