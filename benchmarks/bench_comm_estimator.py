@@ -123,7 +123,7 @@ def verdicts(run: Path, task_set: str) -> dict[str, str]:
                  for r in mine]
         by_mean = [max(d.compute_ms for d in c.devices) + statistics.fmean(measured_comm_ms(d) for d in c.devices)
                    for c in costs]
-        raw = [max(d.compute_ms + measured_comm_ms(d) for d in c.devices) for c in costs]
+        raw = [c.own_comm_max_cost_ms for c in costs]
         for way, figures in (("as measured", raw), ("layout mean", by_mean),
                              ("line in width", priced_by_width(costs))):
             priced[way] += [r.model_copy(update={"measured_ms": ms}) for r, ms in zip(mine, figures, strict=True)]

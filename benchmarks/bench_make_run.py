@@ -18,10 +18,7 @@ from typing import Any
 
 from record import record
 
-
-def _metadata(step: Path, artifact: str) -> dict[str, Any]:
-    outputs = json.loads((step / "executor_output.json").read_text())
-    return outputs["artifacts"][artifact]["artifacts"][0]["metadata"]
+from shardwise.pipelines.run import run_figures
 
 
 def latest_run(workdir: Path) -> Path:
@@ -34,34 +31,33 @@ def latest_run(workdir: Path) -> Path:
 
 def figures(run: Path) -> tuple[list[dict[str, Any]], str]:
     """The run's rows (figure, value, comparison, ratio) and a line naming the task it planned."""
-    accuracy = _metadata(run / "pretrain-cost-model", "metrics")
-    comparison = _metadata(run / "evaluate-plans", "comparison")
+    found = run_figures(run)  # what `shardwise pipeline run --local` prints at its end, read the same way
     task = json.loads((run / "make-task" / "task").read_text())
-    model = _metadata(run / "pretrain-cost-model", "model")["registered_model_uri"]
 
-    def row(figure: str, value: float, against: float | None, against_name: str, fmt: str) -> dict[str, Any]:
+    def row(figure: str, key: str, against_key: str, against_name: str, fmt: str) -> dict[str, Any]:
+        value, against = found[key], found[against_key]
         return {"figure": figure, "value": format(value, fmt), "comparison": against_name,
-                "comparison_value": None if against is None else format(against, fmt),
-                "ratio": None if not against else round(value / against, 3)}
+                "comparison_value": format(against, fmt), "ratio": round(value / against, 3) if against else None}
 
+    mape = "neural_heldout_tables_total_mape_pct"
     rows = [
-        row("held-out tables, total fwd+bwd MAPE %", accuracy["neural_heldout_tables_total_mape_pct"],
-            accuracy["torchrec_estimator_heldout_tables_total_mape_pct"], "TorchRec's estimator", ".1f"),
-        row("held-out tables, MAPE % against the noise floor (repeats)", accuracy["neural_heldout_tables_total_mape_pct"],
-            accuracy["noise_floor_repeats_total_mape_pct"], "noise floor", ".1f"),
-        row("held-out tables, Spearman", accuracy["neural_heldout_tables_total_spearman"],
-            accuracy["torchrec_estimator_heldout_tables_total_spearman"], "TorchRec's estimator", ".3f"),
-        row("plan cost, ms (slowest device, measured)", comparison["method_max_cost_ms"],
-            comparison["torchrec_max_cost_ms"], "TorchRec's planner", ".3f"),
+        row("held-out tables, total fwd+bwd MAPE %", mape, "torchrec_estimator_heldout_tables_total_mape_pct",
+            "TorchRec's estimator", ".1f"),
+        row("held-out tables, MAPE % against the noise floor (repeats)", mape, "noise_floor_repeats_total_mape_pct",
+            "noise floor", ".1f"),
+        row("held-out tables, Spearman", "neural_heldout_tables_total_spearman",
+            "torchrec_estimator_heldout_tables_total_spearman", "TorchRec's estimator", ".3f"),
+        row("plan cost, ms (slowest device, measured)", "method_max_cost_ms", "torchrec_max_cost_ms",
+            "TorchRec's planner", ".3f"),
     ]
-    if "refined_max_cost_ms" in comparison:
-        rows.append(row("refined plan cost, ms (measured in the same session)", comparison["refined_max_cost_ms"],
-                        comparison["torchrec_max_cost_ms"], "TorchRec's planner", ".3f"))
-    if "method_samples_per_s" in comparison:
-        rows.append(row("DLRM training, samples/s", comparison["method_samples_per_s"],
-                        comparison["torchrec_samples_per_s"], "TorchRec's planner", ",.0f"))
+    if "refined_max_cost_ms" in found:
+        rows.append(row("refined plan cost, ms (measured in the same session)", "refined_max_cost_ms",
+                        "torchrec_max_cost_ms", "TorchRec's planner", ".3f"))
+    if "method_samples_per_s" in found:
+        rows.append(row("DLRM training, samples/s", "method_samples_per_s", "torchrec_samples_per_s",
+                        "TorchRec's planner", ",.0f"))
     where = (f"{run.name}: {len(task['tables'])} held-out tables on {task['num_devices']} devices, "
-             f"batch {task['batch_size']}; cost model {model} ({int(accuracy['train_shards'])} training shards)")
+             f"batch {task['batch_size']}; {int(found['train_shards'])} training shards")
     return rows, where
 
 

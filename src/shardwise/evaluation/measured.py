@@ -124,6 +124,11 @@ class MeasuredPlanCost(BaseModel):
         return max(d.memory_bytes for d in self.devices)
 
     @property
+    def own_comm_max_cost_ms(self) -> float:
+        """The plan cost with each device's all-to-all its own median, before any pricing."""
+        return max(d.compute_ms + sum(d.own_comm_fwd_bwd_ms) for d in self.devices)
+
+    @property
     def memory_headroom(self) -> float:
         """Fraction of the per-device cap left free on the fullest device."""
         return 1.0 - self.max_memory_bytes / self.device_memory_bytes

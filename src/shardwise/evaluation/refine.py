@@ -73,6 +73,11 @@ class RefinementRound(BaseModel):
     kept: bool = False
     seconds: float = 0.0
 
+    @property
+    def described(self) -> str:
+        """What the round changed, as the terminal and the report show it."""
+        return self.change or "nothing promised a gain"
+
 
 class Refinement(BaseModel):
     """What refinement did: every round, the measured slowest device before and after, and the time it took."""
@@ -96,14 +101,18 @@ class Refinement(BaseModel):
         for r in self.rounds:
             after = f"{r.after_ms:.3f}" if r.after_ms is not None else "-"
             lines.append(f"{r.round:>5}  {r.measured_max_ms:>10.3f}  {r.slowest_device:>6}  {after:>8}  "
-                         f"{'yes' if r.kept else 'no':>4}  {r.change or 'nothing promised a gain'}")
+                         f"{'yes' if r.kept else 'no':>4}  {r.described}")
         if len(self.starts) > 1:
             lines.insert(0, "start: " + ", ".join(f"{m} {ms:.3f} ms" for m, ms in self.starts.items())
                          + f" measured; refined from {self.start}")
-        lines.append(f"refinement: slowest device {self.before_ms:.3f} -> {self.after_ms:.3f} ms measured "
-                     f"({self.after_ms / self.before_ms:.3f}x), {self.devices_measured} device shards timed in "
-                     f"{self.seconds:.1f} s" + (f"; stopped: {self.stopped}" if self.stopped else ""))
+        lines.append(f"refinement: {self.outcome()}")
         return "\n".join(lines)
+
+    def outcome(self) -> str:
+        """The measured slowest device before and after, what it cost and why it stopped, in one line."""
+        return (f"slowest device {self.before_ms:.3f} -> {self.after_ms:.3f} ms measured "
+                f"({self.after_ms / self.before_ms:.3f}x), {self.devices_measured} device shards timed in "
+                f"{self.seconds:.1f} s" + (f"; stopped: {self.stopped}" if self.stopped else ""))
 
 
 @dataclass

@@ -151,13 +151,10 @@ def refinement_section(refinement: Refinement) -> str:
     intro = (
         f"<p>Every device measured, kernels and all-to-alls; refined from <b>{html.escape(refinement.start)}</b>"
         + (f" (starts measured side by side: {starts})" if len(refinement.starts) > 1 else "")
-        + f". Slowest device <b>{refinement.before_ms:.3f} -&gt; {refinement.after_ms:.3f} ms</b> measured "
-        f"({refinement.after_ms / refinement.before_ms:.3f}x), {refinement.devices_measured} device shards timed "
-        f"in {refinement.seconds:.1f} s" + (f"; stopped: {html.escape(refinement.stopped)}" if refinement.stopped
-                                              else "") + ". A change is kept only when it measured faster.</p>"
+        + f"; {html.escape(refinement.outcome())}. A change is kept only when it measured faster.</p>"
     )
     rows = [
-        [r.round, r.measured_max_ms, r.slowest_device, r.change or "nothing promised a gain",
+        [r.round, r.measured_max_ms, r.slowest_device, r.described,
          "-" if r.predicted_max_ms is None else r.predicted_max_ms, "-" if r.after_ms is None else r.after_ms,
          "yes" if r.kept else "no"]
         for r in refinement.rounds

@@ -79,18 +79,31 @@ class LocalRunResult:
     comparison: dict[str, float]
 
 
-#: the pretrain step's figures a local run prints: held-out-table accuracy and training size
-_COST_MODEL_FIGURES = ("neural_heldout_tables_total_mape_pct", "neural_heldout_tables_total_spearman", "train_shards")
+#: the pretrain step's figures a local run reports: held-out-table accuracy next to TorchRec's estimator and the
+#: noise floor, and training size
+_COST_MODEL_FIGURES = (
+    "neural_heldout_tables_total_mape_pct", "neural_heldout_tables_total_spearman", "train_shards",
+    "torchrec_estimator_heldout_tables_total_mape_pct", "torchrec_estimator_heldout_tables_total_spearman",
+    "noise_floor_repeats_total_mape_pct",
+)
 
 
-def _cost_model_figures(run_dir: Path) -> dict[str, float]:
-    """The pretrain step's logged metrics that say how good the cost model is (empty if it logged none)."""
-    path = run_dir / "pretrain-cost-model" / "executor_output.json"
+def _step_metadata(run_dir: Path, step: str, artifact: str) -> dict[str, float]:
+    """The numeric metadata a step logged on one output artifact (empty if it logged none)."""
+    path = run_dir / step / "executor_output.json"
     try:
-        (metrics,) = json.loads(path.read_text())["artifacts"]["metrics"]["artifacts"]
+        (output,) = json.loads(path.read_text())["artifacts"][artifact]["artifacts"]
     except (OSError, KeyError, ValueError):
         return {}
-    return {k: float(metrics["metadata"][k]) for k in _COST_MODEL_FIGURES if k in metrics.get("metadata", {})}
+    return {k: float(v) for k, v in output.get("metadata", {}).items() if isinstance(v, int | float)}
+
+
+def run_figures(run_dir: Path) -> dict[str, float]:
+    """A finished run's figures, read from its pipeline root: the evaluate step's comparison against TorchRec's
+    planner (measured plan cost, refined, DLRM throughput) and the pretrain step's cost-model accuracy."""
+    accuracy = _step_metadata(run_dir, "pretrain-cost-model", "metrics")
+    return (_step_metadata(run_dir, "evaluate-plans", "comparison")
+            | {k: accuracy[k] for k in _COST_MODEL_FIGURES if k in accuracy})
 
 
 def _latest_report(report: Path, workdir: Path) -> Path:
@@ -236,7 +249,7 @@ def run_local(
             local.init(runner=runner, pipeline_root=str(pipeline_root))
             # MLflow's default artifact root is relative to the working directory: keep it in the workdir
             with _working_directory(workdir):
-                task = build_pipeline()(**args)
+                build_pipeline()(**args)
     except RuntimeError as err:
         where = "above" if verbose else f"in {log_path}"
         raise PipelineRunError(f"{_ANSI.sub('', str(err))} (its log is {where}; outputs under {pipeline_root})") from err
@@ -247,8 +260,7 @@ def run_local(
             os.environ["MLFLOW_TRACKING_URI"] = saved
     run_dirs = sorted(set(pipeline_root.glob("*")) - before)
     run_dir = _single(run_dirs, "new run directory", pipeline_root)
-    comparison = {k: float(v) for k, v in task.output.metadata.items() if isinstance(v, int | float)}
-    comparison |= _cost_model_figures(run_dir)
+    comparison = run_figures(run_dir)  # the pipeline's output is the evaluate step's comparison
     return LocalRunResult(
         run_dir=run_dir,
         plan_path=_single(list(run_dir.glob("search-plan/plan")), "plan", run_dir),
