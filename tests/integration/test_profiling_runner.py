@@ -175,8 +175,12 @@ def test_sigint_during_the_all_to_alls_keeps_rows_and_says_so(tmp_path: Path) ->
     argv = ["profile", "--tables", str(tables), "--out", str(out), "--num-shards", "2", "--comm-layouts", "2",
             "--max-devices", "2", "--max-tables", "2", "--timing-iters", "2", "--warmup-iters", "1",
             "--seed", "1", "--device", "cpu"]
+    # Ctrl-C in a terminal: a shell's background job (`make test &`) starts its children with SIGINT ignored, and
+    # the profiler rightly leaves an ignored signal ignored, so the child gets the terminal's default handler back
+    ctrl_c = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)"
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from shardwise.cli import main; sys.exit(main(sys.argv[1:]))", *argv],
+        [sys.executable, "-c", f"{ctrl_c}; import sys; from shardwise.cli import main; sys.exit(main(sys.argv[1:]))",
+         *argv],
         stderr=subprocess.PIPE, text=True,
     )
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
