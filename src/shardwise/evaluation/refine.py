@@ -407,7 +407,7 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
             # sessions minutes apart on a drifting machine: measured, no gain and two 8-device tasks above the
             # greedy (benchmarks/results/plan_quality_fresh_after_refusal.json against plan_quality_width)
             refused.add(changes[0].move)
-    after_ms = float(max(np.array(measured) + comm))
+    after_ms = before  # nothing kept: the start, as first measured (a refused round leaves its figures alone)
     if any(r.kept for r in history):
         # the rounds' figures come from sessions minutes apart, and a shared machine drifts between them: the
         # refined layout is measured once more beside every start, in one paired session, and the fastest of them
