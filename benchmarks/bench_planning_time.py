@@ -9,6 +9,8 @@ resident set after each NeuroShard search (sizes run smallest first), torch and 
     python benchmarks/bench_planning_time.py                       # champion cost model, else an untrained one
     python benchmarks/bench_planning_time.py --model MODEL_DIR --with-cw
     python benchmarks/bench_planning_time.py --record               # + benchmarks/results/planning_time.json
+    python benchmarks/bench_planning_time.py --devices cpu,cuda     # the cost model on the GPU too (a GPU node's
+                                                                    # `shardwise plan` default), timed beside the CPU
 """
 
 from __future__ import annotations
@@ -29,22 +31,23 @@ TARGET_S = {(100, 8): 2.0, (1000, 64): 5.0, (5000, 1024): 60.0}
 GIB = 2**30
 
 
-def cost_model_for(uri: str | None, tables, batch_size: int):  # type: ignore[no-untyped-def]
-    """The given or champion cost model; else an untrained network of the default size (timing is the same)."""
+def cost_model_for(uri: str | None, tables, batch_size: int, device: str = "cpu"):  # type: ignore[no-untyped-def]
+    """The given or champion cost model on `device`; else an untrained network of the default size (timing is the
+    same)."""
     from shardwise.integrations.mlflow import MlflowService, RegistryError, champion_uri, cost_model_name
     from shardwise.profiling.hardware import hardware_kind
 
     service = MlflowService()
     if uri:
         try:
-            return service.load_cost_model(uri), uri
+            return service.load_cost_model(uri, device=device), uri
         except (RegistryError, OSError, ValueError) as err:
             raise SystemExit(f"--model {uri}: {err}") from None
     # an embedded registry that does not exist is not created just to find it empty
     if service.store_exists():
         champion = champion_uri(cost_model_name(hardware_kind("cpu")))
         try:
-            return service.load_cost_model(champion), champion
+            return service.load_cost_model(champion, device=device), champion
         except (RegistryError, OSError, ValueError):  # no usable champion: fall through to the stand-in
             pass
     import torch
@@ -75,7 +78,7 @@ def cost_model_for(uri: str | None, tables, batch_size: int):  # type: ignore[no
         CommNet(NUM_COMM_FEATURES, config.comm_hidden, config.comm_layers),
         FeatureNormaliser.fit(comm, COMM_FEATURE_NAMES),
     )
-    return model, "untrained network of the default size (timing only: no registered champion)"
+    return model.to(device), "untrained network of the default size (timing only: no registered champion)"
 
 
 def main() -> None:
@@ -92,17 +95,27 @@ def main() -> None:
                         help="run TorchRec's planner on tasks up to this many tables (it takes many minutes beyond)")
     parser.add_argument("--batch-size", type=int, default=4096, help="the tasks' batch size (reuse bins are "
                         "measured at it: larger batches make synthesizing 1,000 tables slow, not planning)")
-    parser.add_argument("--record", action="store_true", help="write benchmarks/results/planning_time.json")
+    parser.add_argument("--devices", default="cpu", help="where the cost model runs during the search, comma "
+                        "separated: the first is the row's NeuroShard time, each other one is timed beside it "
+                        "(cpu,cuda: what a GPU node's `shardwise plan` does by default, next to the CPU)")
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/<record-name>.json")
+    parser.add_argument("--record-name", default="planning_time", help="the result's name (default planning_time)")
     args = parser.parse_args()
     quiet_libraries(verbose=False)  # MLflow's download bars and INFO logs, as the CLI without -v
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
 
     batch_size = args.batch_size
     tableset = synthesize_tables(max(n for n, _ in sizes), seed=args.seed, batch_size=batch_size)
-    model, source = cost_model_for(args.model, tableset.tables, batch_size)
-    print(f"cost model: {source}")
+    devices = args.devices.split(",")
+    models = {}
+    for device in devices:
+        models[device], source = cost_model_for(args.model, tableset.tables, batch_size, device)
+    model, first = models[devices[0]], devices[0]
+    print(f"cost model: {source}, on {' and '.join(devices)}")
     baselines = ["torchrec", "torchrec_cw"] if args.with_cw else ["torchrec"]
-    header = f"{'task':>12}  {'neuroshard s':>12}  {'(cpu s)':>8}  {'peak GiB':>8}  {'all s':>7}  {'cost/all':>8}  " + "  ".join(f"{b + ' s':>14}  {'ratio':>6}" for b in baselines)
+    header = (f"{'task':>12}  {'neuroshard s':>12}  {'(cpu s)':>8}  {'peak GiB':>8}  {'all s':>7}  {'cost/all':>8}  "
+              + "".join(f"{'on ' + d + ' s':>12}  {d + '/' + first:>10}  " for d in devices[1:])
+              + "  ".join(f"{b + ' s':>14}  {'ratio':>6}" for b in baselines))
     print(header + f"  {'target':>8}")
     rows = []
     for num_tables, num_devices in sizes:
@@ -123,6 +136,16 @@ def main() -> None:
                "neuroshard_cpu_s": round(neuro_cpu_s, 2), "peak_gib": round(peak_gib, 2),
                "every_device_priced_s": all_s and round(all_s, 2),
                "predicted_cost_over_every_device_priced": quality and round(quality, 4)}
+        for device in devices[1:]:
+            started = time.perf_counter()
+            other = make_searcher("neuroshard").search(task, models[device], args.seed)
+            other_s = time.perf_counter() - started
+            # the same search with the same weights: its plan costs the same, up to float32 rounding
+            same = other.extra["predicted"]["max_cost_ms"] / plan.extra["predicted"]["max_cost_ms"]
+            cells[0] += f"  {other_s:>12.2f}  {other_s / neuro_s:>9.2f}x"
+            row |= {f"neuroshard_on_{device}_s": round(other_s, 2),
+                    f"{device}_over_{first}": round(other_s / neuro_s, 2),
+                    f"predicted_cost_on_{device}_over_{first}": round(same, 4)}
         for method in baselines:
             if num_tables > args.torchrec_max_tables:
                 cells.append(f"{'not run':>14}  {'-':>6}")
@@ -154,9 +177,15 @@ def main() -> None:
     print("all s, cost/all = the search pricing every device for every shard (device_candidates = devices: the "
           "search without the shortlist): its seconds, and the predicted plan cost over its plan (1.0: the shortlist of "
           "least-loaded devices costs nothing)")
+    for device in devices[1:]:
+        print(f"on {device} s, {device}/{first} = the same search with the cost model on {device}: its seconds, and "
+              f"its time over the {first} one (above 1: slower on {device})")
     if args.record:
-        record("planning_time", "Planning time: NeuroShard next to TorchRec's planner", rows,
-               notes=f"cost model: {source}; synthetic DLRM tables at full size, batch {batch_size}, memory "
+        title = "Planning time: NeuroShard next to TorchRec's planner"
+        if len(devices) > 1:
+            title = f"Planning time: NeuroShard with the cost model on {' and on '.join(devices)}"
+        record(args.record_name, title, rows,
+               notes=f"cost model: {source}, on {' and '.join(devices)} (neuroshard_s: on {first}); synthetic DLRM tables at full size, batch {batch_size}, memory "
                      "per device 1.5x an even share; *_over_neuroshard = TorchRec's time / NeuroShard's on "
                      "the same task; neuroshard_cpu_s = NeuroShard's process CPU time (far below wall time: "
                      "the machine was busy with others); peak_gib = the process's peak resident memory after the "

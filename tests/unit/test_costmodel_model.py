@@ -66,6 +66,27 @@ def test_save_load_round_trip_gives_identical_predictions(trained, tmp_path):
     assert loaded.meta == model.meta
 
 
+def test_subnormal_weights_are_zeroed_on_load(trained, tmp_path):
+    model, report = trained
+    model.save(tmp_path / "m")
+    weights = torch.load(tmp_path / "m" / "weights.pt", weights_only=True)
+    # what weight decay leaves behind: weights below float32's normal range (slow on many CPUs)
+    name = next(k for k in weights if k.startswith("compute.") and k.endswith("weight"))
+    weights[name].view(-1)[:50] = 0.0
+    torch.save(weights, tmp_path / "m" / "weights.pt")
+    zeros = NeuralCostModel.load(tmp_path / "m")
+    weights[name].view(-1)[:50] = torch.finfo(torch.float32).tiny / 4
+    torch.save(weights, tmp_path / "m" / "weights.pt")
+    loaded = NeuralCostModel.load(tmp_path / "m")
+    tiny = torch.finfo(torch.float32).tiny
+    for net in (loaded.compute_net, loaded.comm_net):
+        for param in net.parameters():
+            assert not ((param != 0) & (param.abs() < tiny)).any()
+    assert float(dict(loaded.compute_net.named_parameters())[name[len("compute."):]].view(-1)[:50].abs().sum()) == 0
+    shards = [list(s) for s in report.test.shards]
+    np.testing.assert_array_equal(loaded.predict_compute(shards), zeros.predict_compute(shards))
+
+
 def test_load_refuses_a_directory_without_a_model(tmp_path):
     with pytest.raises(ModelFileError, match="cost_model.json"):
         NeuralCostModel.load(tmp_path)

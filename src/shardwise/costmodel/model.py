@@ -28,7 +28,7 @@ from .features import (
     comm_features_after,
     network_inputs,
 )
-from .networks import CommNet, ComputeNet, load_checked_state
+from .networks import CommNet, ComputeNet, load_checked_state, zero_subnormal_weights
 
 #: v2: five work channels (unique rows and their bytes added), also fed to the per-table MLP
 MODEL_FORMAT = "shardwise.costmodel/v2"
@@ -85,6 +85,9 @@ class NeuralCostModel:
             raise ValueError("comm_net and comm_normaliser come together (both or neither)")
         self.compute_net = compute_net.eval()
         self.comm_net = comm_net.eval() if comm_net is not None else None
+        for net in (self.compute_net, self.comm_net):
+            if net is not None:
+                zero_subnormal_weights(net)  # slow on many CPUs, and worth nothing
         self.normaliser = normaliser
         self.comm_normaliser = comm_normaliser
         self.meta = meta
