@@ -35,6 +35,7 @@ from shardwise.search import (
     simulate,
     train_policy,
 )
+from shardwise.search.placement import select_device
 from shardwise.workload import ShardingTask
 from shardwise.workload.synthetic import synthesize_tables
 from shardwise.workload.tableset import load_tables, sample_task, split_tables
@@ -70,6 +71,8 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=200, help="training batches of rollouts per policy")
     parser.add_argument("--samples", type=int, default=16, help="sampled rollouts for the best-of-k variants")
     parser.add_argument("--torchrec", action="store_true", help="also plan with TorchRec's planner (table-wise)")
+    parser.add_argument("--device", default=None, help="where the policies train and plan (cpu, cuda; default: "
+                        "cuda when present, as `shardwise train-policy` and `plan` do)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/rl_policies.json")
     args = parser.parse_args()
@@ -98,8 +101,9 @@ def main() -> None:
     policies = {}
     for method in ("dreamshard", "autoshard"):
         started = time.perf_counter()
-        policies[method], _ = train_policy(method, cost_model, train_tasks, args.seed, episodes=args.episodes)
-        print(f"trained {method} in {time.perf_counter() - started:.0f} s")
+        policies[method], _ = train_policy(method, cost_model, train_tasks, args.seed, episodes=args.episodes,
+                                           device=args.device)
+        print(f"trained {method} on {select_device(args.device)} in {time.perf_counter() - started:.0f} s")
 
     def bind(searcher: Searcher) -> Callable[[ShardingTask, int], object]:
         return lambda task, seed: searcher.search(task, cost_model, seed)

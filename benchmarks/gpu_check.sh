@@ -14,7 +14,9 @@
 #   2. bench_subnormals.py: what subnormal weights cost the search on this node's CPU (subnormals.json);
 #   3. bench_planning_time.py --devices cuda,cpu: planning with the model on the GPU, as `shardwise plan` does
 #      there by default, and on the CPU (planning_time_cuda.json);
-#   4. bench_pretrain_device.py --devices cpu,cuda (pretrain_device.json).
+#   4. bench_pretrain_device.py --devices cpu,cuda (pretrain_device.json);
+#   5. bench_rl_policies.py, small, with the policies on the CPU and then on CUDA (where they train and plan by
+#      default): training and planning seconds of each, in policies_cpu.log and policies_cuda.log.
 set -u
 costs=${1:?COSTS: a cost dataset to pre-train on}
 model=${2:?MODEL: a cost-model directory}
@@ -38,4 +40,8 @@ step 240 planning.log planning_time_cuda python3 benchmarks/bench_planning_time.
     --devices cuda,cpu --torchrec-max-tables 0 --quality-max-tables 0 --record --record-name planning_time_cuda
 step 300 pretrain.log pretrain_device python3 benchmarks/bench_pretrain_device.py --data "$costs" \
     --devices cpu,cuda --epochs 40 --record
+for device in cpu cuda; do
+    step 150 "policies_$device.log" "" python3 benchmarks/bench_rl_policies.py --model "$model" --num-tasks 8 \
+        --test-tasks 3 --episodes 20 --samples 4 --device "$device"
+done
 exit $status
