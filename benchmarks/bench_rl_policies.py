@@ -71,8 +71,9 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=200, help="training batches of rollouts per policy")
     parser.add_argument("--samples", type=int, default=16, help="sampled rollouts for the best-of-k variants")
     parser.add_argument("--torchrec", action="store_true", help="also plan with TorchRec's planner (table-wise)")
-    parser.add_argument("--device", default=None, help="where the policies train and plan (cpu, cuda; default: "
-                        "cuda when present, as `shardwise train-policy` and `plan` do)")
+    parser.add_argument("--device", default=None, help="where the policies train and then plan (cpu, cuda; "
+                        "default: cuda when present, as `shardwise train-policy` trains; `plan` loads a saved "
+                        "policy on the CPU)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/rl_policies.json")
     args = parser.parse_args()

@@ -15,8 +15,8 @@
 #   3. bench_planning_time.py --devices cuda,cpu: planning with the model on the GPU, as `shardwise plan` does
 #      there by default, and on the CPU (planning_time_cuda.json);
 #   4. bench_pretrain_device.py --devices cpu,cuda (pretrain_device.json);
-#   5. bench_rl_policies.py, small, with the policies on the CPU and then on CUDA (where they train and plan by
-#      default): training and planning seconds of each, in policies_cpu.log and policies_cuda.log.
+#   5. bench_rl_policies.py, small, with the policies on the CPU and then on CUDA (where `train-policy` trains
+#      them by default): training and planning seconds of each, in policies_cpu.log and policies_cuda.log.
 set -u
 costs=${1:?COSTS: a cost dataset to pre-train on}
 model=${2:?MODEL: a cost-model directory}
