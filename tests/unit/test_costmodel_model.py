@@ -82,7 +82,7 @@ def test_subnormal_weights_are_zeroed_on_load(trained, tmp_path):
     for net in (loaded.compute_net, loaded.comm_net):
         for param in net.parameters():
             assert not ((param != 0) & (param.abs() < tiny)).any()
-    assert float(dict(loaded.compute_net.named_parameters())[name[len("compute."):]].view(-1)[:50].abs().sum()) == 0
+    assert float(loaded.compute_net.state_dict()[name[len("compute."):]].view(-1)[:50].abs().sum()) == 0
     shards = [list(s) for s in report.test.shards]
     np.testing.assert_array_equal(loaded.predict_compute(shards), zeros.predict_compute(shards))
 
