@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardwise.evaluation.dlrm import build_dlrm, measure_dlrm_throughput, synthetic_batch
+from shardwise.evaluation.dlrm import build_dlrm, measure_dlrm_throughput, measure_dlrm_throughputs, synthetic_batch
 from shardwise.search.plan import Plan, PlanError, Shard
 from shardwise.workload import ShardingTask, TableSpec
 
@@ -34,7 +34,7 @@ def test_unsharded_dlrm_trains_on_synthetic_batches_of_mixed_width_tables() -> N
     torch.nn.functional.binary_cross_entropy_with_logits(logits.squeeze(-1), labels).backward()
 
 
-def test_dlrm_throughput_on_two_gloo_processes_is_positive(capfd: pytest.CaptureFixture[str]) -> None:
+def test_dlrm_throughput_of_two_plans_on_two_gloo_processes_is_positive(capfd: pytest.CaptureFixture[str]) -> None:
     task = _task([16, 32, 16])
     # t1 split column-wise over both ranks, as NeuroShard's plans do
     shards = (
@@ -43,10 +43,13 @@ def test_dlrm_throughput_on_two_gloo_processes_is_positive(capfd: pytest.Capture
         Shard(table="t1", col_offset=16, dim=16, device=1),
         Shard(table="t2", col_offset=0, dim=16, device=1),
     )
-    result = measure_dlrm_throughput(
-        task, Plan(num_devices=2, shards=shards, method="cw"), iters=4, warmup=2, batch_size=128, device="cpu"
+    # two plans in turn in one start of the ranks (validate --compare, the benchmark's methods of a task)
+    result, together = measure_dlrm_throughputs(
+        task, [Plan(num_devices=2, shards=shards, method="cw"), _plan(task, [0, 0, 0])], iters=4, warmup=2,
+        batch_size=128, device="cpu",
     )
-    assert result.world_size == 2 and result.backend == "gloo"
+    assert together.method == "test" and len(together.iter_ms) == 4 and together.samples_per_s > 0
+    assert result.method == "cw" and result.world_size == 2 and result.backend == "gloo"
     assert len(result.iter_ms) == 4 and all(ms > 0 for ms in result.iter_ms)
     assert result.samples_per_s > 0
     assert result.global_batch_size == 128
@@ -60,3 +63,13 @@ def test_dlrm_throughput_refuses_an_invalid_plan() -> None:
     task = _task([16, 16])
     with pytest.raises(PlanError, match="device"):
         measure_dlrm_throughput(task, _plan(task, [0, 2]), iters=1, warmup=0, batch_size=16, device="cpu")
+
+
+
+def test_plans_trained_together_must_share_the_ranks() -> None:
+    task = _task([16, 16])
+    plan = _plan(task, [0, 1])
+    with pytest.raises(ValueError, match="num_devices"):
+        measure_dlrm_throughputs(task, [plan, plan], world_size=3, iters=1, warmup=0, device="cpu")
+    with pytest.raises(ValueError, match="nothing to train"):
+        measure_dlrm_throughputs(task, [], iters=1, warmup=0, device="cpu")

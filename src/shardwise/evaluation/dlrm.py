@@ -9,6 +9,7 @@ import statistics
 import tempfile
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,17 +169,10 @@ def _hide_library_notices() -> None:
 
 
 def _worker(rank: int, world_size: int, init_file: str, out_dir: str, job: dict[str, Any]) -> None:
-    """One rank: build, shard, train; writes its per-iteration ms to out_dir/rank{rank}.json."""
+    """One rank: for each plan in turn, build, shard and train; writes its per-iteration ms of plan i to
+    out_dir/rank{rank}_plan{i}.json. One process group serves every plan (spawning the ranks and importing
+    TorchRec cost seconds per plan), and the plans run back to back in the same processes."""
     _hide_library_notices()
-    # fbgemm_gpu, torchrec: heavy (seconds to import), needed only in the training processes
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.optim.keyed import KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-    task = task_from_json(job["task"])
-    plan = plan_from_json(job["plan"])
     device_kind = job["device_kind"]
     if device_kind == "cuda":
         device = torch.device("cuda", rank)
@@ -188,45 +182,61 @@ def _worker(rank: int, world_size: int, init_file: str, out_dir: str, job: dict[
         device = torch.device("cpu")
         torch.set_num_threads(job["num_threads"])
         backend = "gloo"
+    task = task_from_json(job["task"])
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
-        torch.manual_seed(job["seed"])
-        model = build_dlrm(task, dense_device=device, embedding_device=torch.device("meta"))
-        # fused kernel: the optimizer runs inside fbgemm's backward, as in production (and as profiled)
-        sharder = EmbeddingBagCollectionSharder(
-            fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
-        )
-        sharding_plan = to_sharding_plan(
-            plan, task, module_path=EBC_PATH, device_type=device_kind, local_world_size=world_size
-        )
-        model = DistributedModelParallel(module=model, device=device, plan=sharding_plan, sharders=[sharder])
-        dense_params = dict(in_backward_optimizer_filter(model.named_parameters()))
-        optimizer = KeyedOptimizerWrapper(dense_params, lambda params: torch.optim.SGD(params, lr=0.01))
-        loss_fn = nn.BCEWithLogitsLoss()
-        local_batch = job["local_batch_size"]
-        batches = [
-            tuple(x.to(device) for x in synthetic_batch(task, local_batch, rank, step))
-            for step in range(NUM_DISTINCT_BATCHES)
-        ]
-        iter_ms: list[float] = []
-        for step in range(job["warmup"] + job["iters"]):
-            dense, kjt, labels = batches[step % NUM_DISTINCT_BATCHES]
-            dist.barrier()  # every rank starts the iteration together: the slowest sets the pace
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            logits = model(dense, kjt).squeeze(-1)
-            loss = loss_fn(logits, labels)
-            loss.backward()
-            optimizer.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if step >= job["warmup"]:
-                iter_ms.append((time.perf_counter() - start) * 1e3)
-            if not torch.isfinite(loss):
-                raise RuntimeError(f"rank {rank}: loss is {loss.item()} at step {step}")
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"iter_ms": iter_ms, "loss": loss.item()}))
+        for i, plan_doc in enumerate(job["plans"]):
+            iter_ms, loss = _train(rank, task, plan_from_json(plan_doc), device, job)
+            Path(out_dir, f"rank{rank}_plan{i}.json").write_text(json.dumps({"iter_ms": iter_ms, "loss": loss}))
     finally:
         dist.destroy_process_group()
+
+
+def _train(rank: int, task: ShardingTask, plan: Plan, device: torch.device, job: dict[str, Any]) -> tuple[list[float], float]:
+    """Train the task's DLRM sharded by `plan` on this rank: (per timed iteration ms, last loss)."""
+    # fbgemm_gpu, torchrec: heavy (seconds to import), needed only in the training processes
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    torch.manual_seed(job["seed"])  # every plan's model starts from the same weights and sees the same batches
+    model = build_dlrm(task, dense_device=device, embedding_device=torch.device("meta"))
+    # fused kernel: the optimizer runs inside fbgemm's backward, as in production (and as profiled)
+    sharder = EmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01}
+    )
+    sharding_plan = to_sharding_plan(
+        plan, task, module_path=EBC_PATH, device_type=device.type, local_world_size=dist.get_world_size()
+    )
+    model = DistributedModelParallel(module=model, device=device, plan=sharding_plan, sharders=[sharder])
+    dense_params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    optimizer = KeyedOptimizerWrapper(dense_params, lambda params: torch.optim.SGD(params, lr=0.01))
+    loss_fn = nn.BCEWithLogitsLoss()
+    local_batch = job["local_batch_size"]
+    batches = [
+        tuple(x.to(device) for x in synthetic_batch(task, local_batch, rank, step))
+        for step in range(NUM_DISTINCT_BATCHES)
+    ]
+    iter_ms: list[float] = []
+    for step in range(job["warmup"] + job["iters"]):
+        dense, kjt, labels = batches[step % NUM_DISTINCT_BATCHES]
+        dist.barrier()  # every rank starts the iteration together: the slowest sets the pace
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        logits = model(dense, kjt).squeeze(-1)
+        loss = loss_fn(logits, labels)
+        loss.backward()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if step >= job["warmup"]:
+            iter_ms.append((time.perf_counter() - start) * 1e3)
+        if not torch.isfinite(loss):
+            raise RuntimeError(f"rank {rank}: loss is {loss.item()} with plan {plan.method} at step {step}")
+    dist.barrier()  # no rank builds the next plan's model while another still trains this one
+    return iter_ms, loss.item()
 
 
 def measure_dlrm_throughput(
@@ -246,10 +256,32 @@ def measure_dlrm_throughput(
     `batch_size` is the global batch (split evenly across ranks); default the task's on CUDA, at most
     CPU_BATCH_SIZE on CPU.
     """
-    validate_plan(plan, task)
-    world_size = world_size or plan.num_devices
-    if world_size != plan.num_devices:
-        raise ValueError(f"world_size {world_size} must equal the plan's num_devices {plan.num_devices}")
+    return measure_dlrm_throughputs(task, [plan], iters=iters, warmup=warmup, world_size=world_size,
+                                    batch_size=batch_size, device=device, num_threads=num_threads, seed=seed)[0]
+
+
+def measure_dlrm_throughputs(
+    task: ShardingTask,
+    plans: Sequence[Plan],
+    *,
+    iters: int = 20,
+    warmup: int = 5,
+    world_size: int | None = None,
+    batch_size: int | None = None,
+    device: str | torch.device | None = None,
+    num_threads: int = 1,
+    seed: int = 0,
+) -> list[DLRMThroughput]:
+    """`measure_dlrm_throughput` of each plan (all on the task's devices), trained one after another in the same
+    ranks: one start of the processes for all of them, and the same processes for each (a fairer comparison)."""
+    if not plans:
+        raise ValueError("plans: nothing to train")
+    for plan in plans:
+        validate_plan(plan, task)
+    world_size = world_size or plans[0].num_devices
+    if any(plan.num_devices != world_size for plan in plans):
+        raise ValueError(f"world_size {world_size} must equal every plan's num_devices "
+                         f"({sorted({p.num_devices for p in plans})})")
     if iters < 1 or warmup < 0:
         raise ValueError(f"iters must be >= 1 and warmup >= 0 (got iters {iters}, warmup {warmup})")
     dev = resolve_device(device)
@@ -260,7 +292,7 @@ def measure_dlrm_throughput(
     local_batch = max(1, global_batch // world_size)
     job = {
         "task": task.to_json(),
-        "plan": plan.to_json(),
+        "plans": [plan.to_json() for plan in plans],
         "device_kind": dev.type,
         "local_batch_size": local_batch,
         "iters": iters,
@@ -268,22 +300,25 @@ def measure_dlrm_throughput(
         "num_threads": num_threads,
         "seed": seed,
     }
+    results = []
     with tempfile.TemporaryDirectory(prefix="shardwise-dlrm-") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         start_processes(
             _worker, args=(world_size, init_file, tmp, job), nprocs=world_size, join=True, start_method="spawn"
         )
-        per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text())["iter_ms"] for r in range(world_size)]
-    slowest = tuple(max(ms) for ms in zip(*per_rank))
-    samples_per_s = local_batch * world_size * len(slowest) / (sum(slowest) / 1e3)
-    return DLRMThroughput(
-        method=plan.method,
-        world_size=world_size,
-        backend="nccl" if dev.type == "cuda" else "gloo",
-        device_kind=dev.type,
-        global_batch_size=local_batch * world_size,
-        iters=iters,
-        warmup=warmup,
-        iter_ms=slowest,
-        samples_per_s=samples_per_s,
-    )
+        for i, plan in enumerate(plans):
+            per_rank = [json.loads(Path(tmp, f"rank{r}_plan{i}.json").read_text())["iter_ms"]
+                        for r in range(world_size)]
+            slowest = tuple(max(ms) for ms in zip(*per_rank))
+            results.append(DLRMThroughput(
+                method=plan.method,
+                world_size=world_size,
+                backend="nccl" if dev.type == "cuda" else "gloo",
+                device_kind=dev.type,
+                global_batch_size=local_batch * world_size,
+                iters=iters,
+                warmup=warmup,
+                iter_ms=slowest,
+                samples_per_s=local_batch * world_size * len(slowest) / (sum(slowest) / 1e3),
+            ))
+    return results

@@ -24,7 +24,7 @@ from shardwise.workload import ShardingTask, save_task
 from shardwise.workload.documents import write_json_document
 from shardwise.workload.tableset import TableSet, sample_task
 
-from .dlrm import DLRMThroughput, measure_dlrm_throughput
+from .dlrm import DLRMThroughput, measure_dlrm_throughputs
 from .measured import measure_plans, save_measured
 from .report import write_benchmark_report, write_plan_report
 
@@ -220,16 +220,21 @@ def _train_dlrm(
 ) -> dict[tuple[str, int, str], DLRMThroughput]:
     """DLRM samples/s under each (task set, task, method, task, plan), keyed by (task set, task, method).
 
-    Plans come task by task, so a task's methods are trained back to back with the same settings. A plan
-    the node refuses to train (fewer GPUs than devices) is reported and left out, not fatal."""
+    A task's methods are trained back to back in the same ranks, with the same settings. A task the node
+    refuses to train (fewer GPUs than devices) is reported and left out, not fatal."""
+    by_task: dict[tuple[str, int], list[tuple[str, ShardingTask, Plan]]] = {}
+    for set_name, k, method, task, plan in plans:
+        by_task.setdefault((set_name, k), []).append((method, task, plan))
     measured: dict[tuple[str, int, str], DLRMThroughput] = {}
-    for set_name, k, method, task, plan in tqdm(plans, desc="train DLRM", unit="plan", disable=not plans):
+    for (set_name, k), runs in tqdm(by_task.items(), desc="train DLRM", unit="task", disable=not plans):
+        methods = [method for method, _, _ in runs]
         try:
-            measured[set_name, k, method] = measure_dlrm_throughput(
-                task, plan, iters=iters, warmup=warmup, batch_size=batch_size, device=device, seed=seed
-            )
+            results = measure_dlrm_throughputs(runs[0][1], [plan for _, _, plan in runs], iters=iters,
+                                               warmup=warmup, batch_size=batch_size, device=device, seed=seed)
         except ValueError as err:
-            print(f"benchmark: no DLRM throughput for {method} on {set_name} task {k}: {err}")
+            print(f"benchmark: no DLRM throughput for {', '.join(methods)} on {set_name} task {k}: {err}")
+            continue
+        measured.update({(set_name, k, method): result for method, result in zip(methods, results, strict=True)})
     return measured
 
 

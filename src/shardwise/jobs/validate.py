@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from shardwise.evaluation import DLRMThroughput, measure_dlrm_throughput
+from shardwise.evaluation import DLRMThroughput, measure_dlrm_throughputs
 from shardwise.profiling import DeviceName
 from shardwise.workload.documents import refuse_directory, write_json_document
 
@@ -49,15 +49,12 @@ class ValidateResult(JobResult):
 
 
 def run(settings: ValidateSettings) -> ValidateResult:
-    """Train under each plan with the same seeded batches, one process per device."""
+    """Train under each plan with the same seeded batches, one process per device (the same processes for all)."""
     task, plans = load_task_and_plans(settings.task, (settings.plan, *settings.compare))
     if settings.out:
         refuse_directory(settings.out, SettingsError)  # before the training runs, not after
-    throughputs = [
-        measure_dlrm_throughput(task, plan, iters=settings.iters, warmup=settings.warmup,
-                                batch_size=settings.batch_size, device=settings.device, seed=settings.seed)
-        for plan in plans
-    ]
+    throughputs = measure_dlrm_throughputs(task, plans, iters=settings.iters, warmup=settings.warmup,
+                                           batch_size=settings.batch_size, device=settings.device, seed=settings.seed)
     if settings.out:
         write_json_document([t.to_json() for t in throughputs], settings.out)
     return ValidateResult(throughputs=throughputs, out=settings.out)
