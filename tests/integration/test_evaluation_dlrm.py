@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardwise.evaluation.dlrm import build_dlrm, measure_dlrm_throughput, measure_dlrm_throughputs, synthetic_batch
+from shardwise.evaluation.dlrm import build_dlrm, measure_dlrm_throughputs, synthetic_batch
 from shardwise.search.plan import Plan, PlanError, Shard
 from shardwise.workload import ShardingTask, TableSpec
 
@@ -62,7 +62,7 @@ def test_dlrm_throughput_of_two_plans_on_two_gloo_processes_is_positive(capfd: p
 def test_dlrm_throughput_refuses_an_invalid_plan() -> None:
     task = _task([16, 16])
     with pytest.raises(PlanError, match="device"):
-        measure_dlrm_throughput(task, _plan(task, [0, 2]), iters=1, warmup=0, batch_size=16, device="cpu")
+        measure_dlrm_throughputs(task, [_plan(task, [0, 2])], iters=1, warmup=0, batch_size=16, device="cpu")
 
 
 

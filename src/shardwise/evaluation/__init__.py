@@ -4,7 +4,7 @@ Modules, each importing only those before it: `measured` (plans measured on the 
 `dlrm` (TorchRec DLRM training throughput), `report` (HTML pages and plots), `evaluate` (named plans of one
 task measured together, with reports), `suite` (the benchmark: task sets x searchers, measured)."""
 
-from .dlrm import DLRMThroughput, build_dlrm, measure_dlrm_throughput, measure_dlrm_throughputs
+from .dlrm import DLRMThroughput, build_dlrm, measure_dlrm_throughputs
 from .evaluate import evaluate_plans
 from .measured import (
     DeviceCost,
@@ -50,7 +50,6 @@ __all__ = [
     "evaluate_plans",
     "format_summary",
     "make_task_set",
-    "measure_dlrm_throughput",
     "measure_dlrm_throughputs",
     "measure_plan",
     "measure_plans",

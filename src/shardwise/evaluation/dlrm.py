@@ -239,27 +239,6 @@ def _train(rank: int, task: ShardingTask, plan: Plan, device: torch.device, job:
     return iter_ms, loss.item()
 
 
-def measure_dlrm_throughput(
-    task: ShardingTask,
-    plan: Plan,
-    *,
-    iters: int = 20,
-    warmup: int = 5,
-    world_size: int | None = None,
-    batch_size: int | None = None,
-    device: str | torch.device | None = None,
-    num_threads: int = 1,
-    seed: int = 0,
-) -> DLRMThroughput:
-    """Train the task's DLRM sharded by `plan` (one process per device) and time it; refuses invalid plans.
-
-    `batch_size` is the global batch (split evenly across ranks); default the task's on CUDA, at most
-    CPU_BATCH_SIZE on CPU.
-    """
-    return measure_dlrm_throughputs(task, [plan], iters=iters, warmup=warmup, world_size=world_size,
-                                    batch_size=batch_size, device=device, num_threads=num_threads, seed=seed)[0]
-
-
 def measure_dlrm_throughputs(
     task: ShardingTask,
     plans: Sequence[Plan],
@@ -272,8 +251,13 @@ def measure_dlrm_throughputs(
     num_threads: int = 1,
     seed: int = 0,
 ) -> list[DLRMThroughput]:
-    """`measure_dlrm_throughput` of each plan (all on the task's devices), trained one after another in the same
-    ranks: one start of the processes for all of them, and the same processes for each (a fairer comparison)."""
+    """Train the task's DLRM sharded by each plan in turn (one process per device) and time it; refuses invalid
+    plans. The plans run one after another in the same ranks: one start of the processes (and of TorchRec's
+    import) for all of them, and the same processes for each, a fairer comparison.
+
+    `batch_size` is the global batch (split evenly across ranks); default the task's on CUDA, at most
+    CPU_BATCH_SIZE on CPU.
+    """
     if not plans:
         raise ValueError("plans: nothing to train")
     for plan in plans:
