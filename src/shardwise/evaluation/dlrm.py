@@ -192,7 +192,9 @@ def _worker(rank: int, world_size: int, init_file: str, out_dir: str, job: dict[
         dist.destroy_process_group()
 
 
-def _train(rank: int, task: ShardingTask, plan: Plan, device: torch.device, job: dict[str, Any]) -> tuple[list[float], float]:
+def _train(
+    rank: int, task: ShardingTask, plan: Plan, device: torch.device, job: dict[str, Any]
+) -> tuple[list[float], float]:
     """Train the task's DLRM sharded by `plan` on this rank: (per timed iteration ms, last loss)."""
     # fbgemm_gpu, torchrec: heavy (seconds to import), needed only in the training processes
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
