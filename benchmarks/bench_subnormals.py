@@ -21,6 +21,7 @@ from record import record
 
 from shardwise.cli import quiet_libraries
 from shardwise.costmodel import NeuralCostModel
+from shardwise.costmodel.networks import load_checked_state, subnormal
 from shardwise.search import make_searcher
 from shardwise.workload.synthetic import synthesize_tables
 from shardwise.workload.tableset import sample_task
@@ -43,13 +44,12 @@ def main() -> None:
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
     tableset = synthesize_tables(max(n for n, _ in sizes), seed=0, batch_size=4096)
     model = NeuralCostModel.load(args.model)  # subnormal weights zeroed on load
-    as_trained = NeuralCostModel.load(args.model)
+    as_trained = NeuralCostModel.load(args.model)  # then given its stored weights back
     weights = torch.load(Path(args.model) / "weights.pt", map_location="cpu", weights_only=True)
-    as_trained.compute_net.load_state_dict({k[len("compute."):]: v for k, v in weights.items()
-                                            if k.startswith("compute.")})
-    as_trained.comm_net.load_state_dict({k[len("comm."):]: v for k, v in weights.items() if k.startswith("comm.")})
-    tiny = torch.finfo(torch.float32).tiny
-    count = sum(int(((v != 0) & (v.abs() < tiny)).sum()) for v in weights.values())
+    load_checked_state(as_trained.compute_net, weights, "compute.")
+    if as_trained.comm_net is not None:
+        load_checked_state(as_trained.comm_net, weights, "comm.")
+    count = sum(int(subnormal(v).sum()) for v in weights.values())
     print(f"CPU: {cpu_name()}; cost model {args.model}: {count} subnormal weights of "
           f"{sum(v.numel() for v in weights.values())}")
     print(f"{'task':>10}  {'as run s':>9}  {'before s':>9}  {'before/as run':>13}  {'same plan cost':>14}")

@@ -8,21 +8,21 @@ import torch
 from torch import nn
 
 
+def subnormal(tensor: torch.Tensor) -> torch.Tensor:
+    """Where `tensor` holds a float below float32's normal range (0 < |x| < 1.2e-38)."""
+    return (tensor != 0) & (tensor.abs() < torch.finfo(torch.float32).tiny)
+
+
 @torch.no_grad()
-def zero_subnormal_weights(module: nn.Module) -> int:
-    """Set the parameters below float32's normal range (|w| < 1.2e-38, not zero) to exact zero; return how many.
+def zero_subnormal_weights(module: nn.Module) -> None:
+    """Set the parameters below float32's normal range (`subnormal`) to exact zero.
 
     Weight decay leaves many of them (a fifth of the weights of the larger model in the results table), and a
     CPU that handles subnormal operands in microcode pays for each one in every prediction: on a GPU node's Intel
     Xeon, NeuroShard took 15-19x longer with them (`benchmarks/bench_subnormals.py`); this machine's AMD EPYC
     barely slows. Zero is what they are worth: no plan changes."""
-    tiny = torch.finfo(torch.float32).tiny
-    count = 0
     for param in module.parameters():
-        subnormal = (param != 0) & (param.abs() < tiny)
-        count += int(subnormal.sum())
-        param.masked_fill_(subnormal, 0.0)
-    return count
+        param.masked_fill_(subnormal(param), 0.0)
 
 
 def mlp(in_features: int, hidden: int, out_features: int, layers: int) -> nn.Sequential:
