@@ -7,7 +7,11 @@ the seconds of the build and of the protocol's timing, and how much of the timin
 pairing take (the same built kernel timed with either turned off, in turn within each round). Shards: an 8-device
 paper task's tables dealt round-robin over its devices (about 12 a device, as the plans there hold).
 
-    .venv/bin/python benchmarks/bench_shard_timing.py [--rounds 3] [--record]
+`--flush-mib 0,256,960` instead times the same kernels with each flush size in turn (0: none) and prints the
+seconds of a timing and the shards' kernel times next to those of the largest size: what capping the flush
+(`TimingProtocol.flush_bytes`) saves and what it changes, on a machine whose last-level cache is large.
+
+    .venv/bin/python benchmarks/bench_shard_timing.py [--rounds 3] [--flush-mib 0,256,960] [--record]
 """
 
 from __future__ import annotations
@@ -18,16 +22,20 @@ import time
 
 import torch
 from bench_plan_quality import paper_tasks
-from record import record
+from record import cpu_model, record
 
-from shardwise.profiling import MeasurementSettings
+from shardwise.profiling import MeasurementSettings, TimingProtocol
+from shardwise.profiling.hardware import last_level_cache_bytes
 from shardwise.profiling.kernel import build_shard_kernel, resolve_timing, time_kernel
+from shardwise.workload import ShardingTask, TableSpec
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the task's device shards")
-    parser.add_argument("--record", action="store_true", help="write benchmarks/results/shard_timing.json")
+    parser.add_argument("--flush-mib", help="compare these flush sizes in MiB (comma separated; 0: no flush)")
+    parser.add_argument("--record", action="store_true",
+                        help="write benchmarks/results/shard_timing.json (shard_timing_flush.json with --flush-mib)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
@@ -37,6 +45,10 @@ def main() -> None:
     devices = task.num_devices
     shards = [list(task.tables[d::devices]) for d in range(devices)]
     device, protocol = resolve_timing(measurement)
+    if args.flush_mib:
+        compare_flush_sizes(task, shards, device, protocol, [int(m) for m in args.flush_mib.split(",")],
+                            args.rounds, args.record)
+        return
     variants = {"protocol": protocol, "no flush": protocol.model_copy(update={"flush_cache": False}),
                 "no reference": protocol.model_copy(update={"reference_normalised": False})}
     seconds: dict[str, list[float]] = {"build": [], **{name: [] for name in variants}}
@@ -75,6 +87,49 @@ def main() -> None:
                      f"over {devices} devices, batch {task.batch_size}; median over {args.rounds} rounds of each "
                      "part; flush and reference: the protocol's timing less the same kernel's timing with either "
                      f"turned off; a plan measured once: {once}")
+
+
+def compare_flush_sizes(task: ShardingTask, shards: list[list[TableSpec]], device: torch.device,
+                        protocol: TimingProtocol, sizes_mib: list[int], rounds: int, record_it: bool) -> None:
+    """Time each device shard's kernel under each flush size in turn (each size first in turn within a round)."""
+    kernels = [build_shard_kernel(tables, task.batch_size, device=device, optimizer=task.optimizer,
+                                  weights_precision=task.weights_precision) for tables in shards]
+    variants = {mib: protocol.model_copy(update={"flush_cache": mib > 0, "flush_bytes": mib * 2**20})
+                for mib in sizes_mib}
+    seconds: dict[int, list[float]] = {mib: [] for mib in sizes_mib}
+    kernel_ms: dict[int, list[list[float]]] = {mib: [[] for _ in kernels] for mib in sizes_mib}
+    print(f"{len(task.tables)} tables over {len(kernels)} devices, batch {task.batch_size}, {rounds} rounds; "
+          f"this machine's last-level cache: {last_level_cache_bytes(device) / 2**20:.0f} MiB; the protocol "
+          f"flushes {protocol.flush_bytes / 2**20:.0f} MiB")
+    for r in range(rounds):
+        for k, kernel in enumerate(kernels):
+            for mib in sizes_mib[r % len(sizes_mib):] + sizes_mib[:r % len(sizes_mib)]:
+                started = time.perf_counter()
+                timing = time_kernel(kernel, device, variants[mib])
+                seconds[mib].append(time.perf_counter() - started)
+                kernel_ms[mib][k].append(timing.raw_fwd_ms + timing.raw_bwd_ms)
+        print(f"  round {r + 1} done", flush=True)
+    largest = max(sizes_mib)
+    per_shard = {mib: [statistics.median(ms) for ms in kernel_ms[mib]] for mib in sizes_mib}
+    rows = []
+    for mib in sizes_mib:
+        ratios = [a / b for a, b in zip(per_shard[mib], per_shard[largest])]
+        rows.append({"flush_mib": mib, "seconds_per_timing": round(statistics.median(seconds[mib]), 3),
+                     "kernel_ms_all_shards": round(sum(per_shard[mib]), 1),
+                     "kernel_vs_largest": round(sum(per_shard[mib]) / sum(per_shard[largest]), 4),
+                     "shard_vs_largest_min": round(min(ratios), 3), "shard_vs_largest_max": round(max(ratios), 3)})
+    print(f"{'flush MiB':>9} {'s per timing':>12} {'kernel ms':>9} {'/ largest':>9} {'per shard':>13}")
+    for row in rows:
+        print(f"{row['flush_mib']:>9} {row['seconds_per_timing']:>12.2f} {row['kernel_ms_all_shards']:>9.1f} "
+              f"{row['kernel_vs_largest']:>9.4f} {row['shard_vs_largest_min']:>6.3f}-{row['shard_vs_largest_max']:.3f}")
+    if record_it:
+        record("shard_timing_flush", "What the cache flush's size costs a shard timing and changes in it", rows,
+               notes=f"CPU: {cpu_model() or 'unknown'}, last-level cache {last_level_cache_bytes(device) / 2**20:.0f} "
+                     f"MiB; the first task of the 8-device paper set, its {len(task.tables)} tables dealt round-robin "
+                     f"over {len(kernels)} devices, batch {task.batch_size}; each shard's kernel timed under each "
+                     f"flush size in turn, {rounds} rounds; kernel ms: fwd+bwd, unnormalised, median over rounds, "
+                     "summed over the shards; per shard: the range over shards of its kernel ms over the largest "
+                     "flush's")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-from record import record
+from record import cpu_model, record
 
 from shardwise.cli import quiet_libraries
 from shardwise.costmodel import NeuralCostModel
@@ -25,13 +25,6 @@ from shardwise.costmodel.networks import load_checked_state, subnormal
 from shardwise.search import make_searcher
 from shardwise.workload.synthetic import synthesize_tables
 from shardwise.workload.tableset import sample_task
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:
@@ -50,7 +43,7 @@ def main() -> None:
     if as_trained.comm_net is not None:
         load_checked_state(as_trained.comm_net, weights, "comm.")
     count = sum(int(subnormal(v).sum()) for v in weights.values())
-    print(f"CPU: {cpu_name()}; cost model {args.model}: {count} subnormal weights of "
+    print(f"CPU: {cpu_model() or platform.machine()}; cost model {args.model}: {count} subnormal weights of "
           f"{sum(v.numel() for v in weights.values())}")
     print(f"{'task':>10}  {'as run s':>9}  {'before s':>9}  {'before/as run':>13}  {'same plan cost':>14}")
     rows = []
@@ -73,7 +66,7 @@ def main() -> None:
           "no flushing; same plan cost = the before plan's predicted cost over the as-run one's (1: no change)")
     if args.record:
         record("subnormals", "Subnormal floats in the search: time with and without them", rows,
-               notes=f"CPU: {cpu_name()}; cost model {args.model} ({count} subnormal weights); NeuroShard, one "
+               notes=f"CPU: {cpu_model() or platform.machine()}; cost model {args.model} ({count} subnormal weights); NeuroShard, one "
                      "thread, synthetic DLRM tables at full size, batch 4096")
 
 

@@ -26,7 +26,17 @@ def machine() -> str:
     except ImportError:
         gpu = None
     cpu = platform.processor() or platform.machine()
-    return f"{os.cpu_count()}-core {cpu}" + (f", {gpu}" if gpu else ", no GPU")
+    model = cpu_model()
+    return f"{os.cpu_count()}-core {cpu}" + (f" ({model})" if model else "") + (f", {gpu}" if gpu else ", no GPU")
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name from /proc/cpuinfo (None where there is none): timings differ between models."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), None)
+    except OSError:
+        return None
 
 
 def record(name: str, title: str, rows: list[dict[str, Any]], *, notes: str = "", directory: Path = RESULTS) -> Path:

@@ -102,7 +102,8 @@ def test_policies_train_and_plan_on_cuda_and_move_to_cpu(method, tmp_path):
 
 
 def test_the_timer_uses_cuda_events_and_flushes_the_gpus_l2():
-    from shardwise.profiling.kernel import ShardKernel, _flush_buffer, _Timer
+    from shardwise.profiling import TimingProtocol
+    from shardwise.profiling.kernel import ShardKernel, _Timer
 
     device = torch.device("cuda")
     batch, rows, dim, pooling = 2048, 200_000, 64, 16
@@ -115,10 +116,10 @@ def test_the_timer_uses_cuda_events_and_flushes_the_gpus_l2():
         grad_output=torch.randn(batch, dim, generator=generator).to(device),
         per_table=(),
     )
-    timer = _Timer(device, flush_cache=True)
+    timer = _Timer(device, TimingProtocol().for_device(device))
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    assert timer.flush_buffer is not None and timer.flush_buffer.numel() * 4 == 2 * l2
-    assert _flush_buffer(device).device.type == "cuda"
+    assert timer.flush_buffer is not None and timer.flush_buffer.numel() * 4 == min(2 * l2, 256 * 2**20)
+    assert timer.flush_buffer.device.type == "cuda"
     timings = [timer.run(kernel) for _ in range(20)]
     fwd, bwd = np.median(np.array(timings), axis=0)
     assert 0 < fwd < 100 and 0 < bwd < 100

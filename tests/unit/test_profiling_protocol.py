@@ -23,6 +23,41 @@ def test_protocol_defaults_depend_on_the_device() -> None:
     assert "reference_ms" not in settings and settings["iters"] == 10
 
 
+@pytest.mark.parametrize(("cache_mib", "flush_mib"), [(32, 64), (128, 256), (480, 256)])
+def test_the_flush_is_twice_the_last_level_cache_up_to_its_cap(monkeypatch, cache_mib, flush_mib) -> None:
+    from shardwise.profiling import hardware, protocol
+
+    monkeypatch.setattr(hardware, "_cpu_last_level_cache_bytes", lambda: cache_mib * 2**20)
+    assert protocol.MAX_FLUSH_BYTES == 256 * 2**20
+    decided = TimingProtocol().for_device("cpu")
+    assert decided.flush_bytes == flush_mib * 2**20
+    # what was flushed is stored with every row; a size asked for is kept
+    assert json.loads(decided.settings_json())["flush_bytes"] == flush_mib * 2**20
+    assert TimingProtocol(flush_bytes=2**20).for_device("cpu").flush_bytes == 2**20
+
+
+def test_the_timer_overwrites_the_protocols_flush_before_each_call(monkeypatch) -> None:
+    import torch
+
+    from shardwise.profiling import kernel
+
+    class Counting:
+        calls = 0
+
+        def forward(self):
+            Counting.calls += 1
+            return torch.ones(2, requires_grad=True) * 2
+
+        grad_output = torch.ones(2)
+
+    timer = kernel._Timer(torch.device("cpu"), TimingProtocol(flush_bytes=4096).for_device("cpu"))
+    assert timer.flush_buffer is not None and timer.flush_buffer.numel() * 4 == 4096
+    before = timer.flush_buffer.sum().item()
+    timer.run(Counting())  # type: ignore[arg-type]
+    assert timer.flush_buffer.sum().item() == before + 1024 and Counting.calls == 1
+    assert kernel._Timer(torch.device("cpu"), TimingProtocol(flush_cache=False).for_device("cpu")).flush_buffer is None
+
+
 def test_bad_protocol_is_refused_naming_the_field() -> None:
     with pytest.raises(ValidationError, match="iters"):
         TimingProtocol(iters=0)

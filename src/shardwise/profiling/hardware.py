@@ -7,6 +7,7 @@ import os
 import platform
 import re
 from functools import lru_cache
+from pathlib import Path
 from types import ModuleType
 from typing import Annotated, Any
 
@@ -71,6 +72,26 @@ def hardware_kind(device: str | torch.device | None = None) -> str:
     if dev.type == "cuda":
         return f"cuda-{_slug(torch.cuda.get_device_name(dev))}"
     return f"cpu-{platform.machine().lower()}-{os.cpu_count() or 1}c"
+
+
+@lru_cache(maxsize=1)
+def _cpu_last_level_cache_bytes() -> int:
+    """Size of the CPU's largest cache (from sysfs; 32 MiB when it cannot be read)."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        match = re.fullmatch(r"(\d+)([KMG]?)", text)
+        if match:
+            sizes.append(int(match[1]) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match[2]])
+    return max(sizes, default=32 * 2**20)
+
+
+def last_level_cache_bytes(device: str | torch.device | None = None) -> int:
+    """The device's last-level cache: a GPU's L2, a CPU's largest cache (as this machine reports it)."""
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 * 2**20))
+    return _cpu_last_level_cache_bytes()
 
 
 class KernelUnavailableError(ShardwiseError):

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -189,39 +187,22 @@ def _reference_kernel(device: torch.device) -> ShardKernel:
     return build_shard_kernel(_REFERENCE_TABLES, _REFERENCE_BATCH_SIZE, device=device, seed=12345)
 
 
-@lru_cache(maxsize=1)
-def _cpu_last_level_cache_bytes() -> int:
-    """Size of the CPU's largest cache (from sysfs; 32 MiB when it cannot be read)."""
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = path.read_text().strip().upper()
-        match = re.fullmatch(r"(\d+)([KMG]?)", text)
-        if match:
-            sizes.append(int(match[1]) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match[2]])
-    return max(sizes, default=32 * 2**20)
-
-
-def _last_level_cache_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 * 2**20))
-    return _cpu_last_level_cache_bytes()
-
-
 @lru_cache(maxsize=4)
-def _flush_buffer(device: torch.device) -> torch.Tensor:
-    """A buffer twice the last-level cache, allocated once per device (writing it evicts the kernel's data)."""
-    return torch.zeros(2 * _last_level_cache_bytes(device) // 4, dtype=torch.float32, device=device)
+def _flush_buffer(device: torch.device, nbytes: int) -> torch.Tensor:
+    """A buffer of `nbytes`, allocated once per device (overwriting it evicts the last kernel's data)."""
+    return torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
 
 
 class _Timer:
     """Forward/backward wall time of one kernel iteration: CUDA events on GPU, perf_counter on CPU."""
 
-    def __init__(self, device: torch.device, flush_cache: bool, clock: str | None = "wall") -> None:
+    def __init__(self, device: torch.device, protocol: TimingProtocol) -> None:
+        """`protocol` as decided for `device` (`TimingProtocol.for_device`)."""
         self.device = device
-        self.clock = time.thread_time if clock == "thread" else time.perf_counter
+        self.clock = time.thread_time if protocol.clock == "thread" else time.perf_counter
         self.flush_buffer: torch.Tensor | None = None
-        if flush_cache:
-            self.flush_buffer = _flush_buffer(device)
+        if protocol.flush_cache and protocol.flush_bytes:
+            self.flush_buffer = _flush_buffer(device, protocol.flush_bytes)
 
     def run(self, kernel: ShardKernel) -> tuple[float, float]:
         """(fwd_ms, bwd_ms) of one forward + backward (with the fused optimizer update)."""
@@ -266,7 +247,7 @@ def calibrate_reference(
     protocol = (protocol or TimingProtocol()).for_device(dev)
     with _threads(protocol.num_threads):
         kernel = _reference_kernel(dev)
-        timer = _Timer(dev, protocol.flush_cache, protocol.clock)
+        timer = _Timer(dev, protocol)
         for _ in range(max(protocol.warmup_iters, 3)):
             timer.run(kernel)
         return statistics.median(sum(timer.run(kernel)) for _ in range(protocol.calibration_runs))
@@ -278,7 +259,7 @@ def time_kernel(kernel: ShardKernel, device: torch.device, protocol: TimingProto
     normalised = bool(protocol.reference_normalised)
     if normalised and protocol.reference_ms is None:
         raise ValueError("protocol.reference_ms: calibrate it (calibrate_reference) before timing normalised")
-    timer = _Timer(device, protocol.flush_cache, protocol.clock)
+    timer = _Timer(device, protocol)
     reference = _reference_kernel(device) if normalised else None
     fwd, bwd, ref = [], [], []
     for i in range(protocol.warmup_iters + protocol.iters):

@@ -9,7 +9,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from .hardware import DeviceName, resolve_device
+from .hardware import DeviceName, last_level_cache_bytes, resolve_device
 
 # Defaults of a plan measurement, each tied to what it was measured against:
 #: interleaved kernel timings per device shard, median per device: one timing of a shard swings by 20% on a
@@ -27,6 +27,12 @@ COMM_ROUNDS = 5
 #: ratio moved between sessions by a median 0.93% (at most 3.33%) against 1.69% (7.39%) as measured
 #: (bench_comm_estimator.py, bench_measurement_noise.py, 2026-11-26, gloo on this 2-core CPU)
 CommPricing = Literal["width", "measured"]
+#: the largest cache flush: twice the last-level cache up to a 128 MiB cache (GPU L2 caches, desktop CPUs).
+#: Server CPUs report the whole socket's L3 to a process that gets a few cores' share of it (480 MiB on the Xeon
+#: of a 2-core cloud slice). There a 960 MiB flush made one shard timing 2.59 s; at 256 MiB it is 1.32 s, and the
+#: shards' kernel times moved by 0.5% in sum, at most 2.0% on one shard (bench_shard_timing.py --flush-mib
+#: 0,64,256,960, 2026-11-27, an 8-device paper task's shards)
+MAX_FLUSH_BYTES = 256 * 2**20
 
 
 class TimingProtocol(BaseModel):
@@ -45,22 +51,27 @@ class TimingProtocol(BaseModel):
     #: runs in this thread, i.e. num_threads == 1). None: "thread" when num_threads == 1, else "wall".
     #: CUDA always uses CUDA events.
     clock: Literal["wall", "thread"] | None = None
-    #: overwrite a buffer twice the last-level cache (GPU L2, CPU L3) before every timed kernel call, so each
-    #: call starts cold as in training (where dense layers and communication run in between) and the reference
-    #: kernel sees the same cache state when calibrated as when paired with a shard
+    #: overwrite a buffer before every timed kernel call, so each call starts cold as in training (where dense
+    #: layers and communication run in between) and the reference kernel sees the same cache state when
+    #: calibrated as when paired with a shard
     flush_cache: bool = True
+    #: the flush's size; None: twice the last-level cache (GPU L2, CPU L3), at most MAX_FLUSH_BYTES
+    flush_bytes: int | None = Field(default=None, ge=0)
     #: the reference kernel's calibrated fwd+bwd ms; None: calibrate once on first use (then reuse it)
     reference_ms: float | None = Field(default=None, gt=0)
     calibration_runs: int = Field(default=60, ge=1)
 
     def for_device(self, device: str | torch.device | None) -> TimingProtocol:
-        """This protocol with its automatic choices made for `device` (normalisation: CPU on, CUDA off)."""
+        """This protocol with its automatic choices made for `device` (normalisation: CPU on, CUDA off; the
+        clock; the flush's size)."""
         on_cpu = resolve_device(device).type == "cpu"
         update: dict[str, object] = {}
         if self.reference_normalised is None:
             update["reference_normalised"] = on_cpu
         if self.clock is None:
             update["clock"] = "thread" if on_cpu and self.num_threads == 1 else "wall"
+        if self.flush_bytes is None:
+            update["flush_bytes"] = min(2 * last_level_cache_bytes(device), MAX_FLUSH_BYTES)
         return self.model_copy(update=update) if update else self
 
     def settings_json(self) -> str:
