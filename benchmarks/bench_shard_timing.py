@@ -10,8 +10,11 @@ paper task's tables dealt round-robin over its devices (about 12 a device, as th
 `--flush-mib 0,256,960` instead times the same kernels with each flush size in turn (0: none) and prints the
 seconds of a timing and the shards' kernel times next to those of the largest size: what capping the flush
 (`TimingProtocol.flush_bytes`) saves and what it changes, on a machine whose last-level cache is large.
+`--pairing` times them as `time_kernel` does (a flush before the shard and another before its reference) next
+to one flush per pair (the reference, then the shard right after it): what the second flush costs and what the
+shard's times lose without it.
 
-    .venv/bin/python benchmarks/bench_shard_timing.py [--rounds 3] [--flush-mib 0,256,960] [--record]
+    .venv/bin/python benchmarks/bench_shard_timing.py [--rounds 3] [--flush-mib 0,256,960 | --pairing] [--record]
 """
 
 from __future__ import annotations
@@ -26,7 +29,15 @@ from record import cpu_model, record
 
 from shardwise.profiling import MeasurementSettings, TimingProtocol
 from shardwise.profiling.hardware import last_level_cache_bytes
-from shardwise.profiling.kernel import build_shard_kernel, resolve_timing, time_kernel
+from shardwise.profiling.kernel import (
+    ShardKernel,
+    ShardTiming,
+    _reference_kernel,
+    _Timer,
+    build_shard_kernel,
+    resolve_timing,
+    time_kernel,
+)
 from shardwise.workload import ShardingTask, TableSpec
 
 
@@ -34,8 +45,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the task's device shards")
     parser.add_argument("--flush-mib", help="compare these flush sizes in MiB (comma separated; 0: no flush)")
-    parser.add_argument("--record", action="store_true",
-                        help="write benchmarks/results/shard_timing.json (shard_timing_flush.json with --flush-mib)")
+    parser.add_argument("--pairing", action="store_true", help="compare one flush per pair with one per call")
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/shard_timing.json "
+                        "(shard_timing_flush.json with --flush-mib, shard_timing_pairing.json with --pairing)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
@@ -48,6 +60,9 @@ def main() -> None:
     if args.flush_mib:
         compare_flush_sizes(task, shards, device, protocol, [int(m) for m in args.flush_mib.split(",")],
                             args.rounds, args.record)
+        return
+    if args.pairing:
+        compare_pairing(task, shards, device, protocol, args.rounds, args.record)
         return
     variants = {"protocol": protocol, "no flush": protocol.model_copy(update={"flush_cache": False}),
                 "no reference": protocol.model_copy(update={"reference_normalised": False})}
@@ -130,6 +145,69 @@ def compare_flush_sizes(task: ShardingTask, shards: list[list[TableSpec]], devic
                      f"flush size in turn, {rounds} rounds; kernel ms: fwd+bwd, unnormalised, median over rounds, "
                      "summed over the shards; per shard: the range over shards of its kernel ms over the largest "
                      "flush's")
+
+
+def _time_kernel_one_flush(kernel: ShardKernel, device: torch.device, protocol: TimingProtocol) -> ShardTiming:
+    """`time_kernel` with one flush per pair: the reference right after it, then the shard (not flushed)."""
+    timer, reference = _Timer(device, protocol), _reference_kernel(device)
+    unflushed = _Timer(device, protocol.model_copy(update={"flush_cache": False}))
+    fwd, bwd, ref = [], [], []
+    for i in range(protocol.warmup_iters + protocol.iters):
+        ref_ms = sum(timer.run(reference))
+        fwd_ms, bwd_ms = unflushed.run(kernel)
+        if i >= protocol.warmup_iters:
+            fwd.append(fwd_ms)
+            bwd.append(bwd_ms)
+            ref.append(ref_ms)
+    assert protocol.reference_ms is not None
+    return ShardTiming(fwd_ms=statistics.median(f / r for f, r in zip(fwd, ref)) * protocol.reference_ms,
+                       bwd_ms=statistics.median(b / r for b, r in zip(bwd, ref)) * protocol.reference_ms,
+                       raw_fwd_ms=statistics.median(fwd), raw_bwd_ms=statistics.median(bwd),
+                       reference_ms=protocol.reference_ms)
+
+
+def compare_pairing(task: ShardingTask, shards: list[list[TableSpec]], device: torch.device,
+                    protocol: TimingProtocol, rounds: int, record_it: bool) -> None:
+    """Time each device shard's kernel both ways in turn (each way first in turn within a round)."""
+    kernels = [build_shard_kernel(tables, task.batch_size, device=device, optimizer=task.optimizer,
+                                  weights_precision=task.weights_precision) for tables in shards]
+    ways = {"one flush per pair": lambda k: _time_kernel_one_flush(k, device, protocol),
+            "a flush per call (time_kernel)": lambda k: time_kernel(k, device, protocol)}
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
+    raw: dict[str, list[list[float]]] = {way: [[] for _ in kernels] for way in ways}
+    normalised: dict[str, list[list[float]]] = {way: [[] for _ in kernels] for way in ways}
+    print(f"{len(task.tables)} tables over {len(kernels)} devices, batch {task.batch_size}, {rounds} rounds; "
+          f"flush {protocol.flush_bytes / 2**20:.0f} MiB")
+    names = list(ways)
+    for r in range(rounds):
+        for k, kernel in enumerate(kernels):
+            for way in names[r % 2:] + names[:r % 2]:
+                started = time.perf_counter()
+                timing = ways[way](kernel)
+                seconds[way].append(time.perf_counter() - started)
+                raw[way][k].append(timing.raw_fwd_ms + timing.raw_bwd_ms)
+                normalised[way][k].append(timing.fwd_ms + timing.bwd_ms)
+        print(f"  round {r + 1} done", flush=True)
+    protocol_way = names[1]
+    rows = []
+    for way in names:
+        ratios = {kind: [statistics.median(a) / statistics.median(b) for a, b in zip(series[way], series[protocol_way])]
+                  for kind, series in (("raw", raw), ("normalised", normalised))}
+        rows.append({"timing": way, "seconds_per_timing": round(statistics.median(seconds[way]), 3),
+                     **{f"{kind}_vs_protocol": round(statistics.median(r), 4) for kind, r in ratios.items()},
+                     **{f"{kind}_vs_protocol_range": f"{min(r):.3f}-{max(r):.3f}" for kind, r in ratios.items()}})
+    print(f"{'timing':<30} {'s per timing':>12} {'raw / protocol (median, range)':>30} {'normalised / protocol':>26}")
+    for row in rows:
+        print(f"{row['timing']:<30} {row['seconds_per_timing']:>12.2f} {row['raw_vs_protocol']:>10.4f} "
+              f"{row['raw_vs_protocol_range']:>18} {row['normalised_vs_protocol']:>10.4f} "
+              f"{row['normalised_vs_protocol_range']:>15}")
+    if record_it:
+        record("shard_timing_pairing", "One cache flush per shard and reference pair, or one per call", rows,
+               notes=f"CPU: {cpu_model() or 'unknown'}, flush {protocol.flush_bytes / 2**20:.0f} MiB; the first task "
+                     f"of the 8-device paper set, its {len(task.tables)} tables dealt round-robin over {len(kernels)} "
+                     f"devices, batch {task.batch_size}; each shard's kernel timed both ways in turn, {rounds} rounds; "
+                     "per shard, its median over rounds over the median timed as time_kernel does; median and range "
+                     "over shards; raw: fwd+bwd ms; normalised: by the paired reference")
 
 
 if __name__ == "__main__":

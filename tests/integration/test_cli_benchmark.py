@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from timing_settings import FLUSH_MIB
 
 from shardwise.cli import main
 from shardwise.integrations.mlflow import MlflowService
@@ -14,7 +15,7 @@ from shardwise.workload.tableset import TableSet
 
 pytestmark = pytest.mark.integration
 
-FAST = ["--warmup-iters", "1", "--timing-iters", "2", "--timing-rounds", "1", "--comm-iters", "2",
+FAST = ["--warmup-iters", "1", "--timing-iters", "2", "--timing-rounds", "1", "--flush-mib", str(FLUSH_MIB), "--comm-iters", "2",
         "--comm-rounds", "1", "--device", "cpu"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from timing_settings import FLUSH_MIB
 
 from shardwise.evaluation import evaluate_plans, measure_plan, measure_plans, save_measured, write_plan_report
 from shardwise.profiling import MeasurementSettings
@@ -13,7 +14,7 @@ from shardwise.workload import ShardingTask, TableSpec
 
 pytestmark = pytest.mark.integration
 
-FAST = MeasurementSettings(device="cpu", warmup_iters=2, timing_iters=5, timing_rounds=3)
+FAST = MeasurementSettings(device="cpu", warmup_iters=2, timing_iters=5, timing_rounds=3, flush_mib=FLUSH_MIB)
 
 
 def _task(num_tables: int = 4, pooling_factor: float = 10.0, batch_size: int = 1024) -> ShardingTask:

@@ -16,12 +16,13 @@ from shardwise.workload import ShardingTask, TableSpec
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
 from search_doubles import FeatureCostModel  # noqa: E402
+from timing_settings import FLUSH_MIB  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
 # 3 timings per device shard, the fewest whose median drops one preempted timing: with 2 (a mean), one stall under a
 # busy neighbour once made the final side-by-side check return the handmade plan over a 30% measured gain (CI)
-MEASUREMENT = MeasurementSettings(device="cpu", warmup_iters=2, timing_iters=5, timing_rounds=3)
+MEASUREMENT = MeasurementSettings(device="cpu", warmup_iters=2, timing_iters=5, timing_rounds=3, flush_mib=FLUSH_MIB)
 
 
 def _task() -> ShardingTask:

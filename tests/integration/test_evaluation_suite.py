@@ -24,10 +24,12 @@ from shardwise.workload.tableset import TableSet
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
 from search_doubles import FeatureCostModel  # noqa: E402
+from timing_settings import FLUSH_MIB  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-FAST = MeasurementSettings(device="cpu", warmup_iters=1, timing_iters=3, timing_rounds=3, comm_iters=2)
+FAST = MeasurementSettings(device="cpu", warmup_iters=1, timing_iters=3, timing_rounds=3, comm_iters=2,
+                           flush_mib=FLUSH_MIB)
 POOL = TableSet(
     batch_size=512,
     tables=tuple(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from timing_settings import FLUSH_MIB
 
 from shardwise.cli import main
 from shardwise.profiling import runner
@@ -27,7 +28,7 @@ TABLES = [
     TableSpec(name=f"t{i}", rows=500 + 300 * i, dim=4 * (1 + i % 8), pooling_factor=1.0 + i, zipf_alpha=1.05)
     for i in range(8)
 ]
-FAST = TimingProtocol(warmup_iters=1, iters=3, calibration_runs=5)
+FAST = TimingProtocol(warmup_iters=1, iters=3, calibration_runs=5, flush_bytes=FLUSH_MIB * 2**20)
 
 
 def test_interrupted_profile_resumes_without_remeasuring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

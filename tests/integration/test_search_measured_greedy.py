@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from timing_settings import FLUSH_MIB
 
 from shardwise.profiling import MeasurementSettings, kernel
 from shardwise.search import GreedySearch, RandomSearch, make_searcher, validate_plan
@@ -15,7 +16,8 @@ from shardwise.workload import ShardingTask, TableSpec
 pytestmark = pytest.mark.integration
 
 #: short timings: these tests check placement and caching, not timing accuracy
-FAST = MeasurementSettings(device="cpu", batch_size=256, warmup_iters=1, timing_iters=3, timing_rounds=3)
+FAST = MeasurementSettings(device="cpu", batch_size=256, warmup_iters=1, timing_iters=3, timing_rounds=3,
+                           flush_mib=FLUSH_MIB)
 
 
 def _task(tables, num_devices: int) -> ShardingTask:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from shardwise.profiling import MeasurementSettings
 from shardwise.profiling.comm import expected_received, local_batch_sizes, pooled_output
 from shardwise.profiling.hardware import hardware_info, hardware_kind
 from shardwise.profiling.kernel import TimingProtocol, _fit_batch, table_index_data
@@ -34,6 +35,9 @@ def test_the_flush_is_twice_the_last_level_cache_up_to_its_cap(monkeypatch, cach
     # what was flushed is stored with every row; a size asked for is kept
     assert json.loads(decided.settings_json())["flush_bytes"] == flush_mib * 2**20
     assert TimingProtocol(flush_bytes=2**20).for_device("cpu").flush_bytes == 2**20
+    # a plan measurement can ask for its own size (0: none)
+    assert MeasurementSettings(flush_mib=8).protocol().for_device("cpu").flush_bytes == 8 * 2**20
+    assert MeasurementSettings(flush_mib=0).protocol().flush_cache is False
 
 
 def test_the_timer_overwrites_the_protocols_flush_before_each_call(monkeypatch) -> None:

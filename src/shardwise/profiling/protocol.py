@@ -112,10 +112,18 @@ class MeasurementSettings(BaseModel):
     reference_ms: float | None = Field(
         default=None, gt=0, description="reference kernel ms to normalise by (default: the model's, else calibrate)"
     )
+    flush_mib: int | None = Field(
+        default=None, ge=0,
+        description=f"MiB overwritten before every timed kernel call (0: none; default: twice the last-level "
+        f"cache, at most {MAX_FLUSH_BYTES // 2**20})",
+    )
 
     def protocol(self) -> TimingProtocol:
         """The kernel timing protocol these settings ask for (reference pinned when `reference_ms` is set)."""
-        return TimingProtocol(warmup_iters=self.warmup_iters, iters=self.timing_iters, reference_ms=self.reference_ms)
+        protocol = TimingProtocol(warmup_iters=self.warmup_iters, iters=self.timing_iters, reference_ms=self.reference_ms)
+        if self.flush_mib is None:
+            return protocol
+        return protocol.model_copy(update={"flush_cache": self.flush_mib > 0, "flush_bytes": self.flush_mib * 2**20})
 
     def for_cost_model(self, reference_ms: float | None, batch_size: int | None) -> MeasurementSettings:
         """Time as a cost model's training data was: its reference and batch, unless set here."""
