@@ -24,12 +24,12 @@ def test_protocol_defaults_depend_on_the_device() -> None:
     assert "reference_ms" not in settings and settings["iters"] == 10
 
 
-@pytest.mark.parametrize(("cache_mib", "flush_mib"), [(32, 64), (128, 256), (480, 256)])
+@pytest.mark.parametrize(("cache_mib", "flush_mib"), [(16, 32), (32, 64), (480, 64)])
 def test_the_flush_is_twice_the_last_level_cache_up_to_its_cap(monkeypatch, cache_mib, flush_mib) -> None:
     from shardwise.profiling import hardware, protocol
 
     monkeypatch.setattr(hardware, "_cpu_last_level_cache_bytes", lambda: cache_mib * 2**20)
-    assert protocol.MAX_FLUSH_BYTES == 256 * 2**20
+    assert protocol.MAX_CPU_FLUSH_BYTES == 64 * 2**20
     decided = TimingProtocol().for_device("cpu")
     assert decided.flush_bytes == flush_mib * 2**20
     # what was flushed is stored with every row; a size asked for is kept

@@ -27,12 +27,14 @@ COMM_ROUNDS = 5
 #: ratio moved between sessions by a median 0.93% (at most 3.33%) against 1.69% (7.39%) as measured
 #: (bench_comm_estimator.py, bench_measurement_noise.py, 2026-11-26, gloo on this 2-core CPU)
 CommPricing = Literal["width", "measured"]
-#: the largest cache flush: twice the last-level cache up to a 128 MiB cache (GPU L2 caches, desktop CPUs).
-#: Server CPUs report the whole socket's L3 to a process that gets a few cores' share of it (480 MiB on the Xeon
-#: of a 2-core cloud slice). There a 960 MiB flush made one shard timing 2.59 s; at 256 MiB it is 1.32 s, and the
-#: shards' kernel times moved by 0.5% in sum, at most 2.0% on one shard (bench_shard_timing.py --flush-mib
-#: 0,64,256,960, 2026-11-27, an 8-device paper task's shards)
-MAX_FLUSH_BYTES = 256 * 2**20
+#: the largest cache flush on a CPU: twice the last-level cache up to a 32 MiB one (a GPU's flush is twice its
+#: L2). A server CPU reports the whole socket's L3 to a process that gets a few cores' share of it: 480 MiB on
+#: the Xeon of a 2-core cloud slice, where flushing twice that before every call made one shard timing 2.59 s,
+#: 1.32 s at 256 MiB and 0.79 s at 64 MiB, and `make run` took 12 min at 256 MiB against 4.3 min on an AMD EPYC
+#: (bench_newcomer.py, a CPU-bound process beside it). At 64 MiB that Xeon times the shards 1.7% faster in sum,
+#: and a small shard up to 18%, than after the full flush (bench_shard_timing.py --flush-mib 0,64,256,960,
+#: 2026-11-27); the profiler, the evaluator and refinement all time with the same flush
+MAX_CPU_FLUSH_BYTES = 64 * 2**20
 
 
 class TimingProtocol(BaseModel):
@@ -55,7 +57,7 @@ class TimingProtocol(BaseModel):
     #: layers and communication run in between) and the reference kernel sees the same cache state when
     #: calibrated as when paired with a shard
     flush_cache: bool = True
-    #: the flush's size; None: twice the last-level cache (GPU L2, CPU L3), at most MAX_FLUSH_BYTES
+    #: the flush's size; None: twice the last-level cache (GPU L2; CPU L3, at most MAX_CPU_FLUSH_BYTES)
     flush_bytes: int | None = Field(default=None, ge=0)
     #: the reference kernel's calibrated fwd+bwd ms; None: calibrate once on first use (then reuse it)
     reference_ms: float | None = Field(default=None, gt=0)
@@ -71,7 +73,8 @@ class TimingProtocol(BaseModel):
         if self.clock is None:
             update["clock"] = "thread" if on_cpu and self.num_threads == 1 else "wall"
         if self.flush_bytes is None:
-            update["flush_bytes"] = min(2 * last_level_cache_bytes(device), MAX_FLUSH_BYTES)
+            twice = 2 * last_level_cache_bytes(device)
+            update["flush_bytes"] = min(twice, MAX_CPU_FLUSH_BYTES) if on_cpu else twice
         return self.model_copy(update=update) if update else self
 
     def settings_json(self) -> str:
@@ -115,7 +118,7 @@ class MeasurementSettings(BaseModel):
     flush_mib: int | None = Field(
         default=None, ge=0,
         description=f"MiB overwritten before every timed kernel call (0: none; default: twice the last-level "
-        f"cache, at most {MAX_FLUSH_BYTES // 2**20})",
+        f"cache, at most {MAX_CPU_FLUSH_BYTES // 2**20} on a CPU)",
     )
 
     def protocol(self) -> TimingProtocol:
