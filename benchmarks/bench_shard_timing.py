@@ -22,13 +22,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from bench_plan_quality import paper_tasks
-from record import cpu_model, record
+from record import record
 
 from shardwise.profiling import MeasurementSettings, TimingProtocol
-from shardwise.profiling.hardware import last_level_cache_bytes
+from shardwise.profiling.hardware import device_name, last_level_cache_bytes
 from shardwise.profiling.kernel import (
     ShardKernel,
     ShardTiming,
@@ -36,6 +38,7 @@ from shardwise.profiling.kernel import (
     _Timer,
     build_shard_kernel,
     resolve_timing,
+    shard_timing,
     time_kernel,
 )
 from shardwise.workload import ShardingTask, TableSpec
@@ -104,34 +107,60 @@ def main() -> None:
                      f"turned off; a plan measured once: {once}")
 
 
-def compare_flush_sizes(task: ShardingTask, shards: list[list[TableSpec]], device: torch.device,
-                        protocol: TimingProtocol, sizes_mib: list[int], rounds: int, record_it: bool) -> None:
-    """Time each device shard's kernel under each flush size in turn (each size first in turn within a round)."""
-    kernels = [build_shard_kernel(tables, task.batch_size, device=device, optimizer=task.optimizer,
-                                  weights_precision=task.weights_precision) for tables in shards]
-    variants = {mib: protocol.model_copy(update={"flush_cache": mib > 0, "flush_bytes": mib * 2**20})
-                for mib in sizes_mib}
-    seconds: dict[int, list[float]] = {mib: [] for mib in sizes_mib}
-    kernel_ms: dict[int, list[list[float]]] = {mib: [[] for _ in kernels] for mib in sizes_mib}
-    print(f"{len(task.tables)} tables over {len(kernels)} devices, batch {task.batch_size}, {rounds} rounds; "
-          f"this machine's last-level cache: {last_level_cache_bytes(device) / 2**20:.0f} MiB; the protocol "
-          f"flushes {protocol.flush_bytes / 2**20:.0f} MiB")
+Way = Callable[[ShardKernel], ShardTiming]
+
+
+def _time_in_turn(kernels: list[ShardKernel], ways: dict[str, Way], rounds: int
+                  ) -> tuple[dict[str, float], dict[str, list[list[ShardTiming]]]]:
+    """Each kernel timed every way in turn, each way first in turn within a round: per way, the median seconds of
+    a timing, and per kernel its timings, one a round."""
+    names = list(ways)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    timings: dict[str, list[list[ShardTiming]]] = {name: [[] for _ in kernels] for name in names}
     for r in range(rounds):
         for k, kernel in enumerate(kernels):
-            for mib in sizes_mib[r % len(sizes_mib):] + sizes_mib[:r % len(sizes_mib)]:
+            for name in names[r % len(names):] + names[:r % len(names)]:
                 started = time.perf_counter()
-                timing = time_kernel(kernel, device, variants[mib])
-                seconds[mib].append(time.perf_counter() - started)
-                kernel_ms[mib][k].append(timing.raw_fwd_ms + timing.raw_bwd_ms)
+                timings[name][k].append(ways[name](kernel))
+                seconds[name].append(time.perf_counter() - started)
         print(f"  round {r + 1} done", flush=True)
-    largest = max(sizes_mib)
-    per_shard = {mib: [statistics.median(ms) for ms in kernel_ms[mib]] for mib in sizes_mib}
+    return {name: statistics.median(seconds[name]) for name in names}, timings
+
+
+def _raw_ms(timing: ShardTiming) -> float:
+    return timing.raw_fwd_ms + timing.raw_bwd_ms
+
+
+def _normalised_ms(timing: ShardTiming) -> float:
+    return timing.fwd_ms + timing.bwd_ms
+
+
+def _build(task: ShardingTask, shards: list[list[TableSpec]], device: torch.device) -> list[ShardKernel]:
+    return [build_shard_kernel(tables, task.batch_size, device=device, optimizer=task.optimizer,
+                               weights_precision=task.weights_precision) for tables in shards]
+
+
+def compare_flush_sizes(task: ShardingTask, shards: list[list[TableSpec]], device: torch.device,
+                        protocol: TimingProtocol, sizes_mib: list[int], rounds: int, record_it: bool) -> None:
+    """Time each device shard's kernel under each flush size in turn."""
+    kernels = _build(task, shards, device)
+    cache_mib = last_level_cache_bytes(device) / 2**20
+    ways: dict[str, Way] = {
+        str(mib): partial(time_kernel, device=device,
+                          protocol=protocol.model_copy(update={"flush_cache": mib > 0, "flush_bytes": mib * 2**20}))
+        for mib in sizes_mib}
+    print(f"{len(task.tables)} tables over {len(kernels)} devices, batch {task.batch_size}, {rounds} rounds; "
+          f"this machine's last-level cache: {cache_mib:.0f} MiB; the protocol flushes "
+          f"{protocol.flush_bytes / 2**20:.0f} MiB")
+    seconds, timings = _time_in_turn(kernels, ways, rounds)
+    kernel_ms = {name: [statistics.median(map(_raw_ms, ts)) for ts in per_kernel] for name, per_kernel in timings.items()}
+    largest = str(max(sizes_mib))
     rows = []
-    for mib in sizes_mib:
-        ratios = [a / b for a, b in zip(per_shard[mib], per_shard[largest])]
-        rows.append({"flush_mib": mib, "seconds_per_timing": round(statistics.median(seconds[mib]), 3),
-                     "kernel_ms_all_shards": round(sum(per_shard[mib]), 1),
-                     "kernel_vs_largest": round(sum(per_shard[mib]) / sum(per_shard[largest]), 4),
+    for name in ways:
+        ratios = [a / b for a, b in zip(kernel_ms[name], kernel_ms[largest])]
+        rows.append({"flush_mib": int(name), "seconds_per_timing": round(seconds[name], 3),
+                     "kernel_ms_all_shards": round(sum(kernel_ms[name]), 1),
+                     "kernel_vs_largest": round(sum(kernel_ms[name]) / sum(kernel_ms[largest]), 4),
                      "shard_vs_largest_min": round(min(ratios), 3), "shard_vs_largest_max": round(max(ratios), 3)})
     print(f"{'flush MiB':>9} {'s per timing':>12} {'kernel ms':>9} {'/ largest':>9} {'per shard':>13}")
     for row in rows:
@@ -139,12 +168,11 @@ def compare_flush_sizes(task: ShardingTask, shards: list[list[TableSpec]], devic
               f"{row['kernel_vs_largest']:>9.4f} {row['shard_vs_largest_min']:>6.3f}-{row['shard_vs_largest_max']:.3f}")
     if record_it:
         record("shard_timing_flush", "What the cache flush's size costs a shard timing and changes in it", rows,
-               notes=f"CPU: {cpu_model() or 'unknown'}, last-level cache {last_level_cache_bytes(device) / 2**20:.0f} "
-                     f"MiB; the first task of the 8-device paper set, its {len(task.tables)} tables dealt round-robin "
-                     f"over {len(kernels)} devices, batch {task.batch_size}; each shard's kernel timed under each "
-                     f"flush size in turn, {rounds} rounds; kernel ms: fwd+bwd, unnormalised, median over rounds, "
-                     "summed over the shards; per shard: the range over shards of its kernel ms over the largest "
-                     "flush's")
+               notes=f"CPU: {device_name('cpu')}, last-level cache {cache_mib:.0f} MiB; the first task of the 8-device "
+                     f"paper set, its {len(task.tables)} tables dealt round-robin over {len(kernels)} devices, batch "
+                     f"{task.batch_size}; each shard's kernel timed under each flush size in turn, {rounds} rounds; "
+                     "kernel ms: fwd+bwd, unnormalised, median over rounds, summed over the shards; per shard: the "
+                     "range over shards of its kernel ms over the largest flush's")
 
 
 def _time_kernel_one_flush(kernel: ShardKernel, device: torch.device, protocol: TimingProtocol) -> ShardTiming:
@@ -159,41 +187,25 @@ def _time_kernel_one_flush(kernel: ShardKernel, device: torch.device, protocol: 
             fwd.append(fwd_ms)
             bwd.append(bwd_ms)
             ref.append(ref_ms)
-    assert protocol.reference_ms is not None
-    return ShardTiming(fwd_ms=statistics.median(f / r for f, r in zip(fwd, ref)) * protocol.reference_ms,
-                       bwd_ms=statistics.median(b / r for b, r in zip(bwd, ref)) * protocol.reference_ms,
-                       raw_fwd_ms=statistics.median(fwd), raw_bwd_ms=statistics.median(bwd),
-                       reference_ms=protocol.reference_ms)
+    return shard_timing(fwd, bwd, ref, protocol.reference_ms)
 
 
 def compare_pairing(task: ShardingTask, shards: list[list[TableSpec]], device: torch.device,
                     protocol: TimingProtocol, rounds: int, record_it: bool) -> None:
-    """Time each device shard's kernel both ways in turn (each way first in turn within a round)."""
-    kernels = [build_shard_kernel(tables, task.batch_size, device=device, optimizer=task.optimizer,
-                                  weights_precision=task.weights_precision) for tables in shards]
-    ways = {"one flush per pair": lambda k: _time_kernel_one_flush(k, device, protocol),
-            "a flush per call (time_kernel)": lambda k: time_kernel(k, device, protocol)}
-    seconds: dict[str, list[float]] = {way: [] for way in ways}
-    raw: dict[str, list[list[float]]] = {way: [[] for _ in kernels] for way in ways}
-    normalised: dict[str, list[list[float]]] = {way: [[] for _ in kernels] for way in ways}
+    """Time each device shard's kernel both ways in turn."""
+    kernels = _build(task, shards, device)
+    protocol_way = "a flush per call (time_kernel)"
+    ways: dict[str, Way] = {"one flush per pair": partial(_time_kernel_one_flush, device=device, protocol=protocol),
+                            protocol_way: partial(time_kernel, device=device, protocol=protocol)}
     print(f"{len(task.tables)} tables over {len(kernels)} devices, batch {task.batch_size}, {rounds} rounds; "
           f"flush {protocol.flush_bytes / 2**20:.0f} MiB")
-    names = list(ways)
-    for r in range(rounds):
-        for k, kernel in enumerate(kernels):
-            for way in names[r % 2:] + names[:r % 2]:
-                started = time.perf_counter()
-                timing = ways[way](kernel)
-                seconds[way].append(time.perf_counter() - started)
-                raw[way][k].append(timing.raw_fwd_ms + timing.raw_bwd_ms)
-                normalised[way][k].append(timing.fwd_ms + timing.bwd_ms)
-        print(f"  round {r + 1} done", flush=True)
-    protocol_way = names[1]
+    seconds, timings = _time_in_turn(kernels, ways, rounds)
     rows = []
-    for way in names:
-        ratios = {kind: [statistics.median(a) / statistics.median(b) for a, b in zip(series[way], series[protocol_way])]
-                  for kind, series in (("raw", raw), ("normalised", normalised))}
-        rows.append({"timing": way, "seconds_per_timing": round(statistics.median(seconds[way]), 3),
+    for name in ways:
+        ratios = {kind: [statistics.median(map(ms, a)) / statistics.median(map(ms, b))
+                         for a, b in zip(timings[name], timings[protocol_way])]
+                  for kind, ms in (("raw", _raw_ms), ("normalised", _normalised_ms))}
+        rows.append({"timing": name, "seconds_per_timing": round(seconds[name], 3),
                      **{f"{kind}_vs_protocol": round(statistics.median(r), 4) for kind, r in ratios.items()},
                      **{f"{kind}_vs_protocol_range": f"{min(r):.3f}-{max(r):.3f}" for kind, r in ratios.items()}})
     print(f"{'timing':<30} {'s per timing':>12} {'raw / protocol (median, range)':>30} {'normalised / protocol':>26}")
@@ -203,12 +215,11 @@ def compare_pairing(task: ShardingTask, shards: list[list[TableSpec]], device: t
               f"{row['normalised_vs_protocol_range']:>15}")
     if record_it:
         record("shard_timing_pairing", "One cache flush per shard and reference pair, or one per call", rows,
-               notes=f"CPU: {cpu_model() or 'unknown'}, flush {protocol.flush_bytes / 2**20:.0f} MiB; the first task "
-                     f"of the 8-device paper set, its {len(task.tables)} tables dealt round-robin over {len(kernels)} "
+               notes=f"CPU: {device_name('cpu')}, flush {protocol.flush_bytes / 2**20:.0f} MiB; the first task of the "
+                     f"8-device paper set, its {len(task.tables)} tables dealt round-robin over {len(kernels)} "
                      f"devices, batch {task.batch_size}; each shard's kernel timed both ways in turn, {rounds} rounds; "
                      "per shard, its median over rounds over the median timed as time_kernel does; median and range "
                      "over shards; raw: fwd+bwd ms; normalised: by the paired reference")
-
 
 if __name__ == "__main__":
     main()

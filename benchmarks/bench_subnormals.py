@@ -11,17 +11,17 @@ microcode pay for each one. This 2-core AMD EPYC barely does; a GPU node's Intel
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 from pathlib import Path
 from unittest import mock
 
 import torch
-from record import cpu_model, record
+from record import record
 
 from shardwise.cli import quiet_libraries
 from shardwise.costmodel import NeuralCostModel
 from shardwise.costmodel.networks import load_checked_state, subnormal
+from shardwise.profiling.hardware import device_name
 from shardwise.search import make_searcher
 from shardwise.workload.synthetic import synthesize_tables
 from shardwise.workload.tableset import sample_task
@@ -43,7 +43,7 @@ def main() -> None:
     if as_trained.comm_net is not None:
         load_checked_state(as_trained.comm_net, weights, "comm.")
     count = sum(int(subnormal(v).sum()) for v in weights.values())
-    print(f"CPU: {cpu_model() or platform.machine()}; cost model {args.model}: {count} subnormal weights of "
+    print(f"CPU: {device_name('cpu')}; cost model {args.model}: {count} subnormal weights of "
           f"{sum(v.numel() for v in weights.values())}")
     print(f"{'task':>10}  {'as run s':>9}  {'before s':>9}  {'before/as run':>13}  {'same plan cost':>14}")
     rows = []
@@ -66,7 +66,7 @@ def main() -> None:
           "no flushing; same plan cost = the before plan's predicted cost over the as-run one's (1: no change)")
     if args.record:
         record("subnormals", "Subnormal floats in the search: time with and without them", rows,
-               notes=f"CPU: {cpu_model() or platform.machine()}; cost model {args.model} ({count} subnormal weights); NeuroShard, one "
+               notes=f"CPU: {device_name('cpu')}; cost model {args.model} ({count} subnormal weights); NeuroShard, one "
                      "thread, synthetic DLRM tables at full size, batch 4096")
 
 

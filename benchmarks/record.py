@@ -26,17 +26,13 @@ def machine() -> str:
     except ImportError:
         gpu = None
     cpu = platform.processor() or platform.machine()
-    model = cpu_model()
-    return f"{os.cpu_count()}-core {cpu}" + (f" ({model})" if model else "") + (f", {gpu}" if gpu else ", no GPU")
-
-
-def cpu_model() -> str | None:
-    """The CPU's model name from /proc/cpuinfo (None where there is none): timings differ between models."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), None)
-    except OSError:
-        return None
+        from shardwise.profiling.hardware import device_name  # noqa: PLC0415 - as torch: optional
+
+        model = device_name("cpu")  # timings differ between CPU models
+    except ImportError:
+        model = cpu
+    return f"{os.cpu_count()}-core {cpu}" + (f" ({model})" if model != cpu else "") + (f", {gpu}" if gpu else ", no GPU")
 
 
 def record(name: str, title: str, rows: list[dict[str, Any]], *, notes: str = "", directory: Path = RESULTS) -> Path:

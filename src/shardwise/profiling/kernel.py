@@ -265,23 +265,30 @@ def time_kernel(kernel: ShardKernel, device: torch.device, protocol: TimingProto
     for i in range(protocol.warmup_iters + protocol.iters):
         fwd_ms, bwd_ms = timer.run(kernel)
         # the reference runs right after the shard, so both see the same machine speed; each after its own flush:
-        # with one flush per pair, of 256 MiB, shards timed 1.3% faster (median; 7.5% on one; bench_shard_timing --pairing)
+        # with one flush (256 MiB) per pair, shards timed 1.3% faster (median; 7.5% on one; bench_shard_timing
+        # --pairing)
         ref_ms = sum(timer.run(reference)) if reference is not None else 1.0
         if i >= protocol.warmup_iters:
             fwd.append(fwd_ms)
             bwd.append(bwd_ms)
             ref.append(ref_ms)
+    return shard_timing(fwd, bwd, ref, protocol.reference_ms if normalised else None)
+
+
+def shard_timing(
+    fwd: Sequence[float], bwd: Sequence[float], ref: Sequence[float], reference_ms: float | None
+) -> ShardTiming:
+    """The medians of timed iterations; with `reference_ms`, each iteration over its paired reference's ms, scaled
+    by it (reference normalisation)."""
     raw_fwd, raw_bwd = statistics.median(fwd), statistics.median(bwd)
-    if not normalised:
+    if reference_ms is None:
         return ShardTiming(raw_fwd, raw_bwd, raw_fwd, raw_bwd, None)
-    assert protocol.reference_ms is not None
-    scale = protocol.reference_ms
     return ShardTiming(
-        fwd_ms=statistics.median(f / r for f, r in zip(fwd, ref)) * scale,
-        bwd_ms=statistics.median(b / r for b, r in zip(bwd, ref)) * scale,
+        fwd_ms=statistics.median(f / r for f, r in zip(fwd, ref)) * reference_ms,
+        bwd_ms=statistics.median(b / r for b, r in zip(bwd, ref)) * reference_ms,
         raw_fwd_ms=raw_fwd,
         raw_bwd_ms=raw_bwd,
-        reference_ms=scale,
+        reference_ms=reference_ms,
     )
 
 

@@ -30,10 +30,10 @@ CommPricing = Literal["width", "measured"]
 #: the largest cache flush on a CPU: twice the last-level cache up to a 32 MiB one (a GPU's flush is twice its
 #: L2). A server CPU reports the whole socket's L3 to a process that gets a few cores' share of it: 480 MiB on
 #: the Xeon of a 2-core cloud slice, where flushing twice that before every call made one shard timing 2.59 s,
-#: 1.32 s at 256 MiB and 0.79 s at 64 MiB, and `make run` took 12 min at 256 MiB against 4.3 min on an AMD EPYC
-#: (bench_newcomer.py, a CPU-bound process beside it). At 64 MiB that Xeon times the shards 1.7% faster in sum,
-#: and a small shard up to 18%, than after the full flush (bench_shard_timing.py --flush-mib 0,64,256,960,
-#: 2026-11-27); the profiler, the evaluator and refinement all time with the same flush
+#: 1.32 s at 256 MiB and 0.79 s at 64 MiB; at 64 MiB the shards timed 1.7% faster in sum, and a small shard up to
+#: 18%, than after the full flush (bench_shard_timing.py --flush-mib 0,64,256,960, 2026-11-27). `make run` took
+#: 12.0 min there at 256 MiB and 8.1 min at 64 MiB, a CPU-bound process beside it (bench_newcomer.py, 2026-11-27;
+#: the 64 MiB run is the recorded one). The profiler, the evaluator and refinement all time with the same flush
 MAX_CPU_FLUSH_BYTES = 64 * 2**20
 
 
