@@ -26,13 +26,7 @@ from shardwise.evaluation import measure_plans
 from shardwise.integrations.torchrec import ShardwisePlanner, ebc_on_meta
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import Plan, PlanError, Searcher, make_searcher
-from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
-
-#: MLPerf DLRM-DCNv2 (training v3.0 reference): rows per table (max_ind_range 40M) and multi-hot sizes
-MLPERF_ROWS = (40_000_000, 39_060, 17_295, 7_424, 20_265, 3, 7_122, 1_543, 63, 40_000_000, 3_067_956, 405_282, 10,
-               2_209, 11_938, 155, 4, 976, 14, 40_000_000, 40_000_000, 40_000_000, 590_152, 12_973, 108, 36)
-MLPERF_HOTNESS = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
-DIM = 128
+from shardwise.workload import ShardingTask, TableSpec, mlperf_dcnv2_tables, shard_memory_bytes
 
 
 def dcnv2_module(row_scale: float):  # noqa: ANN201 - a torch module holding the EmbeddingBagCollection
@@ -42,11 +36,12 @@ def dcnv2_module(row_scale: float):  # noqa: ANN201 - a torch module holding the
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    configs = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=DIM, num_embeddings=max(2, int(rows * row_scale)),
-                                  feature_names=[f"cat_{i}"]) for i, rows in enumerate(MLPERF_ROWS)]
+    tables = mlperf_dcnv2_tables(row_scale)
+    configs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[f"cat_{i}"])
+               for i, t in enumerate(tables)]
     module = torch.nn.Module()
     module.sparse = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    constraints = {f"t{i}": ParameterConstraints(pooling_factors=[float(h)]) for i, h in enumerate(MLPERF_HOTNESS)}
+    constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in tables}
     return module, constraints
 
 

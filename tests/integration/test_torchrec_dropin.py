@@ -82,6 +82,23 @@ def test_the_storage_reservation_keeps_part_of_each_device_free():
         ShardwisePlanner(_topology(2, 2), batch_size=512, storage_reservation=1.5)
 
 
+def test_a_cpu_topology_plans_in_its_ddr_as_torchrecs_planner_does():
+    """TorchRec gives a CPU topology no HBM (hbm 0): its tables live in DDR, and so does the plan's budget."""
+    from torchrec.distributed.planner.types import Topology
+
+    cpu = Topology(world_size=2, compute_device="cpu", hbm_cap=4 * GIB, ddr_cap=2 * GIB)
+    planner = ShardwisePlanner(cpu, batch_size=512, method="size_greedy")
+    sharding_plan = planner.plan(_model(TABLES))
+    assert planner.last_task.device_memory_bytes == int(2 * GIB * (1 - DEFAULT_STORAGE_RESERVATION))
+    assert {device for _, device in _placements(sharding_plan)} == {"cpu"}
+
+    nothing = ShardwisePlanner(_topology(2, 2, hbm=0), batch_size=512, method="size_greedy")
+    with pytest.raises(PlannerError, match="^each rank's memory is 0 bytes .*: nothing to place tables in; give a "
+                                           "Topology's hbm_cap .* or ddr_cap") as refused:
+        nothing.plan(_model(TABLES))
+    assert "GiB" not in str(refused.value)  # no budget figures for tables the model does not have
+
+
 def test_a_shardwise_task_gives_its_budget_skew_and_precision():
     from shardwise.integrations.torchrec import ebc_on_meta
     from shardwise.workload import ShardingTask, TableSpec
@@ -153,7 +170,8 @@ def test_tables_restricted_to_row_wise_or_data_parallel_are_emitted_so_and_their
 
     too_big = ShardwisePlanner(_topology(4, 2, hbm=2**20), batch_size=512, method="size_greedy",
                                constraints=constraints)
-    with pytest.raises(PlannerError, match="row-wise and data-parallel tables .* need 0.0[0-9]+ GiB on every rank"):
+    with pytest.raises(PlannerError, match=f"^row-wise 't2', data-parallel 't5' need {reserved / 2**20:.2f} MiB on "
+                                           "every rank, at least its 870.40 KiB budget"):
         too_big.plan(_model(TABLES))
     only = {f"t{i}": ParameterConstraints(sharding_types=["row_wise"]) for i in range(len(TABLES))}
     with pytest.raises(PlannerError, match="every table is restricted to row-wise or data-parallel"):

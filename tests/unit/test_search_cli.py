@@ -32,7 +32,7 @@ def task_file(tmp_path, monkeypatch):
 
 def test_plan_with_a_model_writes_a_valid_plan_and_prints_the_device_table(task_file, model_dir, capsys):
     assert main(["plan", "--task", task_file, "--model", str(model_dir), "--out", "plan.json"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "fwd ms" in out and "imbalance" in out and "wrote plan.json" in out
     plan = load_plan("plan.json")
     from shardwise.workload import load_task
@@ -42,6 +42,9 @@ def test_plan_with_a_model_writes_a_valid_plan_and_prints_the_device_table(task_
         doc = json.load(f)
     assert doc["method"] == "neuroshard" and doc["provenance"]["cost_model_uri"] == str(model_dir)
     assert len(doc["predicted"]["total_ms"]) == 4 and len(doc["memory_bytes"]) == 4
+    # random tables the model was not trained on: the note names them, in one line, and the plan file keeps it
+    note = next(line for line in err.splitlines() if "outside what the cost model" in line)
+    assert note == f"shardwise plan: note: {doc['outside_training']}" and "largest seen" in note
 
 
 def test_without_a_model_neuroshard_says_how_to_get_one_and_baselines_still_plan(task_file, capsys):

@@ -70,13 +70,19 @@ _BIN_ACCESS_COUNTS = np.array(
 )
 
 
+def accesses_per_row(transformed: np.ndarray) -> np.ndarray:
+    """[T] transformed table features -> how often a batch reads each distinct row it touches, on average, read
+    off the reuse bins: the access skew in one number (1: every lookup a new row; the more, the more skewed)."""
+    return np.maximum(transformed[:, LOG_FEATURES:] @ _BIN_ACCESS_COUNTS, 1.0)
+
+
 def network_inputs(transformed: np.ndarray, normaliser: FeatureNormaliser) -> np.ndarray:
     """[T, 21] transformed table features -> [T, 21 + 5]: normalised features, then the work channels.
 
-    Distinct rows per batch = lookups / mean accesses per distinct row, the mean read off the reuse bins."""
+    Distinct rows per batch = lookups / mean accesses per distinct row (`accesses_per_row`)."""
     dim = np.expm1(transformed[:, 0])
     pooling = np.expm1(transformed[:, 2])
-    unique = pooling / np.maximum(transformed[:, LOG_FEATURES:] @ _BIN_ACCESS_COUNTS, 1.0)
+    unique = pooling / accesses_per_row(transformed)
     work = np.stack([pooling * (dim + 16) / 1e3, pooling / 10, dim / 100, unique, unique * dim / 100], axis=1)
     return np.concatenate([normaliser(transformed), work.astype(np.float32)], axis=1)
 

@@ -17,6 +17,7 @@ import torch
 from shardwise.errors import ShardwiseError
 from shardwise.workload import NUM_FEATURES, TableSpec
 
+from .coverage import FeatureRanges, outside_line
 from .features import (
     COMM_FEATURE_NAMES,
     NUM_COMM_FEATURES,
@@ -30,8 +31,11 @@ from .features import (
 )
 from .networks import CommNet, ComputeNet, load_checked_state, zero_subnormal_weights
 
-#: v2: five work channels (unique rows and their bytes added), also fed to the per-table MLP
-MODEL_FORMAT = "shardwise.costmodel/v2"
+#: v2: five work channels (unique rows and their bytes added), also fed to the per-table MLP; v3: the ranges of the
+#: training features (`meta.feature_ranges`), so planning says where a task lies outside them
+MODEL_FORMAT = "shardwise.costmodel/v3"
+#: formats `load` reads: a v2 model plans as before, without ranges to compare a task with
+READABLE_FORMATS = ("shardwise.costmodel/v2", MODEL_FORMAT)
 CONFIG_FILE = "cost_model.json"
 WEIGHTS_FILE = "weights.pt"
 #: smallest cost the log targets represent (an all-to-all of nothing still takes a few microseconds)
@@ -67,6 +71,8 @@ class ModelMeta:
     compute_log_offset: tuple[float, float] = (0.0, 0.0)
     comm_log_offset: tuple[float, float] = (0.0, 0.0)
     info: dict[str, Any] = field(default_factory=dict)  # training provenance (seed, sizes, versions)
+    #: what the model was trained on (None for a model saved before v3)
+    feature_ranges: FeatureRanges | None = None
 
 
 class NeuralCostModel:
@@ -209,6 +215,17 @@ class NeuralCostModel:
         out = self.comm_net(torch.from_numpy(self.comm_normaliser(features)).to(self.device)) + self._comm_offset
         return torch.exp(out.clamp(max=MAX_LOG_MS)).cpu().numpy().astype(np.float64)
 
+    # -- what it has seen -------------------------------------------------------------------------------------
+    def outside_training(self, tables: Sequence[TableSpec], batch_size: int,
+                         tables_per_device: Sequence[int] = ()) -> str | None:
+        """One line naming the tables (and devices, and the batch) outside the ranges the model was trained on and
+        how far out they are; None when all lie inside, or the model has no ranges (saved before v3)."""
+        ranges = self.meta.feature_ranges
+        if ranges is None or not tables:
+            return None
+        return outside_line(ranges.outside([t.name for t in tables], self._features(tables), batch_size,
+                                           tables_per_device))
+
     # -- persistence -------------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
         """Write `cost_model.json` (config, normalisers, metadata) and `weights.pt` (tensors only)."""
@@ -218,7 +235,8 @@ class NeuralCostModel:
             "format": MODEL_FORMAT,
             "network": asdict(self.config),
             "meta": {**asdict(self.meta), "compute_log_offset": list(self.meta.compute_log_offset),
-                     "comm_log_offset": list(self.meta.comm_log_offset)},
+                     "comm_log_offset": list(self.meta.comm_log_offset),
+                     "feature_ranges": self.meta.feature_ranges.to_json() if self.meta.feature_ranges else None},
             "normaliser": self.normaliser.to_json(),
             "comm_normaliser": self.comm_normaliser.to_json() if self.comm_normaliser else None,
         }
@@ -241,7 +259,7 @@ class NeuralCostModel:
             doc = json.loads(config_path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
             raise ModelFileError(f"{config_path}: not a JSON cost-model config ({_first_line(err)})") from None
-        if not isinstance(doc, dict) or doc.get("format") != MODEL_FORMAT:
+        if not isinstance(doc, dict) or doc.get("format") not in READABLE_FORMATS:
             found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise ModelFileError(
                 f"{config_path}: field 'format' must be {MODEL_FORMAT!r}, got {found!r} "
@@ -258,6 +276,8 @@ class NeuralCostModel:
                 compute_log_offset=_pair("meta.compute_log_offset", meta_doc["compute_log_offset"]),
                 comm_log_offset=_pair("meta.comm_log_offset", meta_doc["comm_log_offset"]),
                 info=dict(meta_doc.get("info") or {}),
+                feature_ranges=FeatureRanges.from_json(meta_doc["feature_ranges"])
+                if meta_doc.get("feature_ranges") is not None else None,
             )
             normaliser = _normaliser("normaliser", doc["normaliser"], TABLE_FEATURE_NAMES)
             comm_norm = (_normaliser("comm_normaliser", doc["comm_normaliser"], COMM_FEATURE_NAMES)

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from shardwise.errors import ShardwiseError
 from shardwise.workload import NUM_FEATURES, TableSpec
 
+from .coverage import FeatureRanges
 from .evaluate import (
     ComputeSamples,
     evaluate_compute,
@@ -372,6 +373,7 @@ def train_cost_model(
         compute_log_offset=(float(offset[0]), float(offset[1])),
         comm_log_offset=(float(comm_offset[0]), float(comm_offset[1])),
         info={"seed": seed, "train_shards": len(train), "heldout_sources": len(heldout), "torch": torch.__version__},
+        feature_ranges=FeatureRanges.of_training(features(unique_train), [len(s) for s in train.shards], batch_size),
     )
     model = NeuralCostModel(net, normaliser, meta, net_cfg, comm_net, comm_norm)
 

@@ -36,3 +36,13 @@ class CostModel(Protocol):
     def predict_comm(self, widths: np.ndarray, compute_ms: np.ndarray) -> np.ndarray:
         """[N, D] per-device output widths and compute ms of N layouts -> [N, D, 2] fwd/bwd all-to-all ms."""
         ...
+
+
+@runtime_checkable
+class KnowsItsTraining(Protocol):
+    """A cost model that says where a task lies outside what it was trained on (`NeuralCostModel`)."""
+
+    def outside_training(self, tables: Sequence[TableSpec], batch_size: int,
+                         tables_per_device: Sequence[int] = ()) -> str | None:
+        """One line naming what is outside and how far (None: all inside, or nothing recorded)."""
+        ...

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,11 +128,27 @@ def planned_modules(module: nn.Module, sharders: Sequence[Any] | None) -> dict[s
     return found
 
 
+def _size(num_bytes: float) -> str:
+    """Bytes in the largest unit that keeps them above 1 (never "0.00 GiB" for a few MiB)."""
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{num_bytes:.0f} bytes"
+
+
+def _held_for(table: ModuleTable) -> str:
+    """What every rank keeps for a table the search does not place, by its name."""
+    if table.sharding == "planned":
+        return f"the sequence outputs of {table.name!r}"
+    return f"{table.sharding.replace('_', '-')} {table.name!r}"
+
+
 class ShardwisePlanner(ShardingPlanner):
     """A TorchRec `ShardingPlanner` (`plan`, `collective_plan`) backed by a shardwise search method.
 
     Hardware from a TorchRec `Topology` as `EmbeddingShardingPlanner` takes it (world size, local world size,
-    HBM per device, compute device), or from the keyword arguments; `storage_reservation` of each device's memory
+    HBM per device, or DDR on a CPU topology as TorchRec's planner takes it, compute device), or from the keyword
+    arguments; `storage_reservation` of each device's memory
     is kept free as TorchRec's planner does. Tables (rows, dim, names) come from the module's
     `EmbeddingBagCollection`s and `EmbeddingCollection`s; pooling factors (lookups per sample) from `task` when
     given (matched by table name), else from TorchRec `ParameterConstraints.pooling_factors` (summed over the
@@ -161,14 +178,16 @@ class ShardwisePlanner(ShardingPlanner):
     ) -> None:
         if not 0.0 <= storage_reservation < 1.0:
             raise PlannerError(f"storage_reservation {storage_reservation}: a share of memory in [0, 1)")
-        hbm = topology.devices[0].storage.hbm if topology is not None else None
+        # a CPU topology's tables live in DDR (TorchRec gives it no HBM: hbm 0), a GPU's in HBM
+        topology_memory = None if topology is None else (
+            topology.devices[0].storage.ddr if topology.compute_device == "cpu" else topology.devices[0].storage.hbm)
         self.world_size = world_size or (topology.world_size if topology is not None else None) or (
             task.num_devices if task else None)
         self.device_type = device_type or (topology.compute_device if topology is not None else None) or (
             "cuda" if torch.cuda.is_available() else "cpu")
         self.local_world_size = local_world_size or (topology.local_world_size if topology is not None else None)
         #: each device's memory before the reservation (a task's budget is taken as it is)
-        self.device_memory_bytes = device_memory_bytes or hbm
+        self.device_memory_bytes = device_memory_bytes or topology_memory
         self.storage_reservation = storage_reservation
         self.batch_size = batch_size or (task.batch_size if task else None)
         self.method = method
@@ -333,11 +352,17 @@ class ShardwisePlanner(ShardingPlanner):
         if not planned:
             raise PlannerError("every table is restricted to row-wise or data-parallel sharding: nothing for shardwise "
                                "to plan; use TorchRec's EmbeddingShardingPlanner")
+        if budget <= 0:
+            raise PlannerError(
+                f"each rank's memory is {memory or 0} bytes ({self.storage_reservation:.0%} reserved): nothing to place "
+                "tables in; give a Topology's hbm_cap (cuda) or ddr_cap (cpu), or device_memory_bytes")
         reserved = self._emitted_bytes(tables, world_size)
         if reserved >= budget:
+            kept = [t for t in tables if t.sharding != "planned" or (t.sequence and self._emitted_bytes([t], world_size))]
             raise PlannerError(
-                f"row-wise and data-parallel tables and sequence outputs need {reserved / GIB:.2f} GiB on every rank, "
-                f"at least the {budget / GIB:.2f} GiB budget: nothing is left for the other tables"
+                f"{', '.join(_held_for(t) for t in kept)} need {_size(reserved)} on every rank, at least its "
+                f"{_size(budget)} budget: nothing is left for the other tables; give each rank more memory or allow "
+                "them table_wise or column_wise"
             )
         return ShardingTask(
             num_devices=world_size,
@@ -363,6 +388,8 @@ class ShardwisePlanner(ShardingPlanner):
             lines.append(f"sequence tables (EmbeddingCollection), costed as pooled lookups: {', '.join(sequence)}")
         if emitted:
             lines.append(f"memory cap above is what is left per rank after {emitted / GIB:.3f} GiB for those")
+        if plan.extra.get("outside_training"):
+            lines.append(plan.extra["outside_training"])
         return "\n".join(lines)
 
     # -- TorchRec's interface ----------------------------------------------------------------------------------
@@ -377,6 +404,8 @@ class ShardwisePlanner(ShardingPlanner):
         local = self._local_world_size(task.num_devices)
         self.last_stats = self._stats(plan, task, tables, local, emitted)
         log.info("%s", self.last_stats)
+        if plan.extra.get("outside_training"):  # worth seeing without INFO logging: the plan may be far off
+            log.warning("ShardwisePlanner: %s", plan.extra["outside_training"])
         modules: dict[str, Any] = {}
         for path in dict.fromkeys(t.path for t in tables):
             mine = [t for t in tables if t.path == path]
@@ -392,11 +421,38 @@ class ShardwisePlanner(ShardingPlanner):
         return ShardingPlan(modules)
 
     def collective_plan(self, module: nn.Module, sharders: Sequence[Any] | None = None, pg: Any = None) -> Any:
-        """`plan` on rank 0, broadcast to every rank of `pg` (so all ranks shard identically)."""
+        """`plan` on rank 0, broadcast to every rank of `pg` (so all ranks shard identically); where rank 0 cannot
+        plan, every rank raises its error (the others would otherwise wait on a broadcast that never comes)."""
         if not dist.is_initialized():
             return self.plan(module, sharders)
         group = pg if pg is not None else dist.group.WORLD
         assert group is not None  # initialised above
-        holder: list[Any] = [self.plan(module, sharders) if dist.get_rank(group) == 0 else None]
+        failure: BaseException | None = None
+        holder: list[Any] = [None]
+        if dist.get_rank(group) == 0:
+            try:
+                holder[0] = self.plan(module, sharders)
+            except Exception as err:  # noqa: BLE001 - sent to the other ranks, then raised here as it was
+                failure = err
+                holder[0] = _PlanFailure(_sendable(err))
         dist.broadcast_object_list(holder, src=dist.get_global_rank(group, 0), group=group)
+        if failure is not None:
+            raise failure
+        if isinstance(holder[0], _PlanFailure):
+            raise holder[0].error
         return holder[0]
+
+
+@dataclass(frozen=True)
+class _PlanFailure:
+    """What rank 0 broadcasts in place of a plan when planning failed."""
+
+    error: Exception
+
+
+def _sendable(err: Exception) -> Exception:
+    """`err` itself where it pickles (a PlannerError does), else a PlannerError with the same one line."""
+    try:
+        return pickle.loads(pickle.dumps(err))  # noqa: S301 - our own bytes, round-tripped to check they travel
+    except Exception:  # noqa: BLE001 - any exception type, any reason it does not pickle
+        return PlannerError(f"rank 0 could not plan: {type(err).__name__}: {err}")

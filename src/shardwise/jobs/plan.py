@@ -99,9 +99,6 @@ def run(settings: PlanSettings, *, mlflow: MlflowService | None = None) -> PlanJ
     notes = []
     if model is None:
         notes.append("no cost model found, predicted costs are not shown (pass --model)")
-    elif model.batch_size != task.batch_size:
-        notes.append(f"the cost model was profiled at batch {model.batch_size}, the task's batch is "
-                     f"{task.batch_size}; predicted ms are at the model's batch size")
     searcher = build_searcher(
         settings.method, settings.options, mlflow=service,
         hardware=model.hardware_kind if model is not None else None,
@@ -111,6 +108,11 @@ def run(settings: PlanSettings, *, mlflow: MlflowService | None = None) -> PlanJ
         plan = searcher.search(task, model, settings.seed)
     except PlanError as err:
         raise PlanError(f"{settings.task}: {err}") from None
+    if plan.extra.get("outside_training"):  # the tables (and batch) the model has not seen, and how far out
+        notes.append(plan.extra["outside_training"])
+    elif model is not None and model.batch_size != task.batch_size:  # a model saved without its ranges
+        notes.append(f"the cost model was profiled at batch {model.batch_size}, the task's batch is "
+                     f"{task.batch_size}; predicted ms are at the model's batch size")
     refinement = ""
     if settings.refine:
         plan, refinement = _refine(task, plan, model, settings)

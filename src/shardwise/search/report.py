@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from shardwise import __version__
-from shardwise.costmodel.types import CostModel
+from shardwise.costmodel.types import CostModel, KnowsItsTraining
 from shardwise.workload import ShardingTask
 
 from .plan import GIB, Plan, plan_memory_bytes, validate_plan
@@ -63,6 +63,10 @@ def finish_plan(
         }
         for d, row in enumerate(devices):
             row.update({k: predicted[k][d] for k in ("fwd_ms", "bwd_ms", "comm_fwd_ms", "comm_bwd_ms", "total_ms")})
+        if isinstance(cost_model, KnowsItsTraining):
+            outside = cost_model.outside_training(task.tables, task.batch_size, [len(row["shards"]) for row in devices])
+            if outside:
+                extra["outside_training"] = outside
     return plan.model_copy(update={"extra": extra})
 
 

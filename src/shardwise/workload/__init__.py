@@ -16,6 +16,7 @@ from .memory import (
     shard_memory_bytes,
     table_memory_bytes,
 )
+from .mlperf import MLPERF_DCNV2_DIM, MLPERF_DCNV2_POOLING, MLPERF_DCNV2_ROWS, mlperf_dcnv2_tables
 from .synthetic import DIMS, index_seed, synthesize_tables, write_index_data
 from .tables import (
     NUM_REUSE_BINS,
@@ -40,6 +41,9 @@ from .task import TASK_FORMAT, ShardingTask, TaskError, load_task, save_task, ta
 
 __all__ = [
     "DIMS",
+    "MLPERF_DCNV2_DIM",
+    "MLPERF_DCNV2_POOLING",
+    "MLPERF_DCNV2_ROWS",
     "TABLES_FORMAT",
     "DlrmDataset",
     "DlrmDatasetError",
@@ -48,6 +52,7 @@ __all__ = [
     "augment_tables",
     "index_seed",
     "load_tables",
+    "mlperf_dcnv2_tables",
     "read_dlrm_dataset",
     "read_index_data",
     "sample_task",
