@@ -1,8 +1,10 @@
 """The CUDA paths of the pure-torch code: cost-model training and prediction, the searches that use it, the
-DreamShard and AutoShard policies, and the profiler's CUDA-event timer.
+DreamShard and AutoShard policies, the profiler's CUDA timers, and (where fbgemm has a CUDA build) shards
+whose measured cost follows their work and repeats.
 
 These run only where torch sees a GPU (CI and the developer machines have none; `benchmarks/gpu_check.sh` runs
-them on a lent GPU machine). fbgemm is not needed: the timer is checked on a torch EmbeddingBag in its place.
+them on a lent GPU machine). The timers are checked on a torch EmbeddingBag in place of fbgemm's TBE; the shard tests
+need a CUDA build of fbgemm (`.gpu/on-device.sh` brings one) and are skipped without it.
 """
 
 from __future__ import annotations
@@ -101,30 +103,100 @@ def test_policies_train_and_plan_on_cuda_and_move_to_cpu(method, tmp_path):
     np.testing.assert_array_equal(on_gpu[0], on_cpu[0])
 
 
-def test_the_timer_uses_cuda_events_and_flushes_the_gpus_l2():
-    from shardwise.profiling import TimingProtocol
-    from shardwise.profiling.kernel import ShardKernel, _Timer
+def _bag_kernel(batch: int, rows: int = 200_000, dim: int = 64, pooling: int = 16):
+    """A torch EmbeddingBag in fbgemm's TBE's place (the same call: indices, offsets) with one batch of inputs."""
+    from shardwise.profiling.kernel import ShardKernel
 
-    device = torch.device("cuda")
-    batch, rows, dim, pooling = 2048, 200_000, 64, 16
+    device = torch.device(DEVICE)
     generator = torch.Generator().manual_seed(0)
     bag = torch.nn.EmbeddingBag(rows, dim, mode="sum", include_last_offset=True).to(device)
-    kernel = ShardKernel(  # a torch EmbeddingBag stands in for fbgemm's TBE (same call: indices, offsets)
+    return ShardKernel(
         tbe=bag,
         indices=torch.randint(0, rows, (batch * pooling,), generator=generator).to(device),
         offsets=(torch.arange(batch + 1) * pooling).to(device),
         grad_output=torch.randn(batch, dim, generator=generator).to(device),
-        per_table=(),
     )
-    timer = _Timer(device, TimingProtocol().for_device(device))
+
+
+@pytest.mark.parametrize("cuda_timer", ["events", "held", "graph"])
+def test_the_timers_time_the_gpus_work_and_flush_its_l2(cuda_timer):
+    from shardwise.profiling import TimingProtocol
+    from shardwise.profiling.kernel import _Timer
+
+    device = torch.device(DEVICE)
+    timer = _Timer(device, TimingProtocol(cuda_timer=cuda_timer).for_device(device))
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     assert timer.flush_buffer is not None and timer.flush_buffer.numel() * 4 == 2 * l2
     assert timer.flush_buffer.device.type == "cuda"
-    timings = [timer.run(kernel) for _ in range(20)]
-    fwd, bwd = np.median(np.array(timings), axis=0)
+    small, big = _bag_kernel(2048), _bag_kernel(16 * 2048)
+    calls = [timer.call(small) for _ in range(20)]
+    fwd, bwd = np.median([c.fwd_ms for c in calls]), np.median([c.bwd_ms for c in calls])
     assert 0 < fwd < 100 and 0 < bwd < 100
-    # the events time the GPU's work, not the launch: a 16x larger batch takes clearly longer
-    big = ShardKernel(tbe=bag, indices=kernel.indices.repeat(16), offsets=torch.arange(16 * batch + 1, device=device) * pooling,
-                      grad_output=kernel.grad_output.repeat(16, 1), per_table=())
-    big_fwd = np.median([timer.run(big)[0] for _ in range(20)])
+    # the host's launch time is reported beside the device's; graphs fall back to the held stream, saying so
+    assert all(c.launch_ms is not None and c.launch_ms > 0 for c in calls)
+    assert {c.timer for c in calls} <= ({cuda_timer, "held"} if cuda_timer == "graph" else {cuda_timer})
+    # a 16x larger batch takes clearly longer on the device
+    big_fwd = np.median([timer.call(big).fwd_ms for _ in range(20)])
     assert big_fwd > 2 * fwd
+    if cuda_timer != "events":  # the hold covered the host's launches
+        assert timer.uncovered == 0, f"{timer.uncovered} of {timer.held_calls} calls not covered"
+
+
+def _fbgemm_on_cuda() -> bool:
+    try:
+        from shardwise.profiling.hardware import import_fbgemm
+
+        import_fbgemm()
+    except Exception:  # noqa: BLE001 - any failure to load means: not here
+        return False
+    return True
+
+
+needs_fbgemm = pytest.mark.skipif(not _fbgemm_on_cuda(), reason="no CUDA build of fbgemm_gpu here")
+#: DLRM-like tables at the `cluster` preset's row scale (0.1 of 4.1M rows on average)
+GPU_TABLES = [
+    {"rows": 200_000 + 37_000 * i, "dim": (16, 32, 64, 128)[i % 4], "pooling_factor": 4.0 + 3.0 * (i % 5),
+     "zipf_alpha": (0.0, 0.8, 1.05, 1.2)[i % 4]}
+    for i in range(12)
+]
+
+
+def _tables(count: int):
+    from shardwise.workload import TableSpec
+
+    return [TableSpec(name=f"g{i}", **GPU_TABLES[i]) for i in range(count)]
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("batch", [2048, 65536])
+def test_fbgemm_shard_cost_grows_with_its_tables_and_repeats_agree(batch):
+    from shardwise.profiling import TimingProtocol, measure_shard
+
+    protocol = TimingProtocol(warmup_iters=3, iters=10)
+    counts = [1, 2, 4, 8, 12]
+    costs = [measure_shard(_tables(n), batch, device=DEVICE, protocol=protocol) for n in counts]
+    totals = [c.total_ms for c in costs]
+    assert all(c.timer == "held" and c.launch_ms is not None for c in costs)
+    # the cost follows the work: the kernels, not the launches, are timed
+    assert np.corrcoef(counts, totals)[0, 1] >= 0.9, totals
+    assert totals[-1] > 2 * totals[0], totals
+    # the same shard measured again: within 10% (the issue's bar is 10% for the widest spread)
+    again = [measure_shard(_tables(4), batch, device=DEVICE, protocol=protocol).total_ms for _ in range(4)]
+    spread = max(again + [totals[2]]) / min(again + [totals[2]]) - 1
+    assert spread < 0.10, (totals[2], again)
+
+
+@needs_fbgemm
+def test_fbgemm_timer_candidates_agree_where_kernels_dominate():
+    from shardwise.profiling import TimingProtocol
+    from shardwise.profiling.kernel import build_shard_kernel, time_kernel
+
+    device = torch.device(DEVICE)
+    kernel = build_shard_kernel(_tables(8), 65536, device=device)
+    totals = {name: time_kernel(kernel, device, TimingProtocol(warmup_iters=3, iters=10, cuda_timer=name))
+              for name in ("held", "graph", "events")}
+    held = totals["held"].total_ms
+    for name, timing in totals.items():
+        # where graphs could not be captured, the timing says so and was held
+        assert timing.timer in (name, "held")
+        assert timing.total_ms == pytest.approx(held, rel=0.10), {k: v.total_ms for k, v in totals.items()}

@@ -31,6 +31,8 @@ def protocol() -> TimingProtocol:
 def total_ms(tables: list[TableSpec], protocol: TimingProtocol) -> float:
     timing = measure_shard(tables, BATCH, device="cpu", protocol=protocol)
     assert timing.fwd_ms > 0 and timing.bwd_ms > 0 and timing.reference_ms == protocol.reference_ms
+    # the CPU times with its clock and has no launch to report (the host runs the kernel itself)
+    assert timing.timer == protocol.clock and timing.launch_ms is None
     return timing.total_ms
 
 

@@ -90,6 +90,9 @@ def test_cli_profile_on_a_tiny_table_file(tmp_path: Path, capsys: pytest.Capture
     for column in ("hardware_kind", "device_name", "torch_version", "fbgemm_version", "timing", "measured_at"):
         assert df[column].notna().all(), column
     assert (df["batch_size"] == 64).all()
+    compute = df[df["kind"] == "compute"]
+    # what timed each shard (the CPU's clock), and no host launch time on a CPU
+    assert set(compute["timer"]) == {"thread"} and compute["launch_ms"].isna().all()
 
     assert main(argv) == 0
     assert "0 measured, 5 already stored" in capsys.readouterr().out

@@ -6,12 +6,14 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from pydantic import ValidationError
 
 from shardwise.profiling import MeasurementSettings
+from shardwise.profiling.batches import fit_batch, host_table_batch
 from shardwise.profiling.comm import expected_received, local_batch_sizes, pooled_output
 from shardwise.profiling.hardware import hardware_info, hardware_kind
-from shardwise.profiling.kernel import TimingProtocol, _fit_batch, table_index_data
+from shardwise.profiling.kernel import TimingProtocol
 from shardwise.workload import TableSpec, sample_batch, stable_seed
 
 
@@ -71,24 +73,35 @@ def test_bad_protocol_is_refused_naming_the_field() -> None:
 
 def test_index_data_is_folded_into_the_rows_and_fitted_to_the_batch() -> None:
     table = TableSpec(name="t", rows=10, dim=8, pooling_factor=3.0)
-    lengths, indices = table_index_data(table, 16, {"t": (np.array([2, 1]), np.array([5, 17, 123]))})
+    lengths, indices = host_table_batch(table, 16, {"t": (np.array([2, 1]), np.array([5, 17, 123]))})
     assert lengths.tolist() == [2, 1] * 8
     assert indices.tolist() == [5, 7, 3] * 8
-    lengths, indices = _fit_batch(np.array([1, 2, 3]), np.arange(6), 2)
+    lengths, indices = fit_batch(torch.tensor([1, 2, 3]), torch.arange(6), 2)
     assert lengths.tolist() == [1, 2] and indices.tolist() == [0, 1, 2]
     with pytest.raises(ValueError, match="no index data"):
-        table_index_data(table, 4, {"other": (np.array([1]), np.array([0]))})
+        host_table_batch(table, 4, {"other": (np.array([1]), np.array([0]))})
     with pytest.raises(ValueError, match="lengths sum"):
-        _fit_batch(np.array([2]), np.arange(3), 1)
+        fit_batch(torch.tensor([2]), torch.arange(3), 1)
 
 
 def test_column_slices_share_their_source_tables_index_data() -> None:
     table = TableSpec(name="t", rows=1000, dim=64, pooling_factor=5.0, zipf_alpha=1.1)
     half = table.with_dim(32, name="t[0:32]")
-    a, b = table_index_data(table, 64), table_index_data(half, 64)
+    a, b = host_table_batch(table, 64), host_table_batch(half, 64)
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
     expected = sample_batch(table, 64, stable_seed("t"))
     assert np.array_equal(a[1], expected[1])
+
+
+def test_cuda_timer_is_decided_for_cuda_and_left_out_on_cpu() -> None:
+    cpu = TimingProtocol(cuda_timer="graph").for_device("cpu")
+    # a CPU times with its clock: no CUDA timer is stored, so CPU rows' settings are as before the timers existed
+    assert cpu.cuda_timer is None and "cuda_timer" not in json.loads(cpu.settings_json())
+    if torch.cuda.is_available():
+        assert TimingProtocol().for_device("cuda").cuda_timer == "held"
+        assert json.loads(TimingProtocol(cuda_timer="graph").for_device("cuda").settings_json())["cuda_timer"] == "graph"
+    with pytest.raises(ValidationError, match="cuda_timer"):
+        TimingProtocol(cuda_timer="profiler")
 
 
 def test_hardware_kind_names_cpu_and_cores() -> None:

@@ -153,8 +153,10 @@ class _Refiner:
             return
         fwd, bwd, raw_fwd, raw_bwd = (statistics.median(getattr(t, f) for t in timings)
                                       for f in ("fwd_ms", "bwd_ms", "raw_fwd_ms", "raw_bwd_ms"))
+        launches = [t.launch_ms for t in timings if t.launch_ms is not None]
         median = ShardTiming(fwd_ms=fwd, bwd_ms=bwd, raw_fwd_ms=raw_fwd, raw_bwd_ms=raw_bwd,
-                             reference_ms=timings[0].reference_ms)
+                             reference_ms=timings[0].reference_ms,
+                             launch_ms=statistics.median(launches) if launches else None, timer=timings[0].timer)
         row = compute_row(specs, median, config_id=config, repeat=0, common=self.common,
                           timing=self.protocol.settings_json(), optimizer=task.optimizer,
                           weights_precision=task.weights_precision, provenance="refine")

@@ -37,7 +37,14 @@ import pyarrow.parquet as pq
 
 from shardwise.errors import ShardwiseError, redacted
 
-from .schema import COMM_COLUMNS, COMMON_COLUMNS, COMPUTE_COLUMNS, DATASET_FORMAT, PROVENANCE_COLUMNS
+from .schema import (
+    COMM_COLUMNS,
+    COMMON_COLUMNS,
+    COMPUTE_COLUMNS,
+    DATASET_FORMAT,
+    PROVENANCE_COLUMNS,
+    TIMER_COLUMNS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +62,12 @@ _TYPES: dict[str, pa.DataType] = {
     "reference_ms": _FLOAT,
     "raw_fwd_ms": _FLOAT,
     "raw_bwd_ms": _FLOAT,
+    "launch_ms": _FLOAT,
     "num_tables": _INT,
     "num_devices": _INT,
     "device": _INT,
 }
-ALL_COLUMNS: tuple[str, ...] = COMMON_COLUMNS + COMPUTE_COLUMNS + COMM_COLUMNS + PROVENANCE_COLUMNS
+ALL_COLUMNS: tuple[str, ...] = COMMON_COLUMNS + COMPUTE_COLUMNS + COMM_COLUMNS + PROVENANCE_COLUMNS + TIMER_COLUMNS
 #: every part file has every column with these types (None where a column does not apply to a row's kind)
 SCHEMA = pa.schema(
     [pa.field(name, _TYPES.get(name, _STR)) for name in ALL_COLUMNS],

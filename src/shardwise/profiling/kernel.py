@@ -1,32 +1,41 @@
 """The measured cost of one shard on one device: fbgemm's fused table-batched embedding kernel (TBE).
 
 Forward and backward (optimizer fused into backward) are timed separately, with warm-up and the median of
-N iterations after a cache flush: CUDA events on GPU; on CPU a fixed thread count and the timing thread's
-CPU time (or `time.perf_counter` with several threads). Shared CPUs drift in speed by up to 1.5x within
-seconds, so on CPU each timed iteration is paired with one iteration of a fixed reference kernel and the
-ratio is kept (reference normalisation, see TimingProtocol).
+N iterations after a cache flush. On CPU: a fixed thread count and the timing thread's CPU time (or
+`time.perf_counter` with several threads); shared CPUs drift in speed by up to 1.5x within seconds, so each timed
+iteration is paired with one iteration of a fixed reference kernel and the ratio is kept (reference normalisation,
+see TimingProtocol). On CUDA: events on the stream, timed one of three ways (`TimingProtocol.cuda_timer`):
+"events" records them around the host's calls, so where the host launches slower than the GPU runs (a TBE's
+Python and dispatch take a few hundred microseconds) they time the launches; "held" first queues a device-side wait
+longer than the host takes to launch the call, so the GPU reaches the start event with the whole call queued
+behind it and the events time the kernels alone; "graph" replays the call captured as CUDA graphs (one launch).
+Beside the device time, each call's host launch time (the host's time to launch forward and backward, which a
+training step pays once per step) is kept: where it exceeds the device time, the shard is launch-bound.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import statistics
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from shardwise.workload import Optimizer, TableSpec, WeightsPrecision, sample_batch, stable_seed
+from shardwise.workload import Optimizer, TableSpec, WeightsPrecision
 
+from .batches import IndexData, host_shard_batch, shard_batch, split_batch
 from .hardware import import_fbgemm, resolve_device
-from .protocol import MeasurementSettings, TimingProtocol
+from .protocol import CudaTimer, MeasurementSettings, TimingProtocol
 
-#: per source table: (lengths [B], indices [sum(lengths)]) int64 arrays
-IndexData = Mapping[str, tuple[np.ndarray, np.ndarray]]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,11 @@ class ShardTiming:
     raw_fwd_ms: float
     raw_bwd_ms: float
     reference_ms: float | None  # what normalised ratios were scaled by (None: not normalised)
+    #: median host ms to launch forward + backward (CUDA; None on CPU, where the host runs the kernel itself)
+    launch_ms: float | None = None
+    #: what timed it: the CUDA timer ("held", "graph", "events"; "held" where a graph could not be captured) or
+    #: the CPU clock ("thread", "wall"); None where not known
+    timer: str | None = None
 
     @property
     def total_ms(self) -> float:
@@ -49,7 +63,7 @@ _OPTIMIZERS = {"sgd": "EXACT_SGD", "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD", "
 _PRECISIONS = {"fp32": "FP32", "fp16": "FP16"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ShardKernel:
     """A TBE over a shard's tables plus one batch of inputs, built once and then timed."""
 
@@ -57,43 +71,16 @@ class ShardKernel:
     indices: torch.Tensor  # table-major, all tables concatenated
     offsets: torch.Tensor  # [T * B + 1]
     grad_output: torch.Tensor  # [B, sum(dims)], a fixed upstream gradient for backward
-    per_table: tuple[tuple[np.ndarray, np.ndarray], ...]  # (lengths, indices) per table, in range
+    num_tables: int = 1
 
     def forward(self) -> torch.Tensor:
         """Pooled output [B, sum(dims)] (sum pooling)."""
         return self.tbe(self.indices, self.offsets)
 
-
-def _fit_batch(lengths: np.ndarray, indices: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Index data for exactly `batch_size` bags: the first bags of a larger batch, or a smaller one tiled."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    indices = np.asarray(indices, dtype=np.int64)
-    if lengths.sum() != indices.size:
-        raise ValueError(f"index data: lengths sum to {int(lengths.sum())} but there are {indices.size} indices")
-    if lengths.size == batch_size:
-        return lengths, indices
-    if lengths.size == 0:
-        raise ValueError("index data: lengths is empty")
-    if lengths.size > batch_size:
-        return lengths[:batch_size], indices[: int(lengths[:batch_size].sum())]
-    reps = -(-batch_size // lengths.size)
-    return _fit_batch(np.tile(lengths, reps), np.tile(indices, reps), batch_size)
-
-
-def table_index_data(
-    table: TableSpec, batch_size: int, index_data: IndexData | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """One batch of (lengths, indices) for `table`, indices folded into its rows (modulo)."""
-    source = table.source or table.name
-    if index_data is None:
-        lengths, indices = sample_batch(table, batch_size, stable_seed(source))
-    elif source in index_data:
-        lengths, indices = index_data[source]
-    else:
-        raise ValueError(f"table {table.name!r}: no index data for its source {source!r}")
-    lengths, indices = _fit_batch(lengths, indices, batch_size)
-    # tables scaled down for CPU (or column slices of resampled tables) have fewer rows than the data's ids
-    return lengths, np.mod(indices, table.rows)
+    @property
+    def per_table(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        """(lengths, indices) per table, in its rows, as host arrays."""
+        return split_batch(self.indices, self.offsets, self.num_tables)
 
 
 @contextlib.contextmanager
@@ -160,19 +147,10 @@ def build_shard_kernel(
             learning_rate=0.01,
             device=dev,
         )
-    per_table = tuple(table_index_data(t, batch_size, index_data) for t in tables)
-    lengths = np.concatenate([lengths for lengths, _ in per_table])  # table-major, as TBE wants
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    indices = np.concatenate([idx for _, idx in per_table])
+    indices, offsets = shard_batch(tables, batch_size, dev, index_data)
     generator = torch.Generator().manual_seed(seed)
     grad = torch.randn(batch_size, sum(t.dim for t in tables), generator=generator)
-    return ShardKernel(
-        tbe=tbe,
-        indices=torch.from_numpy(indices).to(dev),
-        offsets=torch.from_numpy(offsets).to(dev),
-        grad_output=grad.to(dev),
-        per_table=per_table,
-    )
+    return ShardKernel(tbe=tbe, indices=indices, offsets=offsets, grad_output=grad.to(dev), num_tables=len(tables))
 
 
 # The reference kernel: fixed forever (changing it changes what `reference_ms` means in stored datasets).
@@ -184,7 +162,11 @@ _REFERENCE_BATCH_SIZE = 1024
 
 @lru_cache(maxsize=4)
 def _reference_kernel(device: torch.device) -> ShardKernel:
-    return build_shard_kernel(_REFERENCE_TABLES, _REFERENCE_BATCH_SIZE, device=device, seed=12345)
+    kernel = build_shard_kernel(_REFERENCE_TABLES, _REFERENCE_BATCH_SIZE, device=device, seed=12345)
+    # its batch as numpy's sampler drew it when reference times were first stored (the device sampler draws the
+    # same distribution, not the same ids): a reference that changed would rescale every normalised timing
+    indices, offsets = host_shard_batch(_REFERENCE_TABLES, _REFERENCE_BATCH_SIZE, device)
+    return dataclasses.replace(kernel, indices=indices, offsets=offsets)
 
 
 @lru_cache(maxsize=4)
@@ -193,36 +175,207 @@ def _flush_buffer(device: torch.device, nbytes: int) -> torch.Tensor:
     return torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
 
 
+class CallTiming(NamedTuple):
+    """One timed forward + backward: device (or CPU) ms of each, the host's launch ms, and what timed it."""
+
+    fwd_ms: float
+    bwd_ms: float
+    launch_ms: float | None  # host ms from the forward's launch to the backward's return (CUDA only)
+    timer: str
+
+
+#: the shortest device-side hold, and the most it is grown to (a hold never covers a host that waits for the GPU)
+_MIN_HOLD_MS, _MAX_HOLD_MS = 0.2, 50.0
+#: the hold is this many times the host's last launch time (launch times vary from call to call)
+_HOLD_MARGIN = 2.0
+#: calls retried with a longer hold when the host was still launching as the GPU reached the start event
+_HOLD_RETRIES = 2
+#: torch.cuda._sleep's cycles for the calibration of its speed (about 1 ms on a 1-2 GHz GPU)
+_CALIBRATION_CYCLES = 1_500_000
+
+
+def cuda_sleep_available() -> bool:
+    """Whether this torch has the device-side wait the held timer queues (`torch.cuda._sleep`, private)."""
+    return callable(getattr(torch.cuda, "_sleep", None))
+
+
+@lru_cache(maxsize=8)
+def _sleep_cycles_per_ms(device: torch.device) -> float:
+    """How many `torch.cuda._sleep` cycles make a millisecond on `device` (median of 5 timed sleeps)."""
+    with torch.cuda.device(device):
+        per_ms = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(_CALIBRATION_CYCLES)
+            end.record()
+            end.synchronize()
+            per_ms.append(_CALIBRATION_CYCLES / max(start.elapsed_time(end), 1e-3))
+    return statistics.median(per_ms)
+
+
+@dataclass
+class _Graphs:
+    """A kernel's forward and backward captured as CUDA graphs (backward from the forward's saved tensors)."""
+
+    forward: Any  # torch.cuda.CUDAGraph
+    backward: Any
+    launch_ms: float  # the host's launch ms of the eager calls before the capture (what training pays)
+
+
 class _Timer:
-    """Forward/backward wall time of one kernel iteration: CUDA events on GPU, perf_counter on CPU."""
+    """Forward/backward time of one kernel iteration: on CUDA the device's (`TimingProtocol.cuda_timer`), on CPU
+    the protocol's clock; a cache flush before every call."""
 
     def __init__(self, device: torch.device, protocol: TimingProtocol) -> None:
         """`protocol` as decided for `device` (`TimingProtocol.for_device`)."""
         self.device = device
         self.clock = time.thread_time if protocol.clock == "thread" else time.perf_counter
+        self.clock_name = protocol.clock or "wall"
         self.flush_buffer: torch.Tensor | None = None
         if protocol.flush_cache and protocol.flush_bytes:
             self.flush_buffer = _flush_buffer(device, protocol.flush_bytes)
+        self.cuda_timer: CudaTimer = protocol.cuda_timer or "held"
+        if device.type == "cuda" and self.cuda_timer != "events" and not cuda_sleep_available():
+            log.warning("torch %s has no torch.cuda._sleep: timing with CUDA events around the launches "
+                        "(cuda_timer 'events'), which time the host where it launches slower than the GPU runs",
+                        torch.__version__)
+            self.cuda_timer = "events"
+        self.hold_ms = 1.0  # grown or shrunk to the host's launch time, call by call
+        self.hold_futile = False  # set when no hold covered a call: the host waits on the GPU inside it
+        #: calls the hold did not cover even after its retries (the host waited on the GPU, or launched for longer)
+        self.uncovered = 0
+        self.held_calls = 0
+        # per kernel (by id, the kernel kept alive beside it): its graphs, or why they could not be captured
+        self.graphs: dict[int, tuple[ShardKernel, _Graphs | str]] = {}
 
     def run(self, kernel: ShardKernel) -> tuple[float, float]:
         """(fwd_ms, bwd_ms) of one forward + backward (with the fused optimizer update)."""
+        timed = self.call(kernel)
+        return timed.fwd_ms, timed.bwd_ms
+
+    def call(self, kernel: ShardKernel) -> CallTiming:
+        """One forward + backward (with the fused optimizer update), timed."""
+        if self.device.type != "cuda":
+            self._flush()
+            t0 = self.clock()
+            out = kernel.forward()
+            t1 = self.clock()
+            out.backward(kernel.grad_output)
+            t2 = self.clock()
+            return CallTiming((t1 - t0) * 1e3, (t2 - t1) * 1e3, None, self.clock_name)
+        if self.cuda_timer == "events":
+            return self._events(kernel)
+        if self.cuda_timer == "graph":
+            graphs = self._graphs(kernel)
+            if isinstance(graphs, _Graphs):
+                return self._held(kernel, graphs)
+        return self._held(kernel, None)
+
+    def _flush(self) -> None:
         if self.flush_buffer is not None:
             self.flush_buffer.add_(1.0)
-        if self.device.type == "cuda":
-            start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+
+    def _events(self, kernel: ShardKernel) -> CallTiming:
+        """Events recorded around the host's calls: the GPU may reach `start` before the work is launched."""
+        self._flush()
+        start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        start.record()
+        t0 = time.perf_counter()
+        out = kernel.forward()
+        mid.record()
+        out.backward(kernel.grad_output)
+        t1 = time.perf_counter()
+        end.record()
+        torch.cuda.synchronize(self.device)
+        return CallTiming(start.elapsed_time(mid), mid.elapsed_time(end), (t1 - t0) * 1e3, "events")
+
+    def _held(self, kernel: ShardKernel, graphs: _Graphs | None) -> CallTiming:
+        """The stream held behind a device-side wait while the host launches the call (eager, or the graphs'
+        replays), so the events between the launches time the device's work alone. A call whose launches outlast
+        the hold is timed again with a longer one."""
+        for attempt in range(_HOLD_RETRIES + 1):
+            held, start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(4))
+            cycles = max(1, int(self.hold_ms * _sleep_cycles_per_ms(self.device)))
+            t_hold = time.perf_counter()
+            held.record()
+            torch.cuda._sleep(cycles)
+            self._flush()
             start.record()
-            out = kernel.forward()
-            mid.record()
-            out.backward(kernel.grad_output)
+            t0 = time.perf_counter()
+            if graphs is None:
+                out = kernel.forward()
+                mid.record()
+                out.backward(kernel.grad_output)
+            else:
+                graphs.forward.replay()
+                mid.record()
+                graphs.backward.replay()
+            t1 = time.perf_counter()
             end.record()
             torch.cuda.synchronize(self.device)
-            return start.elapsed_time(mid), mid.elapsed_time(end)
-        t0 = self.clock()
-        out = kernel.forward()
-        t1 = self.clock()
-        out.backward(kernel.grad_output)
-        t2 = self.clock()
-        return (t1 - t0) * 1e3, (t2 - t1) * 1e3
+            # covered: the GPU was still in the hold (and flush) when the host had launched everything
+            host_ms = (t1 - t_hold) * 1e3
+            covered = host_ms <= held.elapsed_time(start)
+            launch_ms = (t1 - t0) * 1e3
+            if not self.hold_futile:
+                self.hold_ms = min(max(_HOLD_MARGIN * host_ms, _MIN_HOLD_MS), _MAX_HOLD_MS)
+            if covered or self.hold_futile or attempt == _HOLD_RETRIES:
+                break
+        self.held_calls += 1
+        if not covered:
+            self.uncovered += 1
+            if not self.hold_futile:
+                # a host that waits on the GPU within the call (a sync) outlasts any hold: holding only adds time
+                log.warning("cuda_timer: the host's launches outlasted a %.1f ms device-side hold %d times in a row; "
+                            "holding the stream no longer (a host sync inside the kernel's call?)", self.hold_ms,
+                            _HOLD_RETRIES + 1)
+                self.hold_futile, self.hold_ms = True, _MIN_HOLD_MS
+        if graphs is not None:
+            return CallTiming(start.elapsed_time(mid), mid.elapsed_time(end), graphs.launch_ms, "graph")
+        return CallTiming(start.elapsed_time(mid), mid.elapsed_time(end), launch_ms, "held")
+
+    def _graphs(self, kernel: ShardKernel) -> _Graphs | str:
+        """The kernel's captured graphs, captured on first use; where capture fails, the reason (logged once per
+        kernel), and the held timer times it eagerly instead."""
+        if id(kernel) not in self.graphs:
+            captured = _capture(kernel, self.device)
+            if isinstance(captured, str):
+                log.warning("cuda_timer 'graph': %s; timing this kernel with the held stream instead", captured)
+            self.graphs[id(kernel)] = (kernel, captured)
+        return self.graphs[id(kernel)][1]
+
+
+def _capture(kernel: ShardKernel, device: torch.device) -> _Graphs | str:
+    """Forward and backward captured as two CUDA graphs sharing one memory pool (as make_graphed_callables
+    does); the reason where this torch or kernel cannot be captured (fbgemm's fused optimizer, a host sync)."""
+    graph_type = getattr(torch.cuda, "CUDAGraph", None)
+    if graph_type is None or not hasattr(torch.cuda, "graph"):
+        return f"torch {torch.__version__} has no CUDA graphs"
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        launches = []
+        with torch.cuda.stream(side):  # warm-up off the default stream, as capture wants
+            for _ in range(3):
+                t0 = time.perf_counter()
+                out = kernel.forward()
+                out.backward(kernel.grad_output)
+                launches.append((time.perf_counter() - t0) * 1e3)
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        forward, backward = graph_type(), graph_type()
+        with torch.cuda.graph(forward):
+            out = kernel.forward()
+        with torch.cuda.graph(backward, pool=forward.pool()):
+            out.backward(kernel.grad_output)
+        torch.cuda.synchronize(device)
+    except Exception as err:  # noqa: BLE001 - any capture failure falls back, naming it
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize(device)
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        return f"capture failed ({type(err).__name__}: {first})"
+    return _Graphs(forward, backward, statistics.median(launches))
 
 
 @contextlib.contextmanager
@@ -261,34 +414,41 @@ def time_kernel(kernel: ShardKernel, device: torch.device, protocol: TimingProto
         raise ValueError("protocol.reference_ms: calibrate it (calibrate_reference) before timing normalised")
     timer = _Timer(device, protocol)
     reference = _reference_kernel(device) if normalised else None
-    fwd, bwd, ref = [], [], []
+    calls, ref = [], []
     for i in range(protocol.warmup_iters + protocol.iters):
-        fwd_ms, bwd_ms = timer.run(kernel)
+        timed = timer.call(kernel)
         # the reference runs right after the shard, so both see the same machine speed; each after its own flush:
         # with one flush (256 MiB) per pair, shards timed 1.3% faster (median; 7.5% on one; bench_shard_timing
         # --pairing)
         ref_ms = sum(timer.run(reference)) if reference is not None else 1.0
         if i >= protocol.warmup_iters:
-            fwd.append(fwd_ms)
-            bwd.append(bwd_ms)
+            calls.append(timed)
             ref.append(ref_ms)
-    return shard_timing(fwd, bwd, ref, protocol.reference_ms if normalised else None)
+    return shard_timing([c.fwd_ms for c in calls], [c.bwd_ms for c in calls], ref,
+                        protocol.reference_ms if normalised else None, calls=calls)
 
 
 def shard_timing(
-    fwd: Sequence[float], bwd: Sequence[float], ref: Sequence[float], reference_ms: float | None
+    fwd: Sequence[float], bwd: Sequence[float], ref: Sequence[float], reference_ms: float | None,
+    calls: Sequence[CallTiming] = (),
 ) -> ShardTiming:
     """The medians of timed iterations; with `reference_ms`, each iteration over its paired reference's ms, scaled
-    by it (reference normalisation)."""
+    by it (reference normalisation). `calls` give the median launch ms and the timer most of them used."""
+    launches = [c.launch_ms for c in calls if c.launch_ms is not None]
+    extra: dict[str, Any] = {
+        "launch_ms": statistics.median(launches) if launches else None,
+        "timer": Counter(c.timer for c in calls).most_common(1)[0][0] if calls else None,
+    }
     raw_fwd, raw_bwd = statistics.median(fwd), statistics.median(bwd)
     if reference_ms is None:
-        return ShardTiming(raw_fwd, raw_bwd, raw_fwd, raw_bwd, None)
+        return ShardTiming(raw_fwd, raw_bwd, raw_fwd, raw_bwd, None, **extra)
     return ShardTiming(
         fwd_ms=statistics.median(f / r for f, r in zip(fwd, ref)) * reference_ms,
         bwd_ms=statistics.median(b / r for b, r in zip(bwd, ref)) * reference_ms,
         raw_fwd_ms=raw_fwd,
         raw_bwd_ms=raw_bwd,
         reference_ms=reference_ms,
+        **extra,
     )
 
 

@@ -35,6 +35,14 @@ CommPricing = Literal["width", "measured"]
 #: 12.0 min there at 256 MiB and 8.1 min at 64 MiB, a CPU-bound process beside it (bench_newcomer.py, 2026-11-27;
 #: the 64 MiB run is the recorded one). The profiler, the evaluator and refinement all time with the same flush
 MAX_CPU_FLUSH_BYTES = 64 * 2**20
+#: how a CUDA device times a call (kernel.py's _Timer): "events" around the host's launches (the GPU reaches the
+#: start event before the host has launched the work, so where launching is slower than running, as for a TBE at
+#: batch 2048, they time the launches), "held" (the stream held behind a device-side wait that covers the host's
+#: launches, so the events time the kernels), "graph" (the call captured as CUDA graphs and replayed, behind the
+#: same hold; a kernel that cannot be captured is timed held, and says so in its timings' `timer`)
+CudaTimer = Literal["events", "held", "graph"]
+#: the CUDA timer where the protocol names none (benchmarks/bench_gpu_method.py compares the three on a GPU)
+DEFAULT_CUDA_TIMER: CudaTimer = "held"
 
 
 class TimingProtocol(BaseModel):
@@ -51,8 +59,11 @@ class TimingProtocol(BaseModel):
     #: CPU clock: "wall" (time.perf_counter) or "thread" (time.thread_time: the CPU time of the timing thread,
     #: which excludes time the scheduler gave to other processes on a shared machine; exact for a kernel that
     #: runs in this thread, i.e. num_threads == 1). None: "thread" when num_threads == 1, else "wall".
-    #: CUDA always uses CUDA events.
+    #: CUDA times with events on the device (`cuda_timer`).
     clock: Literal["wall", "thread"] | None = None
+    #: how CUDA times a call (see CudaTimer); None: DEFAULT_CUDA_TIMER on CUDA, and nothing on CPU (which times
+    #: with `clock`; so a CPU dataset's stored settings are as before the CUDA timers existed)
+    cuda_timer: CudaTimer | None = None
     #: overwrite a buffer before every timed kernel call, so each call starts cold as in training (where dense
     #: layers and communication run in between) and the reference kernel sees the same cache state when
     #: calibrated as when paired with a shard
@@ -75,11 +86,17 @@ class TimingProtocol(BaseModel):
         if self.flush_bytes is None:
             twice = 2 * last_level_cache_bytes(device)
             update["flush_bytes"] = min(twice, MAX_CPU_FLUSH_BYTES) if on_cpu else twice
+        if on_cpu and self.cuda_timer is not None:
+            update["cuda_timer"] = None
+        elif not on_cpu and self.cuda_timer is None:
+            update["cuda_timer"] = DEFAULT_CUDA_TIMER
         return self.model_copy(update=update) if update else self
 
     def settings_json(self) -> str:
-        """The settings stored with every row (without the calibrated `reference_ms`, stored on its own)."""
-        return json.dumps(self.model_dump(exclude={"reference_ms"}), sort_keys=True)
+        """The settings stored with every row (without the calibrated `reference_ms`, stored on its own; without
+        `cuda_timer` where none applies)."""
+        exclude = {"reference_ms"} | ({"cuda_timer"} if self.cuda_timer is None else set())
+        return json.dumps(self.model_dump(exclude=exclude), sort_keys=True)
 
 
 class MeasurementSettings(BaseModel):

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision
 
+from .batches import IndexData
 from .comm import CommTiming, default_backend, measure_all_to_all_many
 from .dataset import (
     count_rows,
@@ -35,7 +36,7 @@ from .dataset import (
     write_part,
 )
 from .hardware import hardware_info, resolve_device
-from .kernel import IndexData, ShardTiming, TimingProtocol, calibrate_reference, measure_shard
+from .kernel import ShardTiming, TimingProtocol, calibrate_reference, measure_shard
 from .sampling import (
     comm_config_id,
     default_max_devices,
@@ -197,6 +198,8 @@ def compute_row(
         "raw_fwd_ms": timing_result.raw_fwd_ms,
         "raw_bwd_ms": timing_result.raw_bwd_ms,
         "reference_ms": timing_result.reference_ms,
+        "launch_ms": timing_result.launch_ms,
+        "timer": timing_result.timer,
         "measured_at": time.time(),
         "timing": timing,
         "tables_json": json.dumps([{**t.model_dump(mode="json"), "source": t.source or t.name} for t in shard]),

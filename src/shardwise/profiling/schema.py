@@ -36,6 +36,10 @@ COMPUTE_COLUMNS = (
 #: what took the measurement: "profile" (sampled shards and layouts) or "refine" (a plan's device shard, timed
 #: while refining it); null in datasets written before the column existed
 PROVENANCE_COLUMNS = ("provenance",)
+#: kind == "compute", from 2026-11-27 (null before): the median host ms to launch forward + backward on CUDA (null
+#: on CPU; a device pays it once a step: above the kernels' ms, the shard is launch-bound), and what timed the
+#: call (the CUDA timer, "held", "graph" or "events", or the CPU clock, "thread" or "wall")
+TIMER_COLUMNS = ("launch_ms", "timer")
 #: kind == "comm"
 COMM_COLUMNS = (
     "num_devices",
