@@ -1,0 +1,333 @@
+"""The whole method on one device, with the figures that say whether its ground truth holds there: the CUDA timers
+compared, the profile's noise floor, speed and cost-versus-work correlation (at the preset's batch and at a small
+one), the cost model on held-out tables next to TorchRec's estimator and the additive baseline, and each plan's
+measured kernel cost over TorchRec's.
+
+Steps, at a pipeline preset's sizes (presets.yaml; `gpu-check` on a GPU, `smoke` to prove the path on a CPU):
+synthesize the tables, split off the held-out ones, augment the rest; time a few shards with every timer, in turns
+(CUDA: held, graph, events; a CPU has its clock alone); profile the training tables and, apart, the held-out tables,
+with repeats for the noise floor, and a small probe at `--probe-batch`; pre-train on the device; plan two tasks of
+held-out tables (half the preset's devices and tables, and the preset's) with neuroshard, measured_greedy,
+size_lookup_greedy, torchrec and torchrec_cw; measure every plan's device shards on the device's kernels in
+interleaved rounds. One GPU holds no NCCL group of several ranks, so plans are compared on their kernels alone
+(the slowest device's forward + backward): no all-to-all is measured. No MLflow: everything stays in `--out`.
+Figures are written to `--out`/gpu_method.json after every step (a run cut short keeps what it measured), and with
+`--record` to benchmarks/results/<record name>.json.
+
+    python benchmarks/bench_gpu_method.py --device cuda --preset gpu-check --record      # benchmarks/gpu_check.sh
+    python benchmarks/bench_gpu_method.py --device cpu --preset smoke --probe-shards 0    # the path, on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from record import record
+
+from shardwise.costmodel import TrainConfig, train_cost_model
+from shardwise.evaluation import KernelShard, time_shards_in_rounds
+from shardwise.pipelines.params import pipeline_params
+from shardwise.profiling import MeasurementSettings, TimingProtocol, resolve_timing
+from shardwise.profiling.dataset import load_costs, noise_floor
+from shardwise.profiling.hardware import device_name, resolve_device
+from shardwise.profiling.kernel import _Timer, build_shard_kernel, time_kernel
+from shardwise.profiling.runner import ProfileSettings, profile
+from shardwise.profiling.sampling import sample_shard_configs
+from shardwise.search import make_searcher
+from shardwise.search.plan import Plan, device_specs
+from shardwise.workload import (
+    ShardingTask,
+    TableSpec,
+    augment_tables,
+    sample_task,
+    split_tables,
+    synthesize_tables,
+)
+
+METHODS = ("neuroshard", "measured_greedy", "size_lookup_greedy", "torchrec", "torchrec_cw")
+BASELINE = "torchrec"
+#: the issue's bars (issue 34): noise floor at the small batch and at 65536, widest spread, work correlation,
+#: held-out MAPE and Spearman, shards/s at 65536, NeuroShard's plan over TorchRec's
+TARGETS = {"noise_small_batch": 0.02, "noise_large_batch": 0.01, "max_spread": 0.10, "work_correlation": 0.6,
+           "mape_pct": 6.0, "spearman": 0.98, "shards_per_s": 20.0, "plan_over_torchrec": 0.9}
+
+
+class Figures:
+    """The run's figures, written to `out`/gpu_method.json after every step."""
+
+    def __init__(self, out: Path, header: dict[str, Any]) -> None:
+        self.path = out / "gpu_method.json"
+        self.doc: dict[str, Any] = {**header, "steps": {}}
+
+    def add(self, step: str, figures: Any, seconds: float) -> None:
+        self.doc["steps"][step] = {"seconds": round(seconds, 1), "figures": figures}
+        self.path.write_text(json.dumps(self.doc, indent=1, default=float) + "\n")
+        print(f"[{step}: {seconds:.0f} s]", flush=True)
+
+
+def _correlation(x: list[float], y: list[float]) -> float | None:
+    return float(np.corrcoef(x, y)[0, 1]) if len(x) > 2 and np.ptp(x) > 0 and np.ptp(y) > 0 else None
+
+
+def compare_timers(shards: list[list[TableSpec]], batch: int, device: torch.device, rounds: int,
+                   protocol: TimingProtocol) -> list[dict[str, Any]]:
+    """Each shard timed `rounds` times by every timer, the timers taking turns on one built kernel: per timer, the
+    median spread of a shard's repeats, its median ratio to the held timer, the correlation of cost with tables,
+    the median host launch ms, what actually timed (graphs fall back to held) and calls the hold did not cover."""
+    names = ["held", "graph", "events"] if device.type == "cuda" else [str(protocol.for_device(device).clock)]
+    totals: dict[str, list[list[float]]] = {n: [[] for _ in shards] for n in names}
+    launches: dict[str, list[float]] = {n: [] for n in names}
+    used: dict[str, set[str]] = {n: set() for n in names}
+    uncovered = dict.fromkeys(names, 0)
+    for s, tables in enumerate(shards):
+        kernel = build_shard_kernel(tables, batch, device=device)
+        for _ in range(rounds):
+            for name in names:
+                timed = protocol.model_copy(update={"cuda_timer": name if device.type == "cuda" else None})
+                timing = time_kernel(kernel, device, timed.for_device(device))
+                totals[name][s].append(timing.total_ms)
+                used[name].add(str(timing.timer))
+                if timing.launch_ms is not None:
+                    launches[name].append(timing.launch_ms)
+        if device.type == "cuda":  # a held call outlasted by the host's launches, counted on one timer per shard
+            probe = _Timer(device, protocol.model_copy(update={"cuda_timer": "held"}).for_device(device))
+            for _ in range(protocol.warmup_iters + protocol.iters):
+                probe.call(kernel)
+            uncovered["held"] += probe.uncovered
+    medians = {n: [statistics.median(t) for t in totals[n]] for n in names}
+    counts = [float(len(t)) for t in shards]
+    rows = []
+    for name in names:
+        spreads = [max(t) / min(t) - 1 for t in totals[name]]
+        ratio = [m / h for m, h in zip(medians[name], medians[names[0]])]
+        rows.append({
+            "timer": name, "timed_by": ",".join(sorted(used[name])),
+            "median_spread": round(statistics.median(spreads), 4), "max_spread": round(max(spreads), 4),
+            "median_ratio_to_first": round(statistics.median(ratio), 4),
+            "work_correlation": _round(_correlation(counts, medians[name])),
+            "median_ms": round(statistics.median(medians[name]), 4),
+            "median_launch_ms": round(statistics.median(launches[name]), 4) if launches[name] else None,
+            "uncovered_calls": uncovered[name] if name == "held" and device.type == "cuda" else None,
+        })
+    return rows
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def profile_figures(costs: Path, seconds: float, measured: int) -> dict[str, Any]:
+    """What a profile says about the ground truth: speed, noise floor, cost against work, launch-bound shards."""
+    df = load_costs(costs)
+    compute = df[df["kind"] == "compute"]
+    first = compute[compute["repeat"] == 0]
+    totals = (first["fwd_ms"] + first["bwd_ms"]).to_numpy()
+    noise = noise_floor(compute)
+    launch = first["launch_ms"].to_numpy(dtype=float)
+    known = ~np.isnan(launch)
+    return {
+        "shards": int(len(first)), "measured": measured, "shards_per_s": round(measured / seconds, 2),
+        "noise_median_rel_dev": _round(noise["median_rel_dev"]), "noise_median_spread": _round(noise["median_spread"]),
+        "noise_max_spread": _round(noise["max_spread"]), "repeated_configs": int(noise["configs"]),
+        "work_correlation": _round(_correlation(first["num_tables"].astype(float).tolist(), totals.tolist())),
+        "median_total_ms": round(float(np.median(totals)), 4),
+        "median_launch_ms": round(float(np.median(launch[known])), 4) if known.any() else None,
+        "launch_bound_share": round(float((launch[known] > totals[known]).mean()), 4) if known.any() else None,
+        "timers": sorted(str(t) for t in first["timer"].dropna().unique()),
+    }
+
+
+def run_profile(tables: list[TableSpec], holdout: list[TableSpec], out: Path, settings: ProfileSettings,
+                holdout_shards: int) -> tuple[float, int]:
+    """The training tables' shards and, apart (no shard mixes the two), the held-out tables' shards, into `out`."""
+    start = time.perf_counter()
+    measured = profile(tables, out, settings, progress=False).measured
+    if holdout_shards:
+        apart = settings.model_copy(update={"num_shards": holdout_shards, "seed": settings.seed + 1, "repeats": 0})
+        measured += profile(holdout, out, apart, progress=False).measured
+    return time.perf_counter() - start, measured
+
+
+def plan_and_measure(tasks: list[ShardingTask], model: Any, measurement: MeasurementSettings, device: torch.device,
+                     protocol: TimingProtocol) -> list[dict[str, Any]]:
+    """Every method's plan of every task, each plan's device shards timed in interleaved rounds on `device`; per
+    plan its slowest device's kernel ms (compute alone) and that over TorchRec's table-wise plan's."""
+    rows: list[dict[str, Any]] = []
+    for index, task in enumerate(tasks):
+        plans: dict[str, Plan] = {}
+        for method in METHODS:
+            options: dict[str, Any] = {"measurement": measurement} if method == "measured_greedy" else {}
+            started = time.perf_counter()
+            try:
+                plans[method] = make_searcher(method, **options).search(task, model, 0)
+            except Exception as err:  # noqa: BLE001 - a method that finds no plan is reported, the rest go on
+                print(f"task {index}: {method} found no plan ({str(err).splitlines()[0][:160]})")
+                rows.append({"task": index, "devices": task.num_devices, "tables": len(task.tables),
+                             "method": method, "kernel_ms": None, "over_torchrec": None, "planning_s": None})
+                continue
+            rows.append({"task": index, "devices": task.num_devices, "tables": len(task.tables), "method": method,
+                         "planning_s": round(time.perf_counter() - started, 2)})
+        layouts = {m: device_specs(p, task) for m, p in plans.items()}
+        shards = [KernelShard(tables, task.batch_size, task.optimizer, task.weights_precision)
+                  for devices in layouts.values() for tables in devices if tables]
+        timed = iter(time_shards_in_rounds(shards, measurement.timing_rounds, device=device, protocol=protocol,
+                                           progress=False))
+        cost = {m: max((statistics.median(t.total_ms for t in next(timed)) if tables else 0.0) for tables in devices)
+                for m, devices in layouts.items()}
+        for row in rows:
+            if row["task"] == index and row["method"] in cost:
+                row["kernel_ms"] = round(cost[row["method"]], 4)
+                row["over_torchrec"] = round(cost[row["method"]] / cost[BASELINE], 4) if BASELINE in cost else None
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    parser.add_argument("--preset", default="gpu-check", help="presets.yaml's sizes (gpu-check; smoke on a CPU)")
+    parser.add_argument("--out", default="runs/bench_gpu_method")
+    parser.add_argument("--timer-shards", type=int, default=6, help="shards every timer times (0: no comparison)")
+    parser.add_argument("--timer-rounds", type=int, default=3, help="timings of each shard by each timer")
+    parser.add_argument("--num-shards", type=int, default=None, help="training shards (default: the preset's)")
+    parser.add_argument("--holdout-shards", type=int, default=None, help="held-out shards (default: the preset's)")
+    parser.add_argument("--repeat-shards", type=int, default=30, help="profiled shards measured again (noise floor)")
+    parser.add_argument("--probe-batch", type=int, default=2048, help="the small batch of the probe profile")
+    parser.add_argument("--probe-shards", type=int, default=120, help="shards of the probe profile (0: none)")
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/<--record-name>.json")
+    parser.add_argument("--record-name", default=None, help="default: gpu_method, or gpu_method_<preset> off cuda")
+    args = parser.parse_args()
+    device = resolve_device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # as the profiler times a CPU: the timers below call time_kernel directly
+    overrides = {"profile_num_shards": args.num_shards, "profile_holdout_shards": args.holdout_shards}
+    preset = pipeline_params({k: v for k, v in overrides.items() if v is not None}, preset_name=args.preset)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    batch, seed = preset.batch_size, preset.seed
+    figures = Figures(out, {"device": device_name(device), "torch": torch.__version__, "preset": args.preset,
+                            "batch_size": batch, "row_scale": preset.row_scale, "targets": TARGETS})
+    started = time.perf_counter()
+
+    t0 = time.perf_counter()
+    tables = synthesize_tables(preset.num_tables, seed=seed, row_scale=preset.row_scale, batch_size=batch,
+                               progress=False)
+    train, holdout = split_tables(tables, preset.holdout_fraction, seed=seed)
+    train = augment_tables(train, seed)
+    figures.add("workload", {"train_tables": len(train.tables), "holdout_tables": len(holdout.tables)},
+                time.perf_counter() - t0)
+
+    protocol = TimingProtocol(iters=preset.profile_timing_iters)
+    # how plans are measured, and the timers compared: as the profile times (a CPU's reference calibrated once)
+    measurement = MeasurementSettings(device=str(device), timing_iters=preset.profile_timing_iters,
+                                      timing_rounds=preset.evaluate_timing_rounds)
+    timing_device, timing_protocol = resolve_timing(measurement)
+    if args.timer_shards:
+        t0 = time.perf_counter()
+        shards = sample_shard_configs(train.tables, args.timer_shards, batch_size=batch, seed=seed + 7,
+                                      max_tables=preset.profile_max_tables)
+        timers = compare_timers(shards, batch, timing_device, args.timer_rounds, timing_protocol)
+        figures.add("timers", timers, time.perf_counter() - t0)
+        for row in timers:
+            print(f"timer {row['timer']:>7} (timed by {row['timed_by']}): median spread {row['median_spread']:.1%}, "
+                  f"max {row['max_spread']:.1%}, over {timers[0]['timer']} {row['median_ratio_to_first']:.3f}, "
+                  f"cost~tables r={row['work_correlation']}, median {row['median_ms']:.3f} ms, launch "
+                  f"{row['median_launch_ms']} ms, uncovered {row['uncovered_calls']}")
+
+    settings = ProfileSettings(num_shards=preset.profile_num_shards, max_tables=preset.profile_max_tables,
+                               repeats=max(preset.profile_repeats, 1), repeat_shards=args.repeat_shards, seed=seed,
+                               device=str(device), batch_size=batch, protocol=protocol)
+    costs = out / "costs"
+    seconds, measured = run_profile(list(train.tables), list(holdout.tables), costs, settings,
+                                    preset.profile_holdout_shards)
+    main_profile = profile_figures(costs, seconds, measured)
+    figures.add("profile", main_profile, seconds)
+    print(f"profile at batch {batch}: {main_profile}")
+    if args.probe_shards:
+        probe_tables = synthesize_tables(preset.num_tables, seed=seed, row_scale=preset.row_scale,
+                                         batch_size=args.probe_batch, progress=False)
+        probe = settings.model_copy(update={"num_shards": args.probe_shards, "batch_size": args.probe_batch})
+        seconds, measured = run_profile(list(probe_tables.tables), [], out / "probe_costs", probe, 0)
+        probe_profile = profile_figures(out / "probe_costs", seconds, measured)
+        figures.add("probe_profile", probe_profile, seconds)
+        print(f"profile at batch {args.probe_batch}: {probe_profile}")
+
+    t0 = time.perf_counter()
+    sources = tuple(sorted({t.source or t.name for t in holdout.tables}))
+    config = TrainConfig(device=str(device), holdout_sources=sources,
+                         **({"epochs": preset.pretrain_epochs} if preset.pretrain_epochs else {}))
+    model, report = train_cost_model(load_costs(costs), seed, config)
+    model.save(out / "model")
+    m = report.metrics
+    accuracy = {name: {"mape_pct": _round(m.get(f"{stem}_mape_pct"), 2), "spearman": _round(m.get(f"{stem}_spearman"))}
+                for name, stem in (("neural", "neural_heldout_tables_total"),
+                                   ("torchrec_estimator", "torchrec_estimator_heldout_tables_total"),
+                                   ("additive", "additive_heldout_tables_total"),
+                                   ("noise_floor", "noise_floor_repeats_total"))}
+    accuracy["sizes"] = report.sizes
+    figures.add("pretrain", accuracy, time.perf_counter() - t0)
+    print(f"held-out tables (fwd+bwd), trained on {report.sizes}: " + ", ".join(
+        f"{k} MAPE {v['mape_pct']}% Spearman {v['spearman']}" for k, v in accuracy.items() if k != "sizes"))
+
+    t0 = time.perf_counter()
+    tasks = [sample_task(holdout, num_tables, num_devices, seed, memory_slack=preset.memory_slack)
+             for num_devices, num_tables in ((max(preset.num_devices // 2, 2), preset.task_num_tables // 2),
+                                             (preset.num_devices, preset.task_num_tables))]
+    plans = plan_and_measure(tasks, model, measurement, timing_device, timing_protocol)
+    figures.add("plans", plans, time.perf_counter() - t0)
+    for row in plans:
+        print(f"task {row['task']} ({row['tables']} tables, {row['devices']} devices) {row['method']:>18}: "
+              f"kernels {row.get('kernel_ms')} ms, over torchrec {row.get('over_torchrec')}")
+
+    total_s = time.perf_counter() - started
+    figures.add("total", {"seconds": round(total_s, 1)}, total_s)
+    if args.record:
+        _record(args, device, figures.doc, total_s)
+
+
+def _record(args: argparse.Namespace, device: torch.device, doc: dict[str, Any], total_s: float) -> None:
+    """One row per figure: what it is, its value, and the bar it is held to."""
+    steps = doc["steps"]
+    rows: list[dict[str, Any]] = []
+
+    def add(figure: str, value: Any, target: str = "") -> None:
+        rows.append({"figure": figure, "value": value, "target": target})
+
+    for name, key in (("profile", f"batch {doc['batch_size']}"), ("probe_profile", f"batch {args.probe_batch}")):
+        if name not in steps:
+            continue
+        f = steps[name]["figures"]
+        bar = TARGETS["noise_large_batch"] if name == "profile" else TARGETS["noise_small_batch"]
+        add(f"{key}: noise floor (median deviation of repeats)", f["noise_median_rel_dev"], f"<= {bar}")
+        add(f"{key}: widest spread of a repeated shard", f["noise_max_spread"], f"<= {TARGETS['max_spread']}")
+        add(f"{key}: cost ~ number of tables (Pearson)", f["work_correlation"], f">= {TARGETS['work_correlation']}")
+        add(f"{key}: shards/s", f["shards_per_s"], f">= {TARGETS['shards_per_s']}" if name == "profile" else "")
+        add(f"{key}: median host launch ms of a shard (fwd+bwd)", f["median_launch_ms"])
+        add(f"{key}: share of shards whose launch outlasts their kernels", f["launch_bound_share"])
+    for predictor, f in steps.get("pretrain", {}).get("figures", {}).items():
+        if predictor != "sizes":
+            add(f"held-out tables: {predictor} MAPE % / Spearman", f"{f['mape_pct']} / {f['spearman']}",
+                f"<= {TARGETS['mape_pct']} / >= {TARGETS['spearman']}" if predictor == "neural" else "")
+    for row in steps.get("plans", {}).get("figures", []):
+        add(f"task {row['task']} ({row['tables']} tables, {row['devices']} devices): {row['method']} kernels over "
+            "torchrec", row.get("over_torchrec"), f"<= {TARGETS['plan_over_torchrec']}" if row["method"] == "neuroshard"
+            else "")
+    for row in steps.get("timers", {}).get("figures", []):
+        add(f"timer {row['timer']} (timed by {row['timed_by']}): median spread / over {steps['timers']['figures'][0]['timer']}"
+            " / cost ~ tables", f"{row['median_spread']} / {row['median_ratio_to_first']} / {row['work_correlation']}")
+    name = args.record_name or ("gpu_method" if device.type == "cuda" else f"gpu_method_{args.preset}")
+    record(name, f"The whole method on one {device.type.upper()} ({doc['device']}), preset {args.preset}", rows,
+           notes=f"torch {doc['torch']}; batch {doc['batch_size']}, row scale {doc['row_scale']}; plans compared on "
+                 f"their kernels alone (one device holds no NCCL group); {total_s:.0f} s in all"
+                 + ("" if device.type == "cuda" else "; off a GPU this proves the path, its figures are not the "
+                    "GPU's"))
+
+
+if __name__ == "__main__":
+    main()
