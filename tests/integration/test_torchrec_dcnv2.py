@@ -165,6 +165,7 @@ def test_a_cuda_shaped_topology_plans_the_dcnv2_model_as_torchrecs_planner_does(
         "sparse_arch.embedding_bag_collection"]) == {t.name for t in _tables()}
 
 
+@pytest.mark.slow  # DistributedModelParallel on 2 ranks: make test-all
 def test_dlrm_dcn_on_the_mlperf_tables_planned_by_shardwise_trains_in_dmp(model_dir, tmp_path, monkeypatch):
     # the spawned workers import this module by its importlib-mode name: they need the repository root on sys.path
     monkeypatch.syspath_prepend(str(Path(__file__).parents[2]))

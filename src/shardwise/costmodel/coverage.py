@@ -58,6 +58,13 @@ class FeatureRanges:
         return cls(**{name: _span(values[name]) for name, _ in TABLE_RANGES},
                    tables_per_shard=_span(tables_per_shard), batch_size=int(batch_size))
 
+    def union(self, other: FeatureRanges) -> FeatureRanges:
+        """The ranges of both (a model fine-tuned on more tables has seen both); this one's batch size."""
+        spans = {name: (min(getattr(self, name)[0], getattr(other, name)[0]),
+                        max(getattr(self, name)[1], getattr(other, name)[1]))
+                 for name, _ in (*TABLE_RANGES, ("tables_per_shard", ""))}
+        return FeatureRanges(**spans, batch_size=self.batch_size)
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: [low, high] per feature, and the batch size."""
         return {**{name: list(getattr(self, name)) for name, _ in (*TABLE_RANGES, ("tables_per_shard", ""))},

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -261,8 +263,10 @@ def _fit(
     epochs: int,
     seed: int,
     desc: str,
+    deadline: float | None = None,
 ) -> tuple[int, int, float]:
-    """Adam on MSE of log costs, minibatches in a seeded order, best validation weights restored."""
+    """Adam on MSE of log costs, minibatches in a seeded order, best validation weights restored; stopped early
+    at `deadline` (a time.perf_counter() value) when given."""
     device = torch.device(cfg.device)
     net.to(device)
     train_xy = tuple(t.to(device) for t in train_xy)
@@ -291,7 +295,7 @@ def _fit(
         if val < best[0]:
             best = (val, epoch, copy.deepcopy(net.state_dict()))
         bar.set_postfix(val_log_mse=f"{val:.4f}", best=f"{best[0]:.4f}")
-        if epoch - best[1] >= cfg.patience:
+        if epoch - best[1] >= cfg.patience or (deadline is not None and time.perf_counter() >= deadline):
             break
     net.load_state_dict(best[2])
     net.to("cpu").eval()
@@ -404,6 +408,65 @@ def train_cost_model(
         metrics=metrics, train=train, test=test, size_test=size_test, single_table_ms=single, notes=notes,
     )
     return model, report
+
+
+@dataclass(frozen=True)
+class FineTuneReport:
+    """What fine-tuning on a task's own shards did: how many it learned from and its error on the ones it left out
+    (forward + backward ms), before and after."""
+
+    train_shards: int
+    heldout_shards: int
+    heldout_mape_before_pct: float
+    heldout_mape_after_pct: float
+    epochs_run: int
+
+    @property
+    def improved(self) -> bool:
+        """Whether the fine-tuned model predicts the held-out shards better than the model it started from."""
+        return self.heldout_mape_after_pct < self.heldout_mape_before_pct
+
+
+def fine_tune_cost_model(model: NeuralCostModel, samples: ComputeSamples, seed: int, *, epochs: int = 300,
+                         lr: float = 1e-3, heldout_fraction: float = 0.25, time_budget_s: float | None = None,
+                         ) -> tuple[NeuralCostModel, FineTuneReport]:
+    """The compute network trained on from its weights on `samples` (shards of a task's own tables, measured at
+    the model's batch and reference), its normalisers, offsets and communication network kept; a random
+    `heldout_fraction` of the shards picks the best epoch and measures the error before and after; training stops
+    after `time_budget_s` seconds if given. The new model's ranges take in the samples' tables."""
+    start = time.perf_counter()
+    if len(samples) < 4:
+        raise CostDataError(f"only {len(samples)} measured shards to fine-tune on: give adaptation more time")
+    torch.manual_seed(seed)
+    perm = np.random.default_rng(seed).permutation(len(samples))
+    n_held = max(1, round(heldout_fraction * len(samples)))
+    held, train = samples.subset(perm[:n_held]), samples.subset(perm[n_held:])
+    features = TableFeatureCache(model.batch_size)
+    offset = np.asarray(model.meta.compute_log_offset)
+    net = copy.deepcopy(model.compute_net)
+
+    def xy(s: ComputeSamples) -> tuple[torch.Tensor, ...]:
+        x, mask = _padded(s, features, model.normaliser)
+        return x, mask, torch.from_numpy((np.log(np.maximum(s.costs_ms, MIN_MS)) - offset).astype(np.float32))
+
+    cfg = TrainConfig(lr=lr, patience=max(10, epochs // 10), batch_shards=32, progress=False)
+    epochs_run, _, _ = _fit(net, lambda x, m: _shard_log_ms(net, x, m), xy(train), xy(held), cfg, epochs, seed,
+                            "fine-tune", None if time_budget_s is None else start + time_budget_s)
+    seen = list(dict.fromkeys(t for shard in samples.shards for t in shard))
+    ranges = FeatureRanges.of_training(features(seen), [len(s) for s in samples.shards], model.batch_size)
+    meta = dataclasses.replace(
+        model.meta, info={**model.meta.info, "fine_tuned_shards": len(samples)},
+        feature_ranges=model.meta.feature_ranges.union(ranges) if model.meta.feature_ranges else ranges)
+    tuned = NeuralCostModel(net, model.normaliser, meta, model.config, model.comm_net, model.comm_normaliser)
+    measured = held.costs_ms.sum(axis=1)
+
+    def mape(m: NeuralCostModel) -> float:
+        predicted = m.predict_compute([list(s) for s in held.shards]).sum(axis=1)
+        return float(np.mean(np.abs(predicted - measured) / measured) * 100)
+
+    report = FineTuneReport(train_shards=len(train), heldout_shards=len(held), heldout_mape_before_pct=mape(model),
+                            heldout_mape_after_pct=mape(tuned), epochs_run=epochs_run)
+    return tuned, report
 
 
 def _reference_ms(df: pd.DataFrame) -> float | None:

@@ -15,7 +15,7 @@ import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -24,9 +24,10 @@ from torchrec.distributed.sharding_plan import get_module_to_default_sharders
 from torchrec.distributed.types import ShardingPlan, ShardingPlanner
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-from shardwise.costmodel.types import CostModel
+from shardwise.costmodel.model import NeuralCostModel
+from shardwise.costmodel.types import CostModel, KnowsItsTraining
 from shardwise.errors import ShardwiseError
-from shardwise.profiling import hardware_kind
+from shardwise.profiling import MeasurementSettings, hardware_kind
 from shardwise.search import Plan, PlanError, Searcher, format_plan, get_method, make_searcher
 from shardwise.search.torchrec_plan import (
     COMPUTE_KERNEL,
@@ -44,6 +45,9 @@ from shardwise.workload import Optimizer, ShardingTask, TableSpec, WeightsPrecis
 from shardwise.workload.memory import activation_buffer_bytes, table_memory_bytes
 
 from .mlflow import MlflowService, champion_uri, cost_model_name
+
+if TYPE_CHECKING:
+    from shardwise.evaluation.adapt import AdaptRecord
 
 __all__ = [
     "COMPUTE_KERNEL",
@@ -70,6 +74,9 @@ PLANNED_SHARDING_TYPES = ("table_wise", "column_wise")
 #: the sharding types emitted as TorchRec lays them out for tables restricted to them, in order of preference
 EMITTED_SHARDING_TYPES = ("row_wise", "data_parallel")
 GIB = 2**30
+#: seconds of adaptation by default, where a task is outside the cost model's training and this machine is its
+#: hardware: the 26 MLPerf DLRM-DCNv2 tables and a few hundred fused groups of them time within it on 2 CPU cores
+DEFAULT_ADAPT_S = 120.0
 
 
 class PlannerError(PlanError):
@@ -155,7 +162,11 @@ class ShardwisePlanner(ShardingPlanner):
     features a table serves), else 1.0 as in TorchRec. Tables whose `sharding_types` allow neither table-wise nor
     column-wise are emitted row-wise or data-parallel, their memory taken off every rank's budget first.
     The cost model is `cost_model` (an object, a directory or a models:/ URI), else this hardware's champion in
-    the MLflow registry. `last_plan`, `last_task` and `last_stats` describe the last plan."""
+    the MLflow registry. Where the task's tables lie outside what that model was trained on and this machine is
+    its hardware, it is first adapted here for `adapt` seconds (default `DEFAULT_ADAPT_S`; 0: never): the tables
+    timed alone and in fused groups, the model fine-tuned on them (`shardwise.evaluation.adapt`; the rows go to
+    `adapt_dataset` when given). `last_plan`, `last_task`, `last_stats` and `last_adaptation` describe the last
+    plan."""
 
     def __init__(
         self,
@@ -175,9 +186,14 @@ class ShardwisePlanner(ShardingPlanner):
         local_world_size: int | None = None,
         device_memory_bytes: int | None = None,
         device_type: str | None = None,
+        adapt: float | None = None,
+        adapt_dataset: str | Path | None = None,
     ) -> None:
         if not 0.0 <= storage_reservation < 1.0:
             raise PlannerError(f"storage_reservation {storage_reservation}: a share of memory in [0, 1)")
+        if adapt is not None and not (0.0 <= adapt < math.inf):
+            raise PlannerError(f"adapt {adapt}: seconds of adaptation, >= 0 (0: off; None: {DEFAULT_ADAPT_S:g} s where "
+                               "the task is outside the cost model's training and the hardware is this machine's)")
         # a CPU topology's tables live in DDR (TorchRec gives it no HBM: hbm 0), a GPU's in HBM
         topology_memory = None if topology is None else (
             topology.devices[0].storage.ddr if topology.compute_device == "cpu" else topology.devices[0].storage.hbm)
@@ -204,6 +220,11 @@ class ShardwisePlanner(ShardingPlanner):
         self.last_task: ShardingTask | None = None
         #: the per-rank table logged for the last plan (shards, columns, memory, predicted ms)
         self.last_stats: str | None = None
+        #: seconds to adapt the cost model on this machine before planning (None: when out of range, 0: never)
+        self.adapt = adapt
+        self.adapt_dataset = adapt_dataset
+        #: what adaptation did for the last plan (None: it did not run)
+        self.last_adaptation: AdaptRecord | None = None
 
     # -- what is planned -------------------------------------------------------------------------------------
     def _pooling_factor(self, name: str) -> float:
@@ -293,6 +314,36 @@ class ShardwisePlanner(ShardingPlanner):
             ) from None
         self.cost_model = model  # loaded once per planner
         return model
+
+    def _adapted_cost_model(self, task: ShardingTask) -> CostModel | None:
+        """The cost model to plan `task` with: adapted on this machine first (`adapt` seconds; by default where the
+        task's tables lie outside what the model was trained on and this machine is the hardware it is for)."""
+        model = self.resolved_cost_model()
+        self.last_adaptation = None
+        if self.adapt == 0 or model is None:
+            return model
+        # at the batch the model was profiled at: adaptation times there too, so only the tables can be new to it
+        if self.adapt is None and not (isinstance(model, KnowsItsTraining)
+                                       and model.outside_training(task.tables, model.batch_size)):
+            return model
+        # the measuring stack (fbgemm's kernels, the cost dataset, training) loads only where adaptation may run
+        from shardwise.evaluation.adapt import AdaptError, adapt_cost_model, cannot_adapt_here
+
+        reason = cannot_adapt_here(model, self.device_type)
+        if reason and self.adapt is None:
+            log.info("ShardwisePlanner: not adapting (%s)", reason)
+            return model
+        if reason:
+            raise PlannerError(f"ShardwisePlanner(adapt={self.adapt:g}): {reason}")
+        assert isinstance(model, NeuralCostModel)  # cannot_adapt_here refuses the others
+        try:
+            adapted, self.last_adaptation = adapt_cost_model(
+                task, model, self.adapt or DEFAULT_ADAPT_S, seed=self.seed,
+                measurement=MeasurementSettings(device=self.device_type), dataset=self.adapt_dataset)
+        except AdaptError as err:
+            raise PlannerError(f"ShardwisePlanner: {err}") from None
+        self.cost_model = adapted  # the next plan of these tables needs no adaptation
+        return adapted
 
     def tables_of(self, module: nn.Module, sharders: Sequence[Any] | None = None) -> list[ModuleTable]:
         """Every table of the collections to plan, with its sharding under the constraints."""
@@ -390,6 +441,8 @@ class ShardwisePlanner(ShardingPlanner):
             lines.append(f"memory cap above is what is left per rank after {emitted / GIB:.3f} GiB for those")
         if plan.extra.get("outside_training"):
             lines.append(plan.extra["outside_training"])
+        if self.last_adaptation is not None:
+            lines.append(self.last_adaptation.line())
         return "\n".join(lines)
 
     # -- TorchRec's interface ----------------------------------------------------------------------------------
@@ -398,7 +451,7 @@ class ShardwisePlanner(ShardingPlanner):
         sharder among `sharders`, as TorchRec passes them)."""
         tables = self.tables_of(module, sharders)
         task, emitted = self.task_for(tables)
-        plan = self.searcher.search(task, self.resolved_cost_model(), self.seed)
+        plan = self.searcher.search(task, self._adapted_cost_model(task), self.seed)
         self._check_plan_constraints(plan, tables)
         self.last_plan, self.last_task = plan, task
         local = self._local_world_size(task.num_devices)

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from shardwise.costmodel.model import NeuralCostModel
 from shardwise.costmodel.types import CostModel
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import DeviceName, MeasurementSettings, hardware_kind
@@ -39,6 +40,13 @@ class PlanSettings(JobSettings):
         "this many rounds, from the faster of it and the greedy on measured single-table costs (the plan must be "
         "for this machine's hardware: the cost model's kind; 0: off)")
     refine_budget_s: float | None = refine_budget_field()
+    adapt: float = Field(
+        default=0, ge=0, le=3600, description="seconds to adapt the cost model on this machine before searching: "
+        "the task's tables timed alone and in fused groups, the model fine-tuned on them (the model must be for this "
+        "machine's hardware; 0: off)")
+    adapt_dataset: str | None = Field(
+        default=None, description="append every shard adaptation times to this cost dataset (provenance 'adapt'), "
+        "so the next pre-training learns them")
     #: the method's own options (its registry entry's options model validates them)
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -95,10 +103,13 @@ def run(settings: PlanSettings, *, mlflow: MlflowService | None = None) -> PlanJ
     service = mlflow or MlflowService(settings.tracking_uri)
     spec = get_method(settings.method)
     model, model_uri = load_cost_model(service, settings.model, device=settings.device,
-                                       required=spec.needs_cost_model or settings.refine > 0)
+                                       required=spec.needs_cost_model or settings.refine > 0 or settings.adapt > 0)
     notes = []
     if model is None:
         notes.append("no cost model found, predicted costs are not shown (pass --model)")
+    if settings.adapt:
+        model, adapted = _adapt(task, model, settings)
+        notes.append(adapted)
     searcher = build_searcher(
         settings.method, settings.options, mlflow=service,
         hardware=model.hardware_kind if model is not None else None,
@@ -121,6 +132,21 @@ def run(settings: PlanSettings, *, mlflow: MlflowService | None = None) -> PlanJ
         plan = plan.model_copy(update={"extra": {**plan.extra, "provenance": provenance}})
     save_plan(plan, settings.out)
     return PlanJobResult(out=settings.out, plan=plan, cost_model_uri=model_uri, notes=notes, refinement=refinement)
+
+
+def _adapt(task: ShardingTask, model: NeuralCostModel | None, settings: PlanSettings) -> tuple[NeuralCostModel, str]:
+    """The cost model adapted on this machine to the task's tables, and the line saying what adaptation did."""
+    # the kernels, the cost dataset and training load only when adapting
+    from shardwise.evaluation.adapt import AdaptError, adapt_cost_model
+
+    assert model is not None  # loaded as required when adapting
+    try:
+        adapted, record = adapt_cost_model(task, model, settings.adapt, seed=settings.seed,
+                                           measurement=MeasurementSettings(device=settings.device),
+                                           dataset=settings.adapt_dataset)
+    except AdaptError as err:
+        raise SettingsError(f"--adapt: {err}") from None
+    return adapted, record.line()
 
 
 def _refine(task: ShardingTask, plan: Plan, model: CostModel | None, settings: PlanSettings) -> tuple[Plan, str]:

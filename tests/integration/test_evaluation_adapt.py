@@ -1,0 +1,110 @@
+"""Adaptation on this machine: a cost model trained on other tables times a task's own tables (alone, then in fused
+groups) within its budget on the real kernels, is fine-tuned on them and predicts them better; the rows go to the
+cost dataset with provenance "adapt"; `shardwise plan --adapt` and the drop-in planner use it and say what it did."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from shardwise.cli import main
+from shardwise.evaluation.adapt import AdaptError, adapt_cost_model
+from shardwise.profiling import MeasurementSettings, hardware_kind, load_costs
+from shardwise.workload import ShardingTask, mlperf_dcnv2_tables, save_task
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables  # noqa: E402
+from timing_settings import FLUSH_MIB  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # each times kernels for its 8 s budget: make test-all
+
+GIB = 2**30
+MEASUREMENT = MeasurementSettings(device="cpu", warmup_iters=2, timing_iters=5, flush_mib=FLUSH_MIB)
+BUDGET_S = 8.0
+#: 8 of the DCNv2 tables (dim 128, up to 7 lookups per sample, the big ones at 4,000 rows)
+TASK = ShardingTask(num_devices=2, device_memory_bytes=GIB, batch_size=512, tables=mlperf_dcnv2_tables(1e-4)[:8])
+
+
+def _trained(kind: str):  # noqa: ANN202 - a NeuralCostModel of synthetic tables of dim <= 64 for hardware `kind`
+    from shardwise.costmodel import TrainConfig, train_cost_model
+
+    torch.set_num_threads(1)
+    tables = [t.model_copy(update={"dim": min(t.dim, 64)}) for t in synthetic_tables("a", 12, 0)]
+    frame = pd.concat([cost_frame({"a": tables}, {"a": 60}, 0), comm_rows(10, 0)], ignore_index=True)
+    frame["hardware_kind"] = kind
+    return train_cost_model(frame, 0, TrainConfig(epochs=5, comm_epochs=5, progress=False))[0]
+
+
+@pytest.fixture(scope="module")
+def here():  # noqa: ANN201 - a model for this machine's CPU that has never seen the DCNv2 tables
+    return _trained(hardware_kind("cpu"))
+
+
+def test_adaptation_times_the_tasks_tables_within_its_budget_and_learns_them(here, tmp_path):
+    assert here.outside_training(TASK.tables, here.batch_size) is not None
+    start = time.perf_counter()
+    tuned, record = adapt_cost_model(TASK, here, BUDGET_S, measurement=MEASUREMENT, dataset=tmp_path / "costs")
+    assert time.perf_counter() - start < BUDGET_S + 3  # fine-tuning stops at the budget too
+    assert record.singles == len(TASK.tables) and record.groups > 0
+    assert record.kept and tuned is not here
+    assert record.fine_tune.heldout_mape_after_pct < record.fine_tune.heldout_mape_before_pct
+    assert tuned.outside_training(TASK.tables, tuned.batch_size) is None  # it has seen them now
+    line = record.line()
+    assert line.startswith(f"adapted on this machine in {record.seconds:.0f} s: 8 tables alone and {record.groups} "
+                           "fused groups timed, error on ") and "the adapted model plans" in line
+
+    rows = load_costs(tmp_path / "costs")
+    assert len(rows) == record.singles + record.groups and set(rows["provenance"]) == {"adapt"}
+    assert set(rows["batch_size"]) == {here.batch_size} and set(rows["hardware_kind"]) == {here.hardware_kind}
+    alone = [json.loads(t) for t in rows["tables_json"] if len(json.loads(t)) == 1]
+    assert sorted(t[0]["name"] for t in alone) == sorted(t.name for t in TASK.tables)
+
+
+def test_a_model_for_other_hardware_is_not_adapted_here():
+    with pytest.raises(AdaptError, match="adaptation times kernels on this machine .*, but the cost model is for "
+                                         "cpu-test: adapt where the plan will run"):
+        adapt_cost_model(TASK, _trained("cpu-test"), BUDGET_S, measurement=MEASUREMENT)
+
+
+def test_the_drop_in_adapts_by_default_where_the_tables_are_new_and_says_so(here, monkeypatch):
+    import shardwise.integrations.torchrec as dropin
+    from shardwise.integrations.torchrec import ShardwisePlanner, ebc_on_meta
+
+    module = torch.nn.Module()
+    module.sparse = ebc_on_meta(TASK)
+    monkeypatch.setattr(dropin, "DEFAULT_ADAPT_S", BUDGET_S)  # the default's 120 s, shortened for the suite
+    planner = ShardwisePlanner(task=TASK, device_type="cpu", cost_model=here)
+    planner.plan(module)
+    record = planner.last_adaptation
+    assert record is not None and record.kept and record.line() in planner.last_stats
+    assert planner.cost_model is not here  # planned with the adapted model, kept for the next plan
+    planner.plan(module)
+    assert planner.last_adaptation is None  # the adapted model has seen these tables: nothing to adapt again
+
+    off = ShardwisePlanner(task=TASK, device_type="cpu", cost_model=here, adapt=0)
+    off.plan(module)
+    assert off.last_adaptation is None and "outside what the cost model was trained on" in off.last_stats
+    elsewhere = ShardwisePlanner(task=TASK, device_type="cpu", cost_model=_trained("cpu-test"))
+    elsewhere.plan(module)  # by default, a model for other hardware plans as it is
+    assert elsewhere.last_adaptation is None
+
+
+def test_shardwise_plan_adapts_and_notes_it(here, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    save_task(TASK, "task.json")
+    here.save("model")
+    assert main(["plan", "--task", "task.json", "--model", "model", "--out", "plan.json", "--adapt", str(BUDGET_S),
+                 "--adapt-dataset", "costs", "--method", "size_greedy"]) == 0
+    note = next(line for line in capsys.readouterr().err.splitlines() if "adapted on this machine" in line)
+    assert note.startswith("shardwise plan: note: adapted on this machine in ") and "rows appended to costs" in note
+    assert set(load_costs("costs")["provenance"]) == {"adapt"}
+
+    _trained("cpu-test").save("other")
+    assert main(["plan", "--task", "task.json", "--model", "other", "--out", "plan.json", "--adapt", "5"]) == 2
+    assert "--adapt: adaptation times kernels on this machine" in capsys.readouterr().err
