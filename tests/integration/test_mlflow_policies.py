@@ -25,6 +25,7 @@ from shardwise.integrations.mlflow import (
     champion_uri,
     policy_name,
 )
+from shardwise.integrations.mlflow_registry import cache_root
 
 pytestmark = pytest.mark.integration
 KIND = "cpu-itest"
@@ -138,8 +139,10 @@ def test_load_policy_by_alias_version_and_run_gives_the_same_files(tmp_path, sto
     for ref in (f"models:/{NAME}@champion", f"models:/{NAME}/{logged.promotion.version}", logged.model_uri):
         assert service.load(ref, files) == expected, ref
     assert service.load(str(source), files) == expected  # a local directory is used as it is
-    kept = service.load(champion_uri(NAME), lambda d: d)
-    assert not kept.exists()  # a download lives only while load_dir runs
+    kept = service.load(logged.model_uri, lambda d: d)
+    assert not kept.exists()  # a run's download lives only while load_dir runs
+    cached = service.load(champion_uri(NAME), lambda d: d)  # a registered version's stays in the cache
+    assert cached.is_dir() and cached.is_relative_to(cache_root()) and files(cached) == expected
     assert not (cwd / "mlflow.db").exists()
 
 

@@ -13,10 +13,8 @@ import importlib.util
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,6 +25,7 @@ import pytest
 import torch
 import yaml
 from moto.server import ThreadedMotoServer
+from service_processes import mlflow_server
 
 from shardwise.costmodel import TrainConfig, train_cost_model
 from shardwise.integrations.mlflow import (
@@ -63,12 +62,6 @@ def good(costs):
     return train_cost_model(costs, 0, GOOD)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _manifest_allowed_hosts() -> str:
     manifest = Path(__file__).resolve().parents[2] / "manifests" / "mlflow.yaml"
     deployment = next(d for d in yaml.safe_load_all(manifest.read_text()) if d and d["kind"] == "Deployment")
@@ -88,40 +81,13 @@ def s3_tracking_server(tmp_path_factory):
     s3 = boto3.client("s3", endpoint_url=endpoint, **{k.lower(): v for k, v in creds.items() if k != "AWS_DEFAULT_REGION"},
                       region_name="us-east-1")
     s3.create_bucket(Bucket=BUCKET)
-    server_port = _free_port()
     # the Host names the deployed server accepts, as manifests/mlflow.yaml sets them
-    env = {**os.environ, **creds, "MLFLOW_S3_ENDPOINT_URL": endpoint,
-           "MLFLOW_SERVER_ALLOWED_HOSTS": _manifest_allowed_hosts()}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    log = (tmp / "server.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(server_port),
-         "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db", "--artifacts-destination", f"s3://{BUCKET}/mlartifacts",
-         "--serve-artifacts", "--workers", "1"],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{server_port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            moto.stop()
-            pytest.fail(f"mlflow server did not start: {(tmp / 'server.log').read_text()[-2000:]}")
-        time.sleep(0.5)
-    yield url, s3
-    proc.terminate()
+    env = {**creds, "MLFLOW_S3_ENDPOINT_URL": endpoint, "MLFLOW_SERVER_ALLOWED_HOSTS": _manifest_allowed_hosts()}
     try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
-    moto.stop()
+        with mlflow_server(tmp, artifacts=f"s3://{BUCKET}/mlartifacts", env=env) as url:
+            yield url, s3
+    finally:
+        moto.stop()
 
 
 def _predict_in_fresh_process(uri: str, shards, tracking_uri: str, tmp_path: Path) -> np.ndarray:

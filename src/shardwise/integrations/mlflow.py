@@ -7,7 +7,13 @@ evidence (metric, both values, the champion it was compared with, the decision) 
 version and as metrics and tags on its run.
 
 `mlflow` is imported inside the methods that use it: it takes seconds to import, and the jobs that import this
-module (plan with a local model, evaluate without tracking) often do not need it."""
+module (plan with a local model, evaluate without tracking) often do not need it. Loading a registered version
+(`models:/<name>@<alias>`, `models:/<name>/<version>`) finds the version without MLflow and uses the local copy
+in the cache when it has one (`mlflow_registry`); MLflow downloads it the first time.
+
+A tracking server is asked whether it is up (`/health`, within `service_timeout_s()`) before MLflow's first call
+to it, and MLflow's HTTP retries are bounded while the service works (unless $MLFLOW_HTTP_REQUEST_* say
+otherwise): a server that is down is one line in seconds, not minutes of retries and a wrong "not found"."""
 
 from __future__ import annotations
 
@@ -21,13 +27,31 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import wraps
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 from urllib.parse import urlparse
 
-from shardwise.costmodel import NeuralCostModel, format_table, heldout_mape_pct
-from shardwise.costmodel.model import CONFIG_FILE, ModelFileError
-from shardwise.errors import ShardwiseError, redacted
+from shardwise.costmodel.model import CONFIG_FILE, ModelFileError, NeuralCostModel
+from shardwise.errors import (
+    ServiceError,
+    ServiceUnauthorisedError,
+    ServiceUnreachableError,
+    ShardwiseError,
+    redacted,
+    service_timeout_s,
+)
+
+from .mlflow_registry import (
+    NOT_FOUND_CODES,
+    ModelCache,
+    RegisteredVersion,
+    RegistryError,
+    StoreError,
+    check_server,
+    find_version,
+    registry_key,
+)
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -35,6 +59,7 @@ if TYPE_CHECKING:
     from shardwise.costmodel import TrainConfig, TrainingReport
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 CHAMPION = "champion"
@@ -74,14 +99,6 @@ def policy_name(method: str, hardware_kind: str) -> str:
 def champion_uri(name: str) -> str:
     """`models:/<name>@champion`: what planning uses unless told otherwise."""
     return f"models:/{name}@{CHAMPION}"
-
-
-class RegistryError(ShardwiseError):
-    """A model, version or alias that cannot be found or loaded: names the URI, the store and what to do."""
-
-
-class StoreError(RegistryError):
-    """The tracking or registry store itself cannot be opened (a missing database driver, no answer)."""
 
 
 @dataclass(frozen=True)
@@ -187,12 +204,44 @@ def _process_uris(tracking_uri: str, registry_uri: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
+@contextmanager
+def _bounded_http() -> Iterator[None]:
+    """MLflow's HTTP retries bounded for the block, where the environment does not set them: MLflow's defaults
+    (7 retries, backoff factor 2, 120 s per request) spend 257 s on a server that is down. What the user set in
+    the environment is left as it is; the variables are put back after."""
+    bounded = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(service_timeout_s()))),
+        "AWS_MAX_ATTEMPTS": "3",  # boto3's, for artifacts MLflow reads from an object store itself
+    }
+    added = [key for key in bounded if key not in os.environ]
+    os.environ.update({key: bounded[key] for key in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _bounded(method: Callable[P, T]) -> Callable[P, T]:
+    """`method` with MLflow's HTTP retries bounded while it runs (`_bounded_http`)."""
+
+    @wraps(method)
+    def bounded(*args: P.args, **kwargs: P.kwargs) -> T:
+        with _bounded_http():
+            return method(*args, **kwargs)
+
+    return bounded
+
+
 class MlflowService:
     """One MLflow tracking store and model registry: runs, registered versions, aliases, loading."""
 
     def __init__(self, tracking_uri: str | None = None, registry_uri: str | None = None) -> None:
         self.tracking_uri: str = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
         self.registry_uri: str = registry_uri or os.environ.get("MLFLOW_REGISTRY_URI") or self.tracking_uri
+        self._servers_checked = False
 
     def __repr__(self) -> str:
         return f"MlflowService(tracking_uri={redacted(self.tracking_uri)!r}, registry_uri={redacted(self.registry_uri)!r})"
@@ -207,6 +256,7 @@ class MlflowService:
         exist: looking in it would create it."""
         return not (_local_store_missing(self.tracking_uri) or _local_store_missing(self.registry_uri))
 
+    @_bounded
     def local_folders(self) -> list[Path]:
         """The folders on this machine the store keeps its data in: an embedded store's own folder and its
         experiments' local artifact folders (none for a server or an object store)."""
@@ -225,6 +275,7 @@ class MlflowService:
     def _client(self) -> MlflowClient:
         from mlflow import MlflowClient  # heavy: only when talking to a store
 
+        self._check_servers()
         try:
             return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
         except ModuleNotFoundError as err:  # a database store whose driver is not installed
@@ -237,11 +288,41 @@ class MlflowService:
                 raise StoreError(f"cannot open the MLflow store {self._stores()}: {redacted(_first_line(err))}") from None
             raise
 
+    def _check_servers(self) -> None:
+        """A one-line ServiceError now, within the service timeout, if a tracking or registry server is down
+        (once per service: MLflow's own calls follow)."""
+        if self._servers_checked:
+            return
+        servers = {self.tracking_uri: "the MLflow tracking server"}
+        servers.setdefault(self.registry_uri, "the MLflow model registry")
+        for uri, service in servers.items():
+            if urlparse(uri).scheme in ("http", "https"):
+                check_server(uri, service)
+        self._servers_checked = True
+
+    def _failure(self, uri: str, err: Exception) -> ShardwiseError:
+        """What an MLflow error while fetching `uri` means: a server that cannot be reached or refused who asked
+        (a ServiceError), else what the store answered is not there (a RegistryError)."""
+        text = redacted(_first_line(err))
+        code = str(getattr(err, "error_code", ""))
+        remote = any(urlparse(u).scheme in ("http", "https") for u in (self.tracking_uri, self.registry_uri))
+        if code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            return ServiceUnauthorisedError(
+                f"{uri}: the MLflow server {self._stores()} refused the request as not authorised ({text}); set "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)")
+        if "failed with exception" in text or "Max retries exceeded" in text:  # MLflow's HTTP client gave up
+            return ServiceUnreachableError(f"{uri}: the MLflow server {self._stores()} did not answer ({text})")
+        if remote and code not in NOT_FOUND_CODES and not isinstance(err, OSError):
+            return ServiceError(f"{uri}: the MLflow server {self._stores()} failed ({text})")
+        return RegistryError(f"{uri}: not found in {self._stores()} ({text}); {_how_to_register(_model_name(uri))}")
+
     # -- loading ------------------------------------------------------------------------------------------------
+    @_bounded
     def load(self, uri: str | Path, load_dir: Callable[[Path], T]) -> T:
         """`load_dir(local directory)` for a directory, "models:/<name>@<alias>", "models:/<name>/<version>",
-        a logged model's "models:/<id>", "runs:/<id>/<path>" or an artifact URI; a download lives while
-        `load_dir` runs."""
+        a logged model's "models:/<id>", "runs:/<id>/<path>" or an artifact URI. A registered version (the
+        first two) is found without MLflow and read from the local cache (MLflow downloads it there the first
+        time); any other download lives while `load_dir` runs."""
         uri = str(uri)
         if Path(uri).exists():
             return load_dir(Path(uri))
@@ -254,20 +335,73 @@ class MlflowService:
                 f"{uri}: no MLflow store at {self._stores()} (the file does not exist); "
                 f"{_how_to_register(_model_name(uri))}, or pass --tracking-uri of the store that has it"
             )
+        match = _MODELS_URI.match(uri) if scheme == "models" else None
+        if match is not None and (match["alias"] is not None or match["version"] is not None):
+            return self._load_version(uri, match["name"], match["alias"], match["version"], match["path"], load_dir)
         from mlflow.exceptions import MlflowException  # heavy: only when resolving a URI
 
         with tempfile.TemporaryDirectory(prefix="shardwise-mlflow-") as tmp:
             try:
                 local = self._download(uri, tmp)
             except (MlflowException, OSError) as err:
-                raise RegistryError(
-                    f"{uri}: not found in {self._stores()} ({_first_line(err)}); {_how_to_register(_model_name(uri))}"
-                ) from None
+                raise self._failure(uri, err) from None
             return load_dir(Path(local))
+
+    def _load_version(self, uri: str, name: str, alias: str | None, version: str | None, path: str | None,
+                      load_dir: Callable[[Path], T]) -> T:
+        """`load_dir` on a registered version's files from the cache, downloaded into it when absent."""
+        ref = self._version(uri, name, alias, version)
+        cache = ModelCache()
+        files = cache.get(ref)
+        if files is None and not cache.writable():  # no cache here (a read-only home): a download per use
+            with tempfile.TemporaryDirectory(prefix="shardwise-mlflow-") as tmp:
+                self._fetch(uri, ref, Path(tmp) / "files")
+                return load_dir(Path(tmp) / "files" / (path or "").lstrip("/"))
+        if files is None:
+            cache.clear_stale_temporaries()
+            files = cache.put(ref, lambda target: self._fetch(uri, ref, target))
+        return load_dir(files / (path or "").lstrip("/"))
+
+    def _version(self, uri: str, name: str, alias: str | None, version: str | None) -> RegisteredVersion:
+        """The version `uri` names, found without MLflow where the store allows (sqlite, a tracking server)."""
+        try:
+            found = find_version(self.registry_uri, name, alias=alias, version=version)
+        except RegistryError as err:
+            raise RegistryError(f"{uri}: not found in {self._stores()} ({err}); {_how_to_register(name)}") from None
+        except ServiceError as err:  # the same one line, saying what was being looked up
+            raise type(err)(f"{uri}: {err}") from None
+        if found is not None:
+            return found
+        from mlflow.exceptions import MlflowException  # heavy: a store only MLflow reads
+
+        client = self._client()
+        try:
+            got = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, str(version))
+        except MlflowException as err:
+            raise self._failure(uri, err) from None
+        return RegisteredVersion(registry_key(self.registry_uri), name, str(got.version), str(got.source or ""),
+                                 int(got.creation_timestamp or 0))
+
+    def _fetch(self, uri: str, ref: RegisteredVersion, target: Path) -> None:
+        """Download `ref`'s files to the directory `target` (which must not exist)."""
+        from mlflow.exceptions import MlflowException  # heavy: only when the cache lacks the version
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".download-", dir=target.parent) as tmp:
+            try:
+                local = Path(self._download(f"models:/{ref.name}/{ref.version}", tmp))
+            except (MlflowException, OSError) as err:
+                raise self._failure(uri, err) from None
+            if local.is_dir():
+                os.rename(local, target)
+            else:  # a version whose source is one file
+                target.mkdir()
+                os.rename(local, target / local.name)
 
     def _download(self, uri: str, dst: str) -> str:
         import mlflow  # heavy: only when downloading
 
+        self._check_servers()
         if uri.startswith("models:"):
             uri = self._resolve_models_uri(uri)
         return str(mlflow.artifacts.download_artifacts(
@@ -318,6 +452,7 @@ class MlflowService:
         ) as run:
             yield run
 
+    @_bounded
     def log_run(
         self,
         *,
@@ -338,6 +473,7 @@ class MlflowService:
                 mlflow.log_artifacts(str(artifacts_dir), artifact_path=artifact_path)
             return str(run.info.run_id)
 
+    @_bounded
     def log_cost_model(
         self,
         model: NeuralCostModel,
@@ -354,6 +490,9 @@ class MlflowService:
         import torch
         from mlflow.models import ModelSignature
         from mlflow.types import ColSpec, Schema
+
+        # scipy and pandas: only when logging (the plan path never imports them)
+        from shardwise.costmodel.evaluate import format_table, heldout_mape_pct
 
         from . import mlflow_pyfunc  # imports mlflow.pyfunc at the top
 
@@ -421,6 +560,7 @@ class MlflowService:
         )
         return LoggedRun(run_id, info.model_uri, promotion)
 
+    @_bounded
     def log_policy(
         self,
         policy_dir: Path,
@@ -466,6 +606,7 @@ class MlflowService:
         return LoggedRun(run_id, model_uri, promotion)
 
     # -- the promotion gate -------------------------------------------------------------------------------------
+    @_bounded
     def promote(
         self,
         name: str,

@@ -26,7 +26,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 
 from shardwise.costmodel.model import NeuralCostModel
 from shardwise.costmodel.types import CostModel, KnowsItsTraining
-from shardwise.errors import ShardwiseError
+from shardwise.errors import ServiceError, ShardwiseError
 from shardwise.profiling import MeasurementSettings, hardware_kind
 from shardwise.search import Plan, PlanError, Searcher, format_plan, get_method, make_searcher
 from shardwise.search.torchrec_plan import (
@@ -307,6 +307,8 @@ class ShardwisePlanner(ShardingPlanner):
             cost_model_name(hardware_kind(self.device_type)))
         try:
             model = service.load_cost_model(uri)
+        except ServiceError:  # the registry is down or refused: its own line says which, not "no cost model"
+            raise
         except (ShardwiseError, ValueError, OSError) as err:  # RegistryError, ModelFileError, a damaged file
             raise PlannerError(
                 f"ShardwisePlanner: no cost model at {uri} ({err}); make one with `make run` or `shardwise pretrain`,"

@@ -1,13 +1,33 @@
-"""Ground truth on real hardware: fused TBE kernel and all-to-all timings -> a Parquet cost dataset."""
+"""Ground truth on real hardware: fused TBE kernel and all-to-all timings -> a Parquet cost dataset.
+
+The dataset and the profiling run (pandas, pyarrow) load on first use of one of their names: planning needs
+neither."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from .comm import AllToAllSession, CommTiming, measure_all_to_all, measure_all_to_all_many
-from .dataset import append_rows, load_costs, noise_floor
 from .hardware import DeviceName, check_device_name, hardware_info, hardware_kind, resolve_device
 from .kernel import ShardTiming, calibrate_reference, measure_shard, resolve_timing
 from .protocol import CommPricing, MeasurementSettings, TimingProtocol
-from .runner import ProfileSettings, ProfileSummary, profile
 from .sampling import sample_comm_layouts, sample_shard_configs
 from .schema import DATASET_FORMAT
+
+if TYPE_CHECKING:
+    from .dataset import append_rows, load_costs, noise_floor
+    from .runner import ProfileSettings, ProfileSummary, profile
+
+#: the names of the modules that load on first use
+_ON_FIRST_USE = {**dict.fromkeys(("append_rows", "load_costs", "noise_floor"), "dataset"),
+                 **dict.fromkeys(("ProfileSettings", "ProfileSummary", "profile"), "runner")}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_ON_FIRST_USE[name]}"), name)
 
 __all__ = [
     "AllToAllSession",

@@ -35,7 +35,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardwise.errors import ShardwiseError, redacted
+from shardwise.errors import (
+    SERVICE_TIMEOUT_ENV,
+    ServiceUnauthorisedError,
+    ServiceUnreachableError,
+    ShardwiseError,
+    redacted,
+    service_timeout_s,
+)
 
 from .schema import (
     COMM_COLUMNS,
@@ -101,11 +108,32 @@ def _object_store(location: str) -> tuple[Any, str]:
     path = location.split("://", 1)[1].strip("/")
     if not path or path.startswith("/"):
         raise DatasetError(f"{location}: an object-store dataset is s3://bucket/prefix")
+    # a store that is down is an error within the service timeout, not the SDK's retries and waits
+    timeout_s = service_timeout_s()
+    options.update(connect_timeout=min(timeout_s, 5.0), request_timeout=timeout_s,
+                   retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=3))
     return fs.S3FileSystem(**options), path
 
 
-def _object_store_error(location: str, err: Exception) -> DatasetError:
-    return DatasetError(f"{location}: the object store refused ({redacted(str(err).splitlines()[0])})")
+#: how the S3 client words a store it could not reach, and one that refused the credentials
+_UNREACHABLE = re.compile(r"NETWORK_CONNECTION|curlCode|Could not connect|Couldn't connect|timed out|Timeout",
+                          re.IGNORECASE)
+_UNAUTHORISED = re.compile(r"ACCESS_DENIED|AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|"
+                           r"response code: 40[13]\b|UNRECOGNIZED_CLIENT|INVALID_ACCESS_KEY_ID|SIGNATURE_DOES_NOT_MATCH")
+
+
+def _object_store_error(location: str, err: Exception) -> ShardwiseError:
+    """One line for an object store's failure: unreachable, not authorised, else what it answered."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("MLFLOW_S3_ENDPOINT_URL") or "AWS S3"
+    detail = redacted(str(err).splitlines()[0] if str(err).strip() else type(err).__name__)
+    where = f"{redacted(location)}: the object store at {redacted(endpoint)}"
+    if _UNREACHABLE.search(detail):
+        return ServiceUnreachableError(f"{where} is unreachable ({detail}); is it running? (${SERVICE_TIMEOUT_ENV} "
+                                       "raises the wait)")
+    if _UNAUTHORISED.search(detail):
+        return ServiceUnauthorisedError(f"{where} refused these credentials as not authorised ({detail}); check "
+                                        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+    return DatasetError(f"{redacted(location)}: the object store refused ({detail})")
 
 
 def _remote_parts(location: str) -> tuple[Any, list[str]]:

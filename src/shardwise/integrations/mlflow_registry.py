@@ -1,0 +1,383 @@
+"""The MLflow model registry read without MLflow, and the local cache of the versions downloaded from it.
+
+Planning asks the registry one question (which version does `champion` point at?) and needs that version's files.
+MLflow answers both but takes seconds to import, so shardwise asks the question itself: of an embedded sqlite
+store, its alias table, read-only, with the standard library; of a tracking server, MLflow's REST API with urllib
+and a timeout. Every version downloaded is kept in a local cache keyed by (registry, name, version), so a plan
+with the registered champion imports MLflow only the first time it meets a version. A store of another kind (a
+database server, Databricks) is asked through MLflow (`MlflowService`) and cached the same way.
+
+The cache lives in $SHARDWISE_CACHE, else $XDG_CACHE_HOME/shardwise, else ~/.cache/shardwise. An entry is written
+under a temporary name and renamed into place once whole, with a manifest of its files (size, sha256): concurrent
+plans and interrupts never leave half an entry under a real name, and an entry that does not match its manifest,
+or whose version changed behind the same number (a store deleted and registered again), is downloaded again.
+
+Faults of a tracking server are one line within `service_timeout_s()`: unreachable, not authorised (401/403),
+or failed (another error status); "not found" (a `RegistryError`) only when the server answered that."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import sqlite3
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardwise.errors import (
+    SERVICE_TIMEOUT_ENV,
+    ServiceError,
+    ServiceUnauthorisedError,
+    ServiceUnreachableError,
+    ShardwiseError,
+    redacted,
+    service_timeout_s,
+)
+
+CACHE_ENV = "SHARDWISE_CACHE"
+ENTRY_FORMAT = "shardwise.cache-entry/v1"
+ENTRY_FILE = "entry.json"  #: the manifest, written last: an entry without it is not used
+FILES_DIR = "files"  #: the version's files as MLflow downloaded them
+#: what the registry's tables call a version that can be used, and one that was deleted
+_READY = "READY"
+_DELETED_STAGE = "Deleted_Internal"
+#: MLflow's workspace a store without $MLFLOW_WORKSPACE uses (the column exists from mlflow 3.5)
+_DEFAULT_WORKSPACE = "default"
+_REST = "/api/2.0/mlflow"
+#: MLflow's error codes for "the server looked and it is not there"
+NOT_FOUND_CODES = ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
+
+
+class RegistryError(ShardwiseError):
+    """A model, version or alias that cannot be found or loaded: names the URI, the store and what to do."""
+
+
+class StoreError(RegistryError):
+    """The tracking or registry store itself cannot be opened (a missing database driver, no answer)."""
+
+
+@dataclass(frozen=True)
+class RegisteredVersion:
+    """One version of a registered model, and what identifies its files (the cache's key and stamp)."""
+
+    registry: str  #: the registry, as `registry_key` names it (no credentials)
+    name: str
+    version: str
+    source: str  #: where its files are (a logged model's models:/m-..., an artifact URI)
+    created_ms: int  #: its creation time: a store made again at the same place numbers versions from 1 again
+
+    def describe(self) -> str:
+        """`name` version `version`, for messages."""
+        return f"{self.name} version {self.version}"
+
+
+def registry_key(uri: str) -> str:
+    """The registry's identity for the cache: a sqlite store by its absolute file, a server by scheme, host, port
+    and path (without credentials); two registries never share a key."""
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme == "sqlite":
+        path = sqlite_path(uri)
+        return f"sqlite:///{path.resolve()}" if path is not None else uri
+    if parsed.scheme in ("http", "https"):
+        host = parsed.hostname or ""
+        port = f":{parsed.port}" if parsed.port else ""
+        return f"{parsed.scheme}://{host.lower()}{port}{parsed.path.rstrip('/')}"
+    return redacted(uri)
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of a sqlite:/// store URI (None for an in-memory database)."""
+    path = uri.removeprefix("sqlite://").split("?", 1)[0]
+    path = path[1:] if path.startswith("/") else path  # sqlite:///rel.db -> rel.db; sqlite:////abs -> /abs
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def find_version(registry_uri: str, name: str, *, alias: str | None = None, version: str | None = None,
+                 timeout_s: float | None = None) -> RegisteredVersion | None:
+    """The version `alias` (or number `version`) of `name` in the registry, read without MLflow; None where this
+    store is read only through MLflow. Raises RegistryError when the registry says it has no such version, and
+    a ServiceError when it cannot be asked."""
+    if (alias is None) == (version is None):
+        raise ValueError("find_version: pass one of alias and version")
+    if os.environ.get("MLFLOW_WORKSPACE"):  # another workspace's rows: MLflow knows how to select them
+        return None
+    scheme = urllib.parse.urlparse(registry_uri).scheme
+    timeout = service_timeout_s() if timeout_s is None else timeout_s
+    if scheme == "sqlite":
+        return _sqlite_version(registry_uri, name, alias, version, timeout)
+    if scheme in ("http", "https"):
+        return _rest_version(registry_uri, name, alias, version, timeout)
+    return None
+
+
+def _sqlite_version(uri: str, name: str, alias: str | None, version: str | None,
+                    timeout_s: float) -> RegisteredVersion | None:
+    path = sqlite_path(uri)
+    if path is None or not path.is_file():
+        return None  # MlflowService says what is missing
+    try:
+        # read-only: looking never writes, migrates or creates anything
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s)
+    except sqlite3.Error:
+        return None
+    try:
+        columns = {row[1] for row in connection.execute("PRAGMA table_info(model_versions)")}
+        if not {"name", "version", "source", "creation_time", "status"} <= columns:
+            return None  # not a registry MLflow 2-3 wrote: MLflow migrates or explains it
+        workspace = " AND workspace = ?" if "workspace" in columns else ""
+        scope = (_DEFAULT_WORKSPACE,) if workspace else ()
+        if alias is not None:
+            row = connection.execute(
+                f"SELECT version FROM registered_model_aliases WHERE name = ? AND alias = ?{workspace}",
+                (name, alias, *scope)).fetchone()
+            if row is None:
+                raise RegistryError(f"registered model {name!r} has no alias {alias!r}")
+            version = str(row[0])
+        found = connection.execute(
+            f"SELECT version, source, creation_time, status, current_stage FROM model_versions "
+            f"WHERE name = ? AND version = ?{workspace}", (name, int(str(version)), *scope)).fetchone()
+    except sqlite3.Error:
+        return None  # a store MLflow has yet to migrate, or a damaged file: MLflow's own error says which
+    except ValueError:  # a version that is not a number
+        raise RegistryError(f"registered model {name!r} has no version {version!r}") from None
+    finally:
+        connection.close()
+    if found is None or found[4] == _DELETED_STAGE:
+        raise RegistryError(f"registered model {name!r} has no version {version}")
+    if found[3] != _READY:
+        raise RegistryError(f"{name} version {found[0]} is {found[3]}, not ready")
+    return RegisteredVersion(registry_key(uri), name, str(found[0]), str(found[1] or ""), int(found[2] or 0))
+
+
+def _rest_version(uri: str, name: str, alias: str | None, version: str | None,
+                  timeout_s: float) -> RegisteredVersion | None:
+    if os.environ.get("MLFLOW_TRACKING_AUTH") or os.environ.get("MLFLOW_TRACKING_CLIENT_CERT_PATH"):
+        return None  # an auth plugin or client certificate: only MLflow's client speaks it
+    if alias is not None:
+        answer = rest_get(uri, "/registered-models/alias", {"name": name, "alias": alias},
+                          service="the MLflow model registry", timeout_s=timeout_s)
+    else:
+        answer = rest_get(uri, "/model-versions/get", {"name": name, "version": str(version)},
+                          service="the MLflow model registry", timeout_s=timeout_s)
+    found = answer.get("model_version") or {}
+    if not found.get("version"):
+        raise ServiceError(f"the MLflow model registry at {_host(uri)} answered without a model version: not an "
+                           "MLflow server?")
+    if found.get("status", _READY) != _READY:
+        raise RegistryError(f"{name} version {found['version']} is {found['status']}, not ready")
+    return RegisteredVersion(registry_key(uri), name, str(found["version"]), str(found.get("source") or ""),
+                             int(found.get("creation_timestamp") or 0))
+
+
+def _host(uri: str) -> str:
+    """scheme://host:port of a server URI, credentials removed: what messages name."""
+    parsed = urllib.parse.urlparse(uri)
+    port = f":{parsed.port}" if parsed.port else ""
+    return f"{parsed.scheme}://{parsed.hostname or ''}{port}"
+
+
+def _request(uri: str, path: str, params: dict[str, str] | None) -> urllib.request.Request:
+    """A GET of MLflow's REST API with the credentials MLflow's client would send (URI, user/password, token)."""
+    parsed = urllib.parse.urlparse(uri)
+    netloc = parsed.hostname or ""
+    if parsed.port:
+        netloc += f":{parsed.port}"
+    base = urllib.parse.urlunparse((parsed.scheme, netloc, parsed.path.rstrip("/"), "", "", ""))
+    query = f"?{urllib.parse.urlencode(params)}" if params else ""
+    request = urllib.request.Request(f"{base}{path}{query}", headers={"Accept": "application/json"})
+    user = parsed.username or os.environ.get("MLFLOW_TRACKING_USERNAME")
+    password = parsed.password or os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
+    if user and password is not None:
+        secret = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()).decode()
+        request.add_header("Authorization", f"Basic {secret}")
+    elif token:
+        request.add_header("Authorization", f"Bearer {token}")
+    return request
+
+
+def _tls_context() -> ssl.SSLContext | None:
+    """TLS as MLflow's client sets it: $MLFLOW_TRACKING_INSECURE_TLS, $MLFLOW_TRACKING_SERVER_CERT_PATH."""
+    if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
+        return ssl._create_unverified_context()  # noqa: S323 - the user asked for it, as MLflow honours it
+    cafile = os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH")
+    return ssl.create_default_context(cafile=cafile) if cafile else None
+
+
+def _server_message(body: bytes) -> tuple[str, str]:
+    """(error_code, message) of an MLflow error answer; ("", first line of the body) for anything else."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return "", text.splitlines()[0][:200] if text else ""
+    if not isinstance(doc, dict):
+        return "", text[:200]
+    return str(doc.get("error_code", "")), str(doc.get("message", "")).strip().splitlines()[0][:200] if doc.get(
+        "message") else ""
+
+
+def _http_get(uri: str, path: str, params: dict[str, str] | None, service: str, timeout_s: float | None) -> bytes:
+    """The body of a GET of `path` at the server `uri` within the timeout; HTTP errors raised as they came,
+    no answer as a one-line ServiceUnreachableError."""
+    timeout = service_timeout_s() if timeout_s is None else timeout_s
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(_request(uri, path, params), timeout=timeout, context=_tls_context()) as response:
+            return bytes(response.read())
+    except urllib.error.HTTPError:
+        raise
+    except (urllib.error.URLError, OSError) as err:  # refused, unknown host, reset, timed out
+        reason = getattr(err, "reason", err)
+        why = (f"no answer within {timeout:g} s" if isinstance(reason, TimeoutError)
+               else redacted(str(reason).strip() or type(reason).__name__))
+        raise ServiceUnreachableError(
+            f"{service} at {_host(uri)} is unreachable ({why}, after {time.monotonic() - started:.1f} s); is it "
+            f"running? (${SERVICE_TIMEOUT_ENV} raises the wait)") from None
+
+
+def rest_get(uri: str, path: str, params: dict[str, str] | None = None, *, service: str,
+             timeout_s: float | None = None) -> dict[str, Any]:
+    """GET `path` of MLflow's REST API (under /api/2.0/mlflow) at the server `uri` within the timeout: its JSON
+    answer. Raises RegistryError for what the server answered is not there (RESOURCE_DOES_NOT_EXIST),
+    ServiceUnauthorisedError (401/403), ServiceUnreachableError (no answer in time) and ServiceError (any other
+    error), each one line naming `service` and the host."""
+    host = _host(uri)
+    try:
+        body = _http_get(uri, f"{_REST}{path}", params, service, timeout_s)
+    except urllib.error.HTTPError as err:
+        code, message = _server_message(err.read() or b"")
+        detail = f"HTTP {err.code} {err.reason}" + (f": {redacted(message)}" if message else "")
+        if err.code in (401, 403) or code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            raise ServiceUnauthorisedError(
+                f"{service} at {host} refused the request as not authorised ({detail}); set "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) to an account "
+                "allowed to read it") from None
+        if code in NOT_FOUND_CODES or (code == "INVALID_PARAMETER_VALUE" and "not found" in message.lower()):
+            raise RegistryError(redacted(message) or detail) from None
+        raise ServiceError(f"{service} at {host} failed: {detail}") from None
+    try:
+        doc = json.loads(body or b"{}")
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise ServiceError(f"{service} at {host} answered {path} with something other than MLflow's JSON: not an "
+                           "MLflow server?")
+    return doc
+
+
+def check_server(uri: str, service: str, timeout_s: float | None = None) -> None:
+    """Raise a one-line ServiceError unless the server at `uri` answers its health check within the timeout
+    (any answer below 500 counts, one that asks for credentials too: the calls that follow say what they lack);
+    MLflow's own retries would otherwise spend minutes on a server that is down."""
+    try:
+        _http_get(uri, "/health", None, service, timeout_s)
+    except urllib.error.HTTPError as err:
+        if err.code >= 500:  # MLflow retries these for minutes: a proxy without its server, an overloaded one
+            raise ServiceError(f"{service} at {_host(uri)} failed: HTTP {err.code} {err.reason}") from None
+
+
+# -- the cache ------------------------------------------------------------------------------------------------
+def cache_root() -> Path:
+    """Where downloaded registry versions are kept: $SHARDWISE_CACHE, else $XDG_CACHE_HOME/shardwise, else
+    ~/.cache/shardwise."""
+    given = os.environ.get(CACHE_ENV)
+    if given:
+        return Path(given).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "shardwise"
+
+
+def _digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def _manifest(files: Path) -> dict[str, list[Any]]:
+    return {p.relative_to(files).as_posix(): [p.stat().st_size, _digest(p)]
+            for p in sorted(files.rglob("*")) if p.is_file()}
+
+
+class ModelCache:
+    """Registry versions on local disk, one directory per (registry, name, version), checked before each use."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = (root or cache_root()) / "models"
+
+    def entry(self, ref: RegisteredVersion) -> Path:
+        """The directory of `ref`'s entry (the name readable, the hash keeping registries apart)."""
+        key = hashlib.sha256(json.dumps([ref.registry, ref.name, ref.version]).encode()).hexdigest()[:16]
+        readable = re.sub(r"[^A-Za-z0-9._-]+", "_", ref.name)[:80]
+        return self.root / f"{readable}-v{ref.version}-{key}"
+
+    def get(self, ref: RegisteredVersion) -> Path | None:
+        """The files of `ref` if a whole, unchanged entry holds them; else None."""
+        entry = self.entry(ref)
+        try:
+            doc = json.loads((entry / ENTRY_FILE).read_text())
+            stamp = [doc["format"], doc["registry"], doc["name"], doc["version"], doc["source"], doc["created_ms"]]
+            if stamp != [ENTRY_FORMAT, ref.registry, ref.name, ref.version, ref.source, ref.created_ms]:
+                return None
+            if not doc["files"] or _manifest(entry / FILES_DIR) != doc["files"]:
+                return None  # a file changed, went missing or was added since it was written
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return entry / FILES_DIR
+
+    def writable(self) -> bool:
+        """True where entries can be written (a read-only home in a container: no cache, MLflow downloads)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return False
+        return os.access(self.root, os.W_OK)
+
+    def put(self, ref: RegisteredVersion, fill: Callable[[Path], None]) -> Path:
+        """`fill(directory)` writes `ref`'s files into a fresh directory; the entry appears whole or not at all.
+        An invalid entry in the way is replaced; a valid one another process wrote meanwhile is kept."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-{uuid.uuid4().hex}"
+        try:
+            (tmp / FILES_DIR).mkdir(parents=True)
+            fill(tmp / FILES_DIR)
+            doc = {"format": ENTRY_FORMAT, "registry": ref.registry, "name": ref.name, "version": ref.version,
+                   "source": ref.source, "created_ms": ref.created_ms, "files": _manifest(tmp / FILES_DIR)}
+            (tmp / ENTRY_FILE).write_text(json.dumps(doc, indent=1))
+            final = self.entry(ref)
+            for _ in range(3):
+                try:
+                    os.rename(tmp, final)
+                    return final / FILES_DIR
+                except OSError:  # an entry is there: another plan's (keep it if whole), or a broken one
+                    if self.get(ref) is not None:
+                        return final / FILES_DIR
+                    trash = self.root / f".trash-{uuid.uuid4().hex}"
+                    with contextlib.suppress(OSError):
+                        os.rename(final, trash)
+                    shutil.rmtree(trash, ignore_errors=True)
+            raise OSError(f"{final}: could not be replaced")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def clear_stale_temporaries(self, older_than_s: float = 3600.0) -> None:
+        """Remove what interrupted writers left (temporary and trash directories older than `older_than_s`)."""
+        now = time.time()
+        for path in self.root.glob(".t*-*"):
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime > older_than_s:
+                    shutil.rmtree(path, ignore_errors=True)
