@@ -228,17 +228,25 @@ def main() -> None:
     measurement = MeasurementSettings(device=str(device), timing_iters=preset.profile_timing_iters,
                                       timing_rounds=preset.evaluate_timing_rounds)
     timing_device, timing_protocol = resolve_timing(measurement)
+    # the tables at the probe's batch (their reuse bins are measured at the batch they are synthesized for)
+    probe_tables = synthesize_tables(preset.num_tables, seed=seed, row_scale=preset.row_scale,
+                                     batch_size=args.probe_batch, progress=False) if args.probe_shards else None
     if args.timer_shards:
-        t0 = time.perf_counter()
-        shards = sample_shard_configs(train.tables, args.timer_shards, batch_size=batch, seed=seed + 7,
-                                      max_tables=preset.profile_max_tables)
-        timers = compare_timers(shards, batch, timing_device, args.timer_rounds, timing_protocol)
-        figures.add("timers", timers, time.perf_counter() - t0)
-        for row in timers:
-            print(f"timer {row['timer']:>7} (timed by {row['timed_by']}): median spread {row['median_spread']:.1%}, "
-                  f"max {row['max_spread']:.1%}, over {timers[0]['timer']} {row['median_ratio_to_first']:.3f}, "
-                  f"cost~tables r={row['work_correlation']}, median {row['median_ms']:.3f} ms, launch "
-                  f"{row['median_launch_ms']} ms, uncovered {row['uncovered_calls']}")
+        # at both batches: where the host's launches outlast the kernels (the small one) events and held part ways
+        for step, pool, at in (("timers", train.tables, batch),
+                               ("probe_timers", probe_tables.tables if probe_tables else (), args.probe_batch)):
+            if not pool:
+                continue
+            t0 = time.perf_counter()
+            shards = sample_shard_configs(pool, args.timer_shards, batch_size=at, seed=seed + 7,
+                                          max_tables=preset.profile_max_tables)
+            timers = compare_timers(shards, at, timing_device, args.timer_rounds, timing_protocol)
+            figures.add(step, timers, time.perf_counter() - t0)
+            for row in timers:
+                print(f"batch {at}: timer {row['timer']:>7} (timed by {row['timed_by']}): median spread "
+                      f"{row['median_spread']:.1%}, max {row['max_spread']:.1%}, over {timers[0]['timer']} "
+                      f"{row['median_ratio_to_first']:.3f}, cost~tables r={row['work_correlation']}, median "
+                      f"{row['median_ms']:.3f} ms, launch {row['median_launch_ms']} ms, uncovered {row['uncovered_calls']}")
 
     settings = ProfileSettings(num_shards=preset.profile_num_shards, max_tables=preset.profile_max_tables,
                                repeats=max(preset.profile_repeats, 1), repeat_shards=args.repeat_shards, seed=seed,
@@ -249,9 +257,7 @@ def main() -> None:
     main_profile = profile_figures(costs, seconds, measured)
     figures.add("profile", main_profile, seconds)
     print(f"profile at batch {batch}: {main_profile}")
-    if args.probe_shards:
-        probe_tables = synthesize_tables(preset.num_tables, seed=seed, row_scale=preset.row_scale,
-                                         batch_size=args.probe_batch, progress=False)
+    if probe_tables is not None:
         probe = settings.model_copy(update={"num_shards": args.probe_shards, "batch_size": args.probe_batch})
         seconds, measured = run_profile(list(probe_tables.tables), [], out / "probe_costs", probe, 0)
         probe_profile = profile_figures(out / "probe_costs", seconds, measured)
@@ -318,9 +324,12 @@ def _record(args: argparse.Namespace, device: torch.device, doc: dict[str, Any],
         add(f"task {row['task']} ({row['tables']} tables, {row['devices']} devices): {row['method']} kernels over "
             "torchrec", row.get("over_torchrec"), f"<= {TARGETS['plan_over_torchrec']}" if row["method"] == "neuroshard"
             else "")
-    for row in steps.get("timers", {}).get("figures", []):
-        add(f"timer {row['timer']} (timed by {row['timed_by']}): median spread / over {steps['timers']['figures'][0]['timer']}"
-            " / cost ~ tables", f"{row['median_spread']} / {row['median_ratio_to_first']} / {row['work_correlation']}")
+    for step, at in (("timers", doc["batch_size"]), ("probe_timers", args.probe_batch)):
+        for row in steps.get(step, {}).get("figures", []):
+            add(f"batch {at}: timer {row['timer']} (timed by {row['timed_by']}): median spread / over "
+                f"{steps[step]['figures'][0]['timer']} / cost ~ tables / launch ms",
+                f"{row['median_spread']} / {row['median_ratio_to_first']} / {row['work_correlation']} / "
+                f"{row['median_launch_ms']}")
     name = args.record_name or ("gpu_method" if device.type == "cuda" else f"gpu_method_{args.preset}")
     record(name, f"The whole method on one {device.type.upper()} ({doc['device']}), preset {args.preset}", rows,
            notes=f"torch {doc['torch']}; batch {doc['batch_size']}, row scale {doc['row_scale']}; plans compared on "
