@@ -296,10 +296,10 @@ class _Timer:
         the hold is timed again with a longer one."""
         for attempt in range(_HOLD_RETRIES + 1):
             held, start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(4))
-            cycles = max(1, int(self.hold_ms * _sleep_cycles_per_ms(self.device)))
             t_hold = time.perf_counter()
             held.record()
-            torch.cuda._sleep(cycles)
+            if not self._hold():
+                return self._events(kernel)
             self._flush()
             start.record()
             t0 = time.perf_counter()
@@ -335,6 +335,18 @@ class _Timer:
             return CallTiming(start.elapsed_time(mid), mid.elapsed_time(end), graphs.launch_ms, "graph")
         return CallTiming(start.elapsed_time(mid), mid.elapsed_time(end), launch_ms, "held")
 
+    def _hold(self) -> bool:
+        """Queue the device-side wait of `hold_ms`; where it fails (a private torch function), False, and this
+        timer times with events from then on, saying so."""
+        try:
+            torch.cuda._sleep(max(1, int(self.hold_ms * _sleep_cycles_per_ms(self.device))))
+        except Exception as err:  # noqa: BLE001 - any failure of the wait: time as before, named in the rows
+            log.warning("cuda_timer %r: the device-side wait failed (%s: %s); timing with CUDA events around the "
+                        "launches instead", self.cuda_timer, type(err).__name__, _first_line(err))
+            self.cuda_timer = "events"
+            return False
+        return True
+
     def _graphs(self, kernel: ShardKernel) -> _Graphs | str:
         """The kernel's captured graphs, captured on first use; where capture fails, the reason (logged once per
         kernel), and the held timer times it eagerly instead."""
@@ -344,6 +356,11 @@ class _Timer:
                 log.warning("cuda_timer 'graph': %s; timing this kernel with the held stream instead", captured)
             self.graphs[id(kernel)] = (kernel, captured)
         return self.graphs[id(kernel)][1]
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else "no message"
 
 
 def _capture(kernel: ShardKernel, device: torch.device) -> _Graphs | str:
@@ -373,8 +390,7 @@ def _capture(kernel: ShardKernel, device: torch.device) -> _Graphs | str:
     except Exception as err:  # noqa: BLE001 - any capture failure falls back, naming it
         with contextlib.suppress(Exception):
             torch.cuda.synchronize(device)
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-        return f"capture failed ({type(err).__name__}: {first})"
+        return f"capture failed ({type(err).__name__}: {_first_line(err)})"
     return _Graphs(forward, backward, statistics.median(launches))
 
 

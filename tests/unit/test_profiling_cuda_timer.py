@@ -1,0 +1,148 @@
+"""The CUDA timer's logic, run on a CPU against a simulated device: events that fire when the device reaches them,
+and a device-side wait that keeps the device busy without holding the host. The GPU itself is checked in tests/gpu
+(benchmarks/gpu_check.sh); this checks the branches that must not fail there first: the hold covering the host's
+launches, growing when they outlast it, giving up when the host waits on the device, and the fallbacks."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import pytest
+import torch
+
+from shardwise.profiling import TimingProtocol
+from shardwise.profiling import kernel as kernel_module
+from shardwise.profiling.kernel import ShardKernel, _Timer
+
+CUDA = torch.device("cuda")
+
+
+class _Device:
+    """A device that runs its queue in order: a wait keeps it busy until `free_at` (host seconds)."""
+
+    free_at = 0.0
+
+    @classmethod
+    def reach(cls) -> float:
+        """When the device gets to something queued now: at once if idle, else after what is queued."""
+        return max(time.perf_counter(), cls.free_at)
+
+
+class _Event:
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.at = 0.0
+
+    def record(self) -> None:
+        self.at = _Device.reach()
+
+    def elapsed_time(self, end: _Event) -> float:
+        return (end.at - self.at) * 1e3
+
+    def synchronize(self) -> None:
+        _synchronize()
+
+
+def _synchronize(device: object = None) -> None:
+    while time.perf_counter() < _Device.free_at:
+        pass
+
+
+def _sleep(cycles: int) -> None:  # 1e6 cycles a millisecond, queued: the host goes on at once
+    _Device.free_at = _Device.reach() + cycles / 1e9
+
+
+@pytest.fixture
+def device(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", _synchronize)
+    monkeypatch.setattr(torch.cuda, "_sleep", _sleep)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    kernel_module._sleep_cycles_per_ms.cache_clear()
+    _Device.free_at = 0.0
+    yield
+    kernel_module._sleep_cycles_per_ms.cache_clear()
+
+
+class _Kernel:
+    """A kernel whose launch takes `launch_ms` on the host (and, with `syncs`, waits for the device first)."""
+
+    def __init__(self, launch_ms: float = 0.0, syncs: bool = False) -> None:
+        self.launch_ms, self.syncs = launch_ms, syncs
+        self.grad_output = torch.ones(4)
+
+    def forward(self) -> torch.Tensor:
+        if self.syncs:
+            _synchronize()
+        end = time.perf_counter() + self.launch_ms / 1e3
+        while time.perf_counter() < end:
+            pass
+        return torch.ones(4, requires_grad=True) * 2
+
+
+def _timer(cuda_timer: str) -> _Timer:
+    # decided by hand: for_device would ask torch for the (absent) GPU's L2
+    return _Timer(CUDA, TimingProtocol(cuda_timer=cuda_timer, flush_cache=False, clock="wall"))
+
+
+def test_the_sleeps_speed_is_calibrated_on_the_device(device) -> None:
+    assert kernel_module._sleep_cycles_per_ms(CUDA) == pytest.approx(1e6, rel=0.05)
+
+
+def test_a_hold_longer_than_the_launches_times_the_device_alone(device) -> None:
+    timer = _timer("held")
+    timed = timer.call(_Kernel(launch_ms=0.2))  # type: ignore[arg-type]
+    # the simulated kernels take no device time: the events see none of the host's 0.2 ms launch
+    assert timed.timer == "held" and timed.fwd_ms == pytest.approx(0.0, abs=0.05)
+    assert timed.launch_ms is not None and timed.launch_ms >= 0.2
+    assert timer.uncovered == 0 and timer.held_calls == 1
+
+
+def test_a_hold_the_launches_outlast_is_lengthened_and_the_call_timed_again(device) -> None:
+    timer = _timer("held")
+    slow = _Kernel(launch_ms=3.0)  # longer than the first hold (1 ms)
+    timed = timer.call(slow)  # type: ignore[arg-type]
+    assert timer.uncovered == 0 and timer.hold_ms >= 6.0
+    assert timed.fwd_ms == pytest.approx(0.0, abs=0.2)  # covered on the retry: the launch is not in it
+    # the events timer, where the launches outlast the device's work, times the launch
+    assert _timer("events").call(slow).fwd_ms >= 3.0  # type: ignore[arg-type]
+
+
+def test_a_host_that_waits_on_the_device_stops_the_holds(device, caplog: pytest.LogCaptureFixture) -> None:
+    timer = _timer("held")
+    syncing = _Kernel(launch_ms=0.1, syncs=True)
+    with caplog.at_level(logging.WARNING, logger="shardwise.profiling.kernel"):
+        timer.call(syncing)  # type: ignore[arg-type]
+    assert timer.uncovered == 1 and timer.hold_futile and "holding the stream no longer" in caplog.text
+    started = time.perf_counter()
+    timer.call(syncing)  # type: ignore[arg-type]
+    assert time.perf_counter() - started < 0.05  # no retries, no long holds any more
+    assert timer.hold_ms == kernel_module._MIN_HOLD_MS
+
+
+def test_a_kernel_that_cannot_be_captured_is_timed_held_saying_why(device, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="shardwise.profiling.kernel"):
+        timed = _timer("graph").call(_Kernel())  # type: ignore[arg-type]
+    assert timed.timer == "held" and "capture failed" in caplog.text
+
+
+def test_without_the_device_side_wait_the_timer_uses_events(device, monkeypatch, caplog) -> None:
+    def broken(cycles: int) -> None:
+        raise RuntimeError("")
+
+    monkeypatch.setattr(torch.cuda, "_sleep", broken)
+    timer = _timer("held")
+    with caplog.at_level(logging.WARNING, logger="shardwise.profiling.kernel"):
+        assert timer.call(_Kernel()).timer == "events"  # type: ignore[arg-type]
+    assert timer.cuda_timer == "events" and "RuntimeError: no message" in caplog.text
+    monkeypatch.delattr(torch.cuda, "_sleep")
+    assert _timer("held").cuda_timer == "events"
+
+
+def test_the_shard_kernel_gives_its_batch_back_per_table() -> None:
+    kernel = ShardKernel(tbe=torch.nn.Identity(), indices=torch.tensor([1, 2, 3, 0]),
+                         offsets=torch.tensor([0, 1, 3, 3, 4]), grad_output=torch.ones(2), num_tables=2)
+    (a_len, a_ids), (b_len, b_ids) = kernel.per_table
+    assert a_len.tolist() == [1, 2] and a_ids.tolist() == [1, 2, 3]
+    assert b_len.tolist() == [0, 1] and b_ids.tolist() == [0]
