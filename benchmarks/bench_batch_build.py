@@ -12,6 +12,7 @@ runs until the batch is on the device (synchronised).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -79,7 +80,7 @@ def main() -> None:
         rows.append({"batch": source, "host_s": round(host_s, 4), "tensor_s": round(tensor_s, 4),
                      "speedup": round(host_s / tensor_s, 2), "median_lookups": int(lookups)})
         print(f"{source:>10}: host path {host_s * 1e3:8.1f} ms a shard, tensor path {tensor_s * 1e3:8.1f} ms "
-              f"({host_s / tensor_s:.2f}x faster; median over {len(shards)} shards of {args.rounds} builds each, "
+              f"(speedup {host_s / tensor_s:.2f}x; median over {len(shards)} shards of {args.rounds} builds each, "
               f"median {int(lookups):,} lookups a shard)")
     if args.record:
         record("batch_build" + ("_cuda" if device.type == "cuda" else ""),
@@ -87,7 +88,8 @@ def main() -> None:
                f"{device.type.upper()}", rows,
                notes=f"{device_name(device)}; {len(shards)} shards of 1-{args.max_tables} of {args.num_tables} "
                      f"synthetic tables (row scale {args.row_scale}), {args.rounds} builds each way in turns, median "
-                     "seconds a shard; one torch thread")
+                     f"seconds a shard; one torch thread; load average {os.getloadavg()[0]:.1f} on "
+                     f"{os.cpu_count()} cores at the end (other processes time against it)")
 
 
 if __name__ == "__main__":
