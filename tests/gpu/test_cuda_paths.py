@@ -138,8 +138,9 @@ def test_the_timers_time_the_gpus_work_and_flush_its_l2(cuda_timer):
     # a 16x larger batch takes clearly longer on the device
     big_fwd = np.median([timer.call(big).fwd_ms for _ in range(20)])
     assert big_fwd > 2 * fwd
-    if cuda_timer != "events":  # the hold covered the host's launches
-        assert timer.uncovered == 0, f"{timer.uncovered} of {timer.held_calls} calls not covered"
+    # calls whose launches outlasted the hold are counted (torch's embedding backward may wait on the GPU inside
+    # the call, which no hold covers; fbgemm's TBE must not: test_fbgemm_timer_candidates_agree...)
+    assert 0 <= timer.uncovered <= timer.held_calls
 
 
 def _fbgemm_on_cuda() -> bool:
@@ -189,7 +190,7 @@ def test_fbgemm_shard_cost_grows_with_its_tables_and_repeats_agree(batch):
 @needs_fbgemm
 def test_fbgemm_timer_candidates_agree_where_kernels_dominate():
     from shardwise.profiling import TimingProtocol
-    from shardwise.profiling.kernel import build_shard_kernel, time_kernel
+    from shardwise.profiling.kernel import _Timer, build_shard_kernel, time_kernel
 
     device = torch.device(DEVICE)
     kernel = build_shard_kernel(_tables(8), 65536, device=device)
@@ -200,3 +201,7 @@ def test_fbgemm_timer_candidates_agree_where_kernels_dominate():
         # where graphs could not be captured, the timing says so and was held
         assert timing.timer in (name, "held")
         assert timing.total_ms == pytest.approx(held, rel=0.10), {k: v.total_ms for k, v in totals.items()}
+    # the hold covered every call's launches: the host does not wait on the GPU inside a TBE's forward or backward
+    timer = _Timer(device, TimingProtocol(cuda_timer="held").for_device(device))
+    launches = [timer.call(kernel).launch_ms for _ in range(13)]
+    assert timer.uncovered == 0, f"{timer.uncovered} of {timer.held_calls} calls not covered (launch ms {launches})"
