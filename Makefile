@@ -12,7 +12,7 @@ STACK ?= cuda
 # where torch's CPU wheel is for make image-cpu (default: this host's pip find-links)
 WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 
-.PHONY: setup run model-large test test-fast lint bench clean image image-cpu base-image
+.PHONY: setup run model-large test test-all lint bench clean image image-cpu base-image
 
 $(STAMP): requirements/cpu.txt requirements/dev.txt requirements/torchrec.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,11 +32,15 @@ run: $(STAMP)
 model-large: $(STAMP)
 	$(BIN)/shardwise pipeline run --local --preset local-large --workdir runs/large
 
+# after each change: unit tests and the fast integration tests on real kernels (not marked slow or e2e: the rule is
+# in pyproject.toml's markers); PYTEST_ARGS adds options (e.g. --durations=15)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -m "not slow and not e2e" $(PYTEST_ARGS) tests
 
-test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q tests/unit
+# everything (CI): + the slow tests (process groups, DMP, the MLflow server, whole benchmark and refinement sessions),
+# the pipeline end to end, and the image and the pipeline in containers where a Docker engine runs
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS) tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks components pipelines

@@ -22,3 +22,32 @@ def round_robin():
                                description="table i on device i + offset (a test method)"))
     yield "round_robin"
     unregister_method("round_robin")
+
+
+#: fixtures that start a server for their module (an MLflow tracking server over moto's S3): a test that uses one is
+#: `slow` (make test-all), the rule of pyproject's markers applied where the fixture, not the test, costs the time
+SLOW_FIXTURES = frozenset({"s3_tracking_server"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use a SLOW_FIXTURES server are marked slow."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def tiny_cost_model():
+    """(model, training report): a small real NeuralCostModel trained once per test session on synthetic
+    measurements (costmodel_synthetic) labelled with this machine's hardware kind, so `plan` finds it as this
+    machine's champion and `--refine` measures here. For tests that only read it: save, register, plan with it."""
+    import pandas as pd
+    from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
+
+    from shardwise.costmodel import TrainConfig, train_cost_model
+    from shardwise.profiling import hardware_kind
+
+    here = hardware_kind("cpu")
+    frame = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0, hardware_kind=here),
+                       comm_rows(10, 0, hardware_kind=here)], ignore_index=True)
+    return train_cost_model(frame, 0, TrainConfig(epochs=5, comm_epochs=5, progress=False))

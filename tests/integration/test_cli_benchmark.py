@@ -13,7 +13,7 @@ from shardwise.integrations.mlflow import MlflowService
 from shardwise.workload import TableSpec, save_tables
 from shardwise.workload.tableset import TableSet
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 FAST = ["--warmup-iters", "1", "--timing-iters", "2", "--timing-rounds", "1", "--flush-mib", str(FLUSH_MIB), "--comm-iters", "2",
         "--comm-rounds", "1", "--device", "cpu"]

@@ -5,31 +5,23 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
 import pytest
 from search_doubles import random_task
 
 from shardwise.cli import main
-from shardwise.costmodel import TrainConfig, train_cost_model
 from shardwise.integrations.mlflow import MlflowService
-from shardwise.profiling import hardware_kind
 from shardwise.workload import save_task
 
 pytestmark = pytest.mark.integration
 
 
-def test_plan_finds_the_champion_in_the_store_named_by_tracking_uri(tmp_path, monkeypatch, capsys):
-    from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
-
+def test_plan_finds_the_champion_in_the_store_named_by_tracking_uri(tmp_path, monkeypatch, capsys, tiny_cost_model):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     store = tmp_path / "registry"
     store.mkdir()
     uri = f"sqlite:///{store / 'reg.db'}"
-    df = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), comm_rows(10, 0)],
-                   ignore_index=True)
-    df["hardware_kind"] = hardware_kind("cpu")  # this machine's kind: the champion `plan` looks up by default
-    model, report = train_cost_model(df, 0, TrainConfig(epochs=5, comm_epochs=5, progress=False))
+    model, report = tiny_cost_model  # this machine's kind: the champion `plan` looks up by default
     monkeypatch.chdir(store)  # MLflow's default artifact root is relative to the working directory
     logged = MlflowService(uri).log_cost_model(model, report)
     assert logged.promotion is not None and logged.promotion.alias == "champion"
@@ -54,12 +46,9 @@ def test_plan_finds_the_champion_in_the_store_named_by_tracking_uri(tmp_path, mo
     assert not (tmp_path / "empty.db").exists()
 
 
-def test_a_model_directory_holding_two_models_is_refused_not_guessed(tmp_path, monkeypatch, capsys):
-    from costmodel_synthetic import cost_frame, synthetic_tables
-
+def test_a_model_directory_holding_two_models_is_refused_not_guessed(tmp_path, monkeypatch, capsys, tiny_cost_model):
     monkeypatch.chdir(tmp_path)
-    df = cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 40}, 0)
-    model, _ = train_cost_model(df, 0, TrainConfig(epochs=3, comm_epochs=3, progress=False))
+    model, _ = tiny_cost_model
     model.save(tmp_path / "models" / "one")
     model.save(tmp_path / "models" / "two")
     save_task(random_task(0, 6, 2), "task.json")

@@ -34,6 +34,7 @@ def test_unsharded_dlrm_trains_on_synthetic_batches_of_mixed_width_tables() -> N
     torch.nn.functional.binary_cross_entropy_with_logits(logits.squeeze(-1), labels).backward()
 
 
+@pytest.mark.slow
 def test_dlrm_throughput_of_two_plans_on_two_gloo_processes_is_positive(capfd: pytest.CaptureFixture[str]) -> None:
     task = _task([16, 32, 16])
     # t1 split column-wise over both ranks, as NeuroShard's plans do

@@ -31,6 +31,7 @@ def _task() -> ShardingTask:
     return ShardingTask(num_devices=3, device_memory_bytes=2**30, batch_size=1024, tables=(*heavy, *light))
 
 
+@pytest.mark.slow
 def test_refinement_moves_work_off_the_slowest_device_and_keeps_only_measured_gains(tmp_path):
     """Both heavy tables on device 0: a model that thinks every table costs about the same sees balance; the
     measurements do not, and refinement takes a heavy table off device 0."""
@@ -60,6 +61,7 @@ def test_refinement_moves_work_off_the_slowest_device_and_keeps_only_measured_ga
     assert stored["fwd_ms"].gt(0).all() and stored["tables_json"].str.contains('"h0"').any()
 
 
+@pytest.mark.slow
 def test_a_round_relieves_every_device_tied_for_slowest():
     """Two heavy tables on device 0 and two on device 1, equally slow: moving one off device 0 alone cannot lower
     the plan's slowest device (device 1 stays), so one round moves one off each, and keeps both on measurement."""
@@ -78,6 +80,7 @@ def test_a_round_relieves_every_device_tied_for_slowest():
     assert record.after_ms < record.before_ms
 
 
+@pytest.mark.slow
 def test_memory_bounds_every_change_and_a_balanced_plan_is_left_alone():
     task = _task().model_copy(update={"device_memory_bytes": 8 * 2**20})  # a heavy table and a bit per device
     plan = Plan(num_devices=3, method="handmade", shards=(
@@ -104,6 +107,7 @@ def _bad_and_good() -> tuple[Plan, Plan]:
     return bad, good
 
 
+@pytest.mark.slow
 def test_refinement_goes_on_from_the_fastest_start():
     """A bad searched plan and a good other start (both heavy tables apart): both are measured in one session, the
     record names each start's measured figure, and refinement goes on from the faster one, never slower than it."""
@@ -130,6 +134,7 @@ class _CommWrongModel(FeatureCostModel):
         return comm
 
 
+@pytest.mark.slow
 def test_the_all_to_all_is_measured_not_taken_from_the_model():
     """A model that predicts a 1,000 ms exchange on device 2: refinement measures the exchange, so its figures
     are the measured ones and it still works on the device whose kernels are slowest (0, both heavy tables)."""
@@ -144,6 +149,7 @@ def test_the_all_to_all_is_measured_not_taken_from_the_model():
     assert record.after_ms <= record.before_ms
 
 
+@pytest.mark.slow
 def test_a_spent_time_budget_starts_no_round_and_says_so():
     """With the budget spent on measuring the start, no round is tried: the plan comes back as measured, and the
     record says why refinement stopped."""
@@ -177,6 +183,7 @@ def test_a_refused_move_is_not_proposed_first_again_with_another_partner():
     assert all(not c.description.startswith(first[0].move) for c in again[:1])
 
 
+@pytest.mark.slow
 def test_plans_measured_as_refinement_measures_its_starts():
     """`measure_side_by_side` (what bench_measurement_noise compares with `measure_plans`): each plan's slowest
     device with and without the all-to-all, from one session; both heavy tables on one device is the slower plan.

@@ -40,6 +40,7 @@ POOL = TableSet(
 )
 
 
+@pytest.mark.slow
 def test_benchmark_measures_every_method_and_writes_the_report(tmp_path) -> None:
     spec = TaskSetSpec(name="2dev", num_devices=2, min_tables=4, max_tables=6, num_tasks=2)
     task_sets = {spec.name: make_task_set(POOL, spec, seed=0)}
@@ -74,6 +75,7 @@ def test_benchmark_measures_every_method_and_writes_the_report(tmp_path) -> None
     assert measured["timing"]["compute_rounds"] == FAST.timing_rounds
 
 
+@pytest.mark.slow
 def test_benchmark_reports_dlrm_throughput_next_to_torchrecs_plan(tmp_path) -> None:
     spec = TaskSetSpec(name="2dev", num_devices=2, min_tables=3, max_tables=3, num_tasks=2)
     task_sets = {spec.name: make_task_set(POOL, spec, seed=0)}
@@ -116,6 +118,7 @@ def test_cli_evaluate_prints_the_per_device_table_and_writes_the_report(tmp_path
     assert f"{measured['max_cost_ms']:.3f}" in (report / "plan.html").read_text()
 
 
+@pytest.mark.slow
 def test_benchmark_refines_learned_plans_from_the_faster_start(tmp_path) -> None:
     """With a cost model and refine_rounds, each learned method's plan gets a "<method>+refine" row: refined on the
     kernels from the faster of it and the measured greedy's plan, measured with the rest, within memory."""
@@ -149,6 +152,7 @@ class _Counting:
         return self.inner.search(task, cost_model, seed)
 
 
+@pytest.mark.slow
 def test_an_interrupted_benchmark_resumes_where_it_stopped_and_only_with_the_same_settings(tmp_path) -> None:
     spec = TaskSetSpec(name="2dev", num_devices=2, min_tables=3, max_tables=4, num_tasks=2)
     task_sets = {spec.name: make_task_set(POOL, spec, seed=0)}

@@ -2,29 +2,32 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from shardwise.cli import main
-from shardwise.costmodel.train import TrainConfig, train_cost_model
-from shardwise.profiling import hardware_kind
+from shardwise.jobs import plan as plan_job
+from shardwise.profiling import MeasurementSettings
 from shardwise.search import load_plan, validate_plan
 from shardwise.workload import ShardingTask, TableSpec, load_task, save_task
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
-from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables  # noqa: E402
+from timing_settings import FLUSH_MIB  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
 
-def test_plan_refine_measures_here_and_writes_the_refined_plan_with_its_rounds(tmp_path, capsys) -> None:
-    here = hardware_kind("cpu")
-    frame = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0, hardware_kind=here),
-                       comm_rows(10, 0, hardware_kind=here)], ignore_index=True)
-    train_cost_model(frame, 0, TrainConfig(epochs=3, comm_epochs=3, progress=False))[0].save(tmp_path / "model")
+def test_plan_refine_measures_here_and_writes_the_refined_plan_with_its_rounds(tmp_path, capsys, monkeypatch,
+                                                                             tiny_cost_model) -> None:
+    # `plan` has no measurement options: the lightest settings that still measure every shard (the defaults' 9
+    # timings with a 64 MiB flush took 2 minutes here), as the other refinement tests use
+    monkeypatch.setattr(plan_job, "MeasurementSettings", functools.partial(
+        MeasurementSettings, warmup_iters=1, timing_iters=3, timing_rounds=1, comm_iters=2, comm_rounds=1,
+        flush_mib=FLUSH_MIB))
+    tiny_cost_model[0].save(tmp_path / "model")
     tables = [TableSpec(name=f"h{i}", rows=20_000, dim=64, pooling_factor=30.0) for i in range(3)]
     tables += [TableSpec(name=f"l{i}", rows=500, dim=16, pooling_factor=1.0) for i in range(4)]
     task_path = save_task(ShardingTask(num_devices=2, device_memory_bytes=2**30, batch_size=512, tables=tuple(tables)),

@@ -16,6 +16,7 @@ from shardwise.profiling.comm import AllToAllSession, local_batch_sizes, measure
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 def test_two_process_gloo_all_to_all_moves_each_device_its_slice() -> None:
     widths, batch = [24, 8], 101
     timings = measure_all_to_all(widths, batch, backend="gloo", warmup_iters=1, iters=3, check=True)
@@ -34,6 +35,7 @@ def test_bad_layouts_are_refused() -> None:
         measure_all_to_all([8, -4], 16)
 
 
+@pytest.mark.slow
 def test_a_session_keeps_one_group_for_several_measurements_and_reaps_its_ranks() -> None:
     """Refinement measures a few layouts each round: one process group serves them all, checked exchanges stay
     correct from one call to the next, and leaving the session leaves no rank behind."""
@@ -47,6 +49,7 @@ def test_a_session_keeps_one_group_for_several_measurements_and_reaps_its_ranks(
     assert all(not p.is_alive() and p.exitcode == 0 for p in ranks)
 
 
+@pytest.mark.slow
 def test_a_rank_that_fails_stops_the_session_with_one_line() -> None:
     """A rank that dies mid-session (here: killed) is reported, and the other ranks are not left waiting."""
     session = AllToAllSession(2, backend="gloo")
@@ -61,6 +64,7 @@ def test_a_rank_that_fails_stops_the_session_with_one_line() -> None:
         other.measure([[8, 8, 8]], 4)
 
 
+@pytest.mark.slow
 def test_ranks_leave_when_their_parent_is_killed(tmp_path) -> None:
     """A SIGKILLed parent sends no stop: its ranks notice they were orphaned and exit, not wait forever."""
     script = (

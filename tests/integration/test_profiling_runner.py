@@ -71,6 +71,7 @@ def test_interrupted_profile_resumes_without_remeasuring(tmp_path: Path, monkeyp
     assert noise_floor(df)["configs"] == 2
 
 
+@pytest.mark.slow
 def test_cli_profile_on_a_tiny_table_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tables = tmp_path / "tables.json"
     tables.write_text(json.dumps({"format": "shardwise.tables/v1", "batch_size": 64,
@@ -168,6 +169,7 @@ def test_sigterm_while_measuring_keeps_every_flushed_row(tmp_path: Path) -> None
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp part left behind
 
 
+@pytest.mark.slow
 def test_sigint_during_the_all_to_alls_keeps_rows_and_says_so(tmp_path: Path) -> None:
     tables = tmp_path / "tables.json"
     tables.write_text(json.dumps({"format": "shardwise.tables/v1", "batch_size": 64,

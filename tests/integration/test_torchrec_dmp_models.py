@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DIM = 16
 BATCH = 8  # per rank

@@ -112,6 +112,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_plan_runs_in_dmp_and_matches_unsharded(tmp_path, monkeypatch):
     # the spawned workers import this module by its importlib-mode name (tests.integration...): they need the
     # repository root on sys.path, which `python -m pytest` adds and a plain `pytest` does not
