@@ -15,6 +15,8 @@ ARG STACK=cuda
 
 FROM ${BASE_IMAGE} AS build
 ARG STACK
+# the build stage's image, which the classic builder leaves untagged: `make image` prunes it by this label
+LABEL shardwise.stage=build
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
