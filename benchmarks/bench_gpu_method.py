@@ -144,15 +144,35 @@ def profile_figures(costs: Path, seconds: float, measured: int) -> dict[str, Any
     }
 
 
+#: shards profiled first to learn the device's speed, when the profile has a time budget
+PILOT_SHARDS = 40
+
+
 def run_profile(tables: list[TableSpec], holdout: list[TableSpec], out: Path, settings: ProfileSettings,
-                holdout_shards: int) -> tuple[float, int]:
-    """The training tables' shards and, apart (no shard mixes the two), the held-out tables' shards, into `out`."""
+                holdout_shards: int, budget_s: float | None = None) -> tuple[float, int, int, int]:
+    """The training tables' shards and, apart (no shard mixes the two), the held-out tables' shards, into `out`.
+    With `budget_s`, a pilot of PILOT_SHARDS training shards first, then as many more of both (at most the asked
+    numbers, in their proportion) as the pilot's speed fits in the budget: the run resumes the pilot's shards (a
+    config's id is its content, and the sampled configs of a smaller run are the first of a larger one).
+    Returns seconds, measurements, training and held-out shards."""
     start = time.perf_counter()
-    measured = profile(tables, out, settings, progress=False).measured
-    if holdout_shards:
-        apart = settings.model_copy(update={"num_shards": holdout_shards, "seed": settings.seed + 1, "repeats": 0})
+    measured, scale = 0, 1.0
+    if budget_s is not None and settings.num_shards > PILOT_SHARDS:
+        pilot = settings.model_copy(update={"num_shards": PILOT_SHARDS, "repeats": 0})
+        measured += profile(tables, out, pilot, progress=False).measured
+        elapsed = time.perf_counter() - start
+        rest = settings.num_shards - PILOT_SHARDS + holdout_shards + settings.repeats * settings.repeat_shards
+        scale = min(1.0, measured / elapsed * max(budget_s - elapsed, 0.0) / rest)
+        if scale < 1.0:
+            print(f"profile: {measured / elapsed:.1f} shards/s in the pilot: {scale:.0%} of the shards fit in "
+                  f"{budget_s:.0f} s")
+    shards = max(min(settings.num_shards, PILOT_SHARDS), round(settings.num_shards * scale))
+    held_out = round(holdout_shards * scale)
+    measured += profile(tables, out, settings.model_copy(update={"num_shards": shards}), progress=False).measured
+    if held_out:
+        apart = settings.model_copy(update={"num_shards": held_out, "seed": settings.seed + 1, "repeats": 0})
         measured += profile(holdout, out, apart, progress=False).measured
-    return time.perf_counter() - start, measured
+    return time.perf_counter() - start, measured, shards, held_out
 
 
 def plan_and_measure(tasks: list[ShardingTask], model: Any, measurement: MeasurementSettings, device: torch.device,
@@ -197,6 +217,9 @@ def main() -> None:
     parser.add_argument("--timer-rounds", type=int, default=3, help="timings of each shard by each timer")
     parser.add_argument("--num-shards", type=int, default=None, help="training shards (default: the preset's)")
     parser.add_argument("--holdout-shards", type=int, default=None, help="held-out shards (default: the preset's)")
+    parser.add_argument("--profile-budget-s", type=float, default=None,
+                        help="fit the main profile in this many seconds: a pilot's speed decides how many of the "
+                             "preset's shards are measured (default: all of them)")
     parser.add_argument("--repeat-shards", type=int, default=30, help="profiled shards measured again (noise floor)")
     parser.add_argument("--probe-batch", type=int, default=2048, help="the small batch of the probe profile")
     parser.add_argument("--probe-shards", type=int, default=120, help="shards of the probe profile (0: none)")
@@ -252,14 +275,15 @@ def main() -> None:
                                repeats=max(preset.profile_repeats, 1), repeat_shards=args.repeat_shards, seed=seed,
                                device=str(device), batch_size=batch, protocol=protocol)
     costs = out / "costs"
-    seconds, measured = run_profile(list(train.tables), list(holdout.tables), costs, settings,
-                                    preset.profile_holdout_shards)
-    main_profile = profile_figures(costs, seconds, measured)
+    seconds, measured, shards_run, held_out_run = run_profile(
+        list(train.tables), list(holdout.tables), costs, settings, preset.profile_holdout_shards, args.profile_budget_s)
+    main_profile = {"training_shards": shards_run, "held_out_shards": held_out_run,
+                    **profile_figures(costs, seconds, measured)}
     figures.add("profile", main_profile, seconds)
     print(f"profile at batch {batch}: {main_profile}")
     if probe_tables is not None:
         probe = settings.model_copy(update={"num_shards": args.probe_shards, "batch_size": args.probe_batch})
-        seconds, measured = run_profile(list(probe_tables.tables), [], out / "probe_costs", probe, 0)
+        seconds, measured, _, _ = run_profile(list(probe_tables.tables), [], out / "probe_costs", probe, 0)
         probe_profile = profile_figures(out / "probe_costs", seconds, measured)
         figures.add("probe_profile", probe_profile, seconds)
         print(f"profile at batch {args.probe_batch}: {probe_profile}")

@@ -7,16 +7,18 @@
 #
 # OUT gets seven files: summary.txt (the machine, each step's exit and time), each step's log, and the result
 # documents (also under benchmarks/results/); the method's datasets and model stay in /tmp/gpu_check_method.
-#   1. tests/gpu (120 s): the cost model, NeuroShard and the RL policies on CUDA; the CUDA timers on a torch
-#      EmbeddingBag; fbgemm shards whose cost grows with their tables and whose repeats agree, at batch 2048 and
-#      65536; the three timers agreeing where the kernels dominate;
-#   2. bench_batch_build.py --device cuda (40 s): a shard's batch at 65536 built on the host against the tensor path
+# The steps, most telling first:
+#   1. bench_batch_build.py --device cuda (40 s): a shard's batch at 65536 built on the host against the tensor path
 #      the profiler uses (batch_build_cuda.json);
-#   3. bench_gpu_method.py --preset gpu-check (320 s): the timers compared, profile (training and held-out tables
-#      apart, repeats for the noise floor) at batch 65536 and a probe at 2048, pre-train, plan (neuroshard,
+#   2. bench_gpu_method.py --preset gpu-check (320 s): the timers compared, profile (training and held-out tables
+#      apart, repeats for the noise floor; as many of the preset's 600 + 100 shards as a pilot's speed fits in
+#      120 s) at batch 65536 and a probe at 2048, pre-train, plan (neuroshard,
 #      measured_greedy, size_lookup_greedy, torchrec, torchrec_cw) two tasks of held-out tables (16 on 4 devices,
 #      32 on 8) and measure the plans' kernels (compute alone: one GPU holds no NCCL group of several ranks);
-#      gpu_method.json, and gpu_method_steps.json written after every step, so a step cut short keeps the rest.
+#      gpu_method.json, and gpu_method_steps.json written after every step, so a step cut short keeps the rest;
+#   3. tests/gpu (120 s): the cost model, NeuroShard and the RL policies on CUDA; the CUDA timers on a torch
+#      EmbeddingBag; fbgemm shards whose cost grows with their tables and whose repeats agree, at batch 2048 and
+#      65536; the three timers agreeing where the kernels dominate, and the hold covering every TBE call.
 set -u
 out=${1:?OUT: a folder for the logs and results}
 mkdir -p "$out"
@@ -29,18 +31,22 @@ python3 -c "import fbgemm_gpu, torchrec; print('fbgemm_gpu', fbgemm_gpu.__versio
 date -u +%FT%TZ | tee -a "$out/summary.txt"
 status=0
 step() {  # step LIMIT_S LOG RESULT COMMAND...: run under a time limit, keep its log and result document
-    local limit=$1 log=$2 result=$3 began=$SECONDS; shift 3
+    local limit=$1 log=$2 result=$3 began=$SECONDS marker; shift 3
+    marker=$(mktemp)  # a result document older than the step is an earlier run's: not copied
     timeout "$limit" "$@" 2>&1 | tr '\r' '\n' | grep -v -E 'it/s\]$|^(INFO|WARNING):' | tee "$out/$log"
     local rc=${PIPESTATUS[0]}
     echo "[$log: exit $rc after $((SECONDS - began)) s of $limit]" | tee -a "$out/summary.txt"
     [ "$rc" = 0 ] || status=1
-    [ -z "$result" ] || cp "benchmarks/results/$result.json" "$out"/ 2>/dev/null
+    if [ -n "$result" ] && [ "benchmarks/results/$result.json" -nt "$marker" ]; then
+        cp "benchmarks/results/$result.json" "$out"/
+    fi
+    rm -f "$marker"
 }
-step 120 tests.log "" python3 -m pytest tests/gpu -q -p no:cacheprovider
 step 40 batch_build.log batch_build_cuda python3 benchmarks/bench_batch_build.py --device cuda --record
 work=/tmp/gpu_check_method
 rm -rf "$work"
 step 320 method.log gpu_method python3 benchmarks/bench_gpu_method.py --device cuda --preset gpu-check \
-    --out "$work" --record
+    --profile-budget-s 120 --out "$work" --record
 cp "$work/gpu_method.json" "$out/gpu_method_steps.json" 2>/dev/null
+step 120 tests.log "" python3 -m pytest tests/gpu -q -p no:cacheprovider
 exit $status
