@@ -1,25 +1,58 @@
-"""How fast the command answers: `shardwise --help` and `shardwise task check` next to `python -c pass`.
+"""How fast the command answers: `shardwise --help` and `shardwise task check` next to `python -c pass`, and
+`shardwise plan` with the registered champion next to `python -c "import torch"`.
 
-Neither imports torch, mlflow or kfp (the verb's module loads only when it runs). Timed with a CPU-bound process
-beside the benchmark, as on a laptop with a browser open; the figure to read is the ratio to `python -c pass`.
+`--help` and `task check` import neither torch, mlflow nor kfp (the verb's module loads only when it runs). `plan`
+needs torch; with the champion's files in the local cache (warm: every plan after the first of a version) it
+should import nothing else heavy: the alias is read from the sqlite store with the standard library, no MLflow.
+Cold: an empty cache each run, so MLflow downloads the version. The task has 100 tables on 8 devices; the
+champion is a small cost model trained on synthetic costs (tests/unit/costmodel_synthetic.py) and registered in a
+temporary sqlite store. The drop-in: `ShardwisePlanner(tracking_uri=store, adapt=0).plan(module)` of the
+26-table MLPerf DLRM-DCNv2 model (benchmarks/bench_torchrec_dropin.py), champion resolved from the cache, next to
+TorchRec's `EmbeddingShardingPlanner` on the same tables, both the first call in a fresh process (adapt=0: that
+small champion never saw dim-128 tables, and adapting it, kernels timed for up to 120 s, is not planning).
 
-    python benchmarks/bench_cli_startup.py [--repeats 15] [--no-load] [--record]
+Timed with a CPU-bound process beside the benchmark, as on a laptop with a browser open; the figures to read are
+the ratio to `python -c pass` and the seconds over `python -c "import torch"`.
+
+    python benchmarks/bench_cli_startup.py [--repeats 15] [--plan-repeats 5] [--no-load] [--record]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
+import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from record import record
 
 from shardwise.workload import ShardingTask, TableSpec, save_task
+
+BENCHMARKS = Path(__file__).resolve().parent
+#: the drop-in timed in a fresh process: first plan with the registered champion, then TorchRec's planner
+_DROPIN = """
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from bench_torchrec_dropin import dcnv2_module, plan_both
+from shardwise.integrations.torchrec import ShardwisePlanner
+from shardwise.search import make_searcher
+from shardwise.workload import mlperf_dcnv2_tables, shard_memory_bytes
+
+module, constraints = dcnv2_module(0.001)
+memory = int(1.5 * shard_memory_bytes(list(mlperf_dcnv2_tables(0.001)), 2048) / 4)
+planner = ShardwisePlanner(world_size=4, batch_size=2048, constraints=constraints, device_type="cpu",
+                           device_memory_bytes=memory, storage_reservation=0.0, tracking_uri=sys.argv[1], adapt=0)
+_, _, theirs, ours_s, theirs_s = plan_both(planner, module, make_searcher("torchrec"))
+print(json.dumps({"ours_s": ours_s, "theirs_s": theirs_s, "mlflow": "mlflow" in sys.modules}))
+"""
 
 
 def _busy(stop: mp.Event) -> None:  # type: ignore[valid-type]
@@ -28,50 +61,133 @@ def _busy(stop: mp.Event) -> None:  # type: ignore[valid-type]
         x = (x * 31 + 7) % 1_000_003
 
 
-def _median_s(argv: list[str], repeats: int) -> float:
-    times = []
+def _run_s(argv: list[str], env: dict[str, str] | None = None) -> float:
+    """Wall seconds of one run of `argv` (which must succeed)."""
+    started = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, env=env)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed: {done.stderr.decode()[-2000:]}")
+    return seconds
+
+
+def _medians_s(commands: dict[str, list[str]], repeats: int, env: dict[str, str] | None = None,
+               before: dict[str, Callable[[], None]] | None = None) -> dict[str, float]:
+    """Median wall seconds of each command, the commands taking turns run by run (a machine that drifts in speed
+    slows them alike); `before[name]()` runs untimed before each run of `name` (emptying a cache)."""
+    times: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(repeats):
-        started = time.perf_counter()
-        subprocess.run(argv, check=True, capture_output=True)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        for name, argv in commands.items():
+            if before and name in before:
+                before[name]()
+            times[name].append(_run_s(argv, env))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _register_champion(tmp: Path) -> str:
+    """A small cost model for this machine's hardware kind, registered as champion in a sqlite store in `tmp`."""
+    sys.path.insert(0, str(BENCHMARKS.parent / "tests" / "unit"))  # the synthetic cost data
+    import pandas as pd
+    from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
+
+    from shardwise.costmodel import TrainConfig, train_cost_model
+    from shardwise.integrations.mlflow import MlflowService
+    from shardwise.profiling import hardware_kind
+
+    frame = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), comm_rows(10, 0)],
+                      ignore_index=True)
+    frame["hardware_kind"] = hardware_kind("cpu")
+    model, report = train_cost_model(frame, 0, TrainConfig(epochs=5, comm_epochs=5, progress=False))
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    cwd = os.getcwd()
+    os.chdir(tmp)  # MLflow's default artifact root (./mlruns) is relative to the working directory
+    try:
+        MlflowService(uri).log_cost_model(model, report)
+    finally:
+        os.chdir(cwd)
+    return uri
+
+
+def _dropin_s(store: str, env: dict[str, str], repeats: int) -> tuple[float, float]:
+    """Medians of the drop-in's and TorchRec's planner's first plan in a fresh process (warm cache)."""
+    runs = []
+    for _ in range(repeats):
+        done = subprocess.run([sys.executable, "-c", _DROPIN, store, str(BENCHMARKS)], capture_output=True,
+                              text=True, env=env)
+        if done.returncode != 0:
+            raise SystemExit(f"drop-in timing failed: {done.stderr[-2000:]}")
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert not any(r["mlflow"] for r in runs[1:]), "the drop-in imported MLflow with the champion in the cache"
+    return statistics.median(r["ours_s"] for r in runs), statistics.median(r["theirs_s"] for r in runs)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--plan-repeats", type=int, default=5, help="runs of each torch-loading command")
     parser.add_argument("--no-load", action="store_true", help="no CPU-bound process beside the benchmark")
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/cli_startup.json")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
         tables = [TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=4.0) for i in range(8)]
         task = save_task(ShardingTask(num_devices=2, device_memory_bytes=2**30, batch_size=512, tables=tables),
-                         Path(tmp) / "task.json")
+                         tmp / "task.json")
+        big = [TableSpec(name=f"t{i}", rows=1000 + 37 * i, dim=16 * (1 + i % 4), pooling_factor=1.0 + i % 7)
+               for i in range(100)]
+        task100 = save_task(ShardingTask(num_devices=8, device_memory_bytes=2**30, batch_size=512, tables=big),
+                            tmp / "task100.json")
+        print("registering a champion in a temporary sqlite store ...", flush=True)
+        store = _register_champion(tmp)
+        cache = tmp / "cache"
+        env = {**os.environ, "SHARDWISE_CACHE": str(cache)}
         shardwise = [sys.executable, "-m", "shardwise.cli"]
-        commands = {
+        plan = [*shardwise, "plan", "--task", str(task100), "--device", "cpu", "--tracking-uri", store,
+                "--out", str(tmp / "plan.json")]
+        quick = {
             "python -c pass": [sys.executable, "-c", "pass"],
             "shardwise --help": [*shardwise, "--help"],
             "shardwise task check": [*shardwise, "task", "check", str(task)],
-            "shardwise plan --help (loads torch)": [*shardwise, "plan", "--help"],
         }
         stop = mp.Event()
         load = None if args.no_load else mp.Process(target=_busy, args=(stop,), daemon=True)
         if load:
             load.start()
         try:
-            medians = {name: _median_s(argv, args.repeats) for name, argv in commands.items()}
+            medians = _medians_s(quick, args.repeats)
+            slow = {
+                "python -c 'import torch'": [sys.executable, "-c", "import torch"],
+                "shardwise plan --help (loads torch)": [*shardwise, "plan", "--help"],
+                "shardwise plan, 100 tables, champion, cold cache": plan,
+                "shardwise plan, 100 tables, champion, warm cache": plan,
+            }
+            # the cold run empties the cache first; the warm run after it finds the version there
+            medians |= _medians_s(slow, args.plan_repeats, env,
+                                  {"shardwise plan, 100 tables, champion, cold cache": lambda: shutil.rmtree(cache, True)})
+            ours_s, theirs_s = _dropin_s(store, env, args.plan_repeats)
         finally:
             stop.set()
-    base = medians["python -c pass"]
-    rows = [{"command": name, "median_s": round(s, 3), "ratio_to_python": round(s / base, 2)}
-            for name, s in medians.items()]
-    print(f"{'command':<40} {'median s':>9} {'/ python -c pass':>17}")
+    base, torch_s = medians["python -c pass"], medians["python -c 'import torch'"]
+    rows = [{"command": name, "median_s": round(s, 3), "ratio_to_python": round(s / base, 2),
+             "over_import_torch_s": round(s - torch_s, 3) if "plan" in name else None,
+             "ratio_to_torchrec_planner": None} for name, s in medians.items()]
+    print(f"{'command':<52} {'median s':>9} {'/ python -c pass':>17} {'- import torch':>15}")
     for row in rows:
-        print(f"{row['command']:<40} {row['median_s']:>9.3f} {row['ratio_to_python']:>17.2f}")
+        over = f"{row['over_import_torch_s']:>15.3f}" if row["over_import_torch_s"] is not None else ""
+        print(f"{row['command']:<52} {row['median_s']:>9.3f} {row['ratio_to_python']:>17.2f}{over}")
+    print(f"drop-in (26-table DLRM-DCNv2, 4 ranks, champion from the cache): ShardwisePlanner.plan {ours_s:.3f} s, "
+          f"TorchRec's planner {theirs_s:.3f} s, ratio {ours_s / theirs_s:.2f} (first call in a fresh process)")
+    rows.append({"command": "ShardwisePlanner.plan, DLRM-DCNv2, champion, warm cache", "median_s": round(ours_s, 3),
+                 "ratio_to_python": None, "over_import_torch_s": None,
+                 "ratio_to_torchrec_planner": round(ours_s / theirs_s, 2)})
+    rows.append({"command": "TorchRec EmbeddingShardingPlanner.plan, DLRM-DCNv2", "median_s": round(theirs_s, 3),
+                 "ratio_to_python": None, "over_import_torch_s": None, "ratio_to_torchrec_planner": 1.0})
     if args.record:
         load_note = "no other load" if args.no_load else "one CPU-bound process beside it"
-        record("cli_startup", "CLI start-up", rows, notes=f"median of {args.repeats} runs each, {load_note}")
+        record("cli_startup", "CLI start-up and `plan` with the registered champion", rows,
+               notes=f"median of {args.repeats} runs each ({args.plan_repeats} for the commands that load torch and "
+                     f"the drop-in), {load_note}")
 
 
 if __name__ == "__main__":

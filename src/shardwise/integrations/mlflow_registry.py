@@ -217,16 +217,16 @@ def _tls_context() -> ssl.SSLContext | None:
 
 
 def _server_message(body: bytes) -> tuple[str, str]:
-    """(error_code, message) of an MLflow error answer; ("", first line of the body) for anything else."""
+    """(error_code, first line of the message) of an MLflow error answer; ("", the body's first line) else."""
     text = body.decode("utf-8", "replace").strip()
     try:
         doc = json.loads(text)
     except ValueError:
-        return "", text.splitlines()[0][:200] if text else ""
+        doc = None
     if not isinstance(doc, dict):
-        return "", text[:200]
-    return str(doc.get("error_code", "")), str(doc.get("message", "")).strip().splitlines()[0][:200] if doc.get(
-        "message") else ""
+        return "", text.splitlines()[0][:200] if text else ""
+    message = str(doc.get("message") or "").strip()
+    return str(doc.get("error_code") or ""), message.splitlines()[0][:200] if message else ""
 
 
 def _http_get(uri: str, path: str, params: dict[str, str] | None, service: str, timeout_s: float | None) -> bytes:

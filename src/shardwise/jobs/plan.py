@@ -25,10 +25,12 @@ class PlanSettings(JobSettings):
     method: str = Field(default="neuroshard", description="search method")
     model: str | None = Field(
         default=None, description="cost model: directory, models:/<name>@<alias> or runs:/... "
-        "(default: models:/shardwise-cost-<hardware kind>@champion)",
+        "(default: models:/shardwise-cost-<hardware kind>@champion); a registered version is kept in "
+        "$SHARDWISE_CACHE (else ~/.cache/shardwise) after its first use",
     )
     tracking_uri: str | None = Field(
-        default=None, description="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)"
+        default=None, description="MLflow tracking URI (default $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db); "
+        "a server that does not answer within $SHARDWISE_SERVICE_TIMEOUT_S seconds (default 10) is an error"
     )
     device: DeviceName = Field(
         default=None, description="hardware the plan is for (cpu, cuda): picks the default cost model "
