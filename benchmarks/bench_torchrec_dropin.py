@@ -8,7 +8,12 @@ tables on 4 devices, 80-120 on 8), each planned two ways for the same `Embedding
 `EmbeddingShardingPlanner` (the `torchrec` method: fused kernel, the same pooling factors and memory cap). All
 plans are measured in one session on this machine's fbgemm kernels and all-to-alls (evaluation.measure_plans).
 
-    python benchmarks/bench_torchrec_dropin.py --model MODEL_DIR [--devices 4] [--paper-tasks 3] [--record]
+    python benchmarks/bench_torchrec_dropin.py --model MODEL_DIR [--devices 4] [--paper-tasks 3] [--adapt SECONDS]
+        [--record]
+
+With --adapt, the DCNv2 tables are also planned after the drop-in adapts the cost model on this machine (the
+task's tables timed alone and in fused groups, the model fine-tuned on them: shardwise.evaluation.adapt); the
+other runs are planned without adaptation.
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ def main() -> None:
     parser.add_argument("--memory-slack", type=float, default=1.5, help="memory per device = slack x even share")
     parser.add_argument("--paper-tasks", type=int, default=3, metavar="N",
                         help="also the first N tasks of each paper task set (0: the DCNv2 tables only)")
+    parser.add_argument("--adapt", type=float, default=0.0, metavar="SECONDS",
+                        help="also plan the DCNv2 tables after adapting the cost model here for this long (0: not)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/torchrec_dropin.json")
     args = parser.parse_args()
@@ -81,16 +88,29 @@ def main() -> None:
     tables = [TableSpec(name=c.name, rows=c.num_embeddings, dim=c.embedding_dim, pooling_factor=1.0)
               for c in module.sparse.embedding_bag_configs()]
     need = shard_memory_bytes(tables, 2048)
-    planner = ShardwisePlanner(world_size=args.devices, batch_size=2048, constraints=constraints, device_type="cpu",
-                               device_memory_bytes=int(args.memory_slack * need / args.devices),
-                               storage_reservation=0.0, cost_model=args.model)
+
+    def dcnv2_planner(cost_model: Any, adapt: float) -> ShardwisePlanner:
+        return ShardwisePlanner(world_size=args.devices, batch_size=2048, constraints=constraints, device_type="cpu",
+                                device_memory_bytes=int(args.memory_slack * need / args.devices),
+                                storage_reservation=0.0, cost_model=cost_model, adapt=adapt)
+
+    planner = dcnv2_planner(args.model, 0.0)  # the run without adaptation, as before it existed
     runs = [("mlperf-dcnv2", *plan_both(planner, module, torchrec))]
     model = planner.resolved_cost_model()
+    outside = planner.last_plan.extra.get("outside_training") if planner.last_plan else None
+    print(f"mlperf-dcnv2: {outside or 'inside the cost model training ranges'}")
+    if args.adapt:
+        adapting = dcnv2_planner(model, args.adapt)
+        runs.append(("mlperf-dcnv2 adapted", *plan_both(adapting, module, torchrec)))
+        print(f"mlperf-dcnv2: {adapting.last_adaptation.line() if adapting.last_adaptation else 'not adapted'}")
     batch = getattr(model, "batch_size", None) or 2048  # the cost model's, as it was trained and is measured
     for name, task in paper_tasks(args.paper_tasks, args.seed, batch) if args.paper_tasks else []:
-        # the task's own tables, pooling and skew; the planner takes its memory budget as it is
-        dropin = ShardwisePlanner(task=task, device_type="cpu", cost_model=model)
+        # the task's own tables, pooling and skew; the planner takes its memory budget as it is; not adapted (the
+        # line says where the drop-in's default would adapt)
+        dropin = ShardwisePlanner(task=task, device_type="cpu", cost_model=model, adapt=0.0)
         runs.append((name, *plan_both(dropin, ebc_on_meta(task), torchrec)))
+        tables_outside = getattr(model, "outside_training", lambda *_: None)(task.tables, batch)
+        print(f"{name}: {'tables outside the training ranges, the default would adapt' if tables_outside else 'inside'}")
 
     # measured as the cost model's data was (its reference timing and batch), like bench_plan_quality.py
     measurement = MeasurementSettings(device="cpu").for_cost_model(getattr(model, "reference_ms", None),
@@ -104,7 +124,7 @@ def main() -> None:
         mine = next(measured).max_cost_ms
         baseline = next(measured).max_cost_ms if theirs is not None else None
         ratio = mine / baseline if baseline else None
-        label = name if name == "mlperf-dcnv2" else f"{name} #{sum(r[0] == name for r in runs[:index]) + 1}"
+        label = name if name.startswith("mlperf-dcnv2") else f"{name} #{sum(r[0] == name for r in runs[:index]) + 1}"
         print(f"{label:<28}{len(task.tables):>7}{task.num_devices:>8}{mine:>13.3f}"
               + (f"{baseline:>12.3f}{ratio:>7.3f}" if baseline and ratio else f"{'no plan':>12}{'':>7}")
               + f"{ours_s:>8.2f}{theirs_s:>11.2f}")
@@ -120,7 +140,9 @@ def main() -> None:
     if args.record:
         record("torchrec_dropin", "Drop-in planner vs TorchRec's: the MLPerf DLRM-DCNv2 tables and paper tasks "
                "(measured)", rows, notes=f"DCNv2 on {args.devices} devices, rows x {args.row_scale}, memory slack "
-               f"{args.memory_slack}; first {args.paper_tasks} task(s) of each paper set")
+               f"{args.memory_slack}; first {args.paper_tasks} task(s) of each paper set"
+               + (f"; DCNv2 also planned after {args.adapt:g} s of adaptation (planning s includes it)"
+                  if args.adapt else ""))
 
 
 if __name__ == "__main__":
