@@ -42,7 +42,7 @@ def zipf_rows_(uniforms: torch.Tensor, rows: int, alpha: float, out: torch.Tenso
     else:
         a = 1.0 - alpha
         uniforms.mul_((rows + 1.0) ** a - 1.0).add_(1.0).pow_(1.0 / a).sub_(1.0)
-    out.copy_(uniforms.floor_().clamp_(0, rows - 1))
+    out.copy_(uniforms.clamp_max_(rows - 1))  # ranks >= 0: the cast's truncation is the floor
     return out.mul_(_PERMUTE_MUL).add_(_PERMUTE_ADD).remainder_(rows)
 
 
@@ -99,17 +99,21 @@ def index_data_batch(
     """(indices, offsets) over `tables` from read index data (by source table), fitted to `batch_size` bags and
     folded into each table's rows (tables scaled down, or column slices of resampled tables, have fewer rows than
     the data's ids), built on `device`."""
-    lengths, indices = [], []
+    fitted = []
     for t in tables:
         source = t.source or t.name
         if source not in index_data:
             raise ValueError(f"table {t.name!r}: no index data for its source {source!r}")
         raw_lengths, raw_indices = index_data[source]
-        fitted = fit_batch(torch.as_tensor(np.asarray(raw_lengths, dtype=np.int64)).to(device),
-                           torch.as_tensor(np.asarray(raw_indices, dtype=np.int64)).to(device), batch_size)
-        lengths.append(fitted[0])
-        indices.append(torch.remainder(fitted[1], t.rows))
-    return torch.cat(indices), _offsets(torch.cat(lengths))
+        fitted.append(fit_batch(torch.as_tensor(np.asarray(raw_lengths, dtype=np.int64)).to(device),
+                                torch.as_tensor(np.asarray(raw_indices, dtype=np.int64)).to(device), batch_size))
+    counts = [ids.numel() for _, ids in fitted]
+    indices = torch.empty(sum(counts), dtype=torch.int64, device=device)
+    start = 0
+    for t, (_, ids), count in zip(tables, fitted, counts):
+        torch.remainder(ids, t.rows, out=indices[start : start + count])  # folded straight into the shard's ids
+        start += count
+    return indices, _offsets(torch.cat([lengths for lengths, _ in fitted]))
 
 
 def shard_batch(
