@@ -7,8 +7,6 @@ same line."""
 from __future__ import annotations
 
 import datetime
-import os
-import socket
 from pathlib import Path
 
 import pandas as pd
@@ -69,7 +67,7 @@ def _batch(rank: int, step: int):  # noqa: ANN202 - (dense, KeyedJaggedTensor, l
     return torch.randn(BATCH, DENSE_IN, generator=g), kjt, torch.randint(0, 2, (BATCH,), generator=g).float()
 
 
-def _worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
+def _worker(rank: int, model_dir: str, out_dir: str) -> None:
     import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torch.distributed._shard.sharded_tensor import ShardedTensor
@@ -80,9 +78,9 @@ def _worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # a rank left waiting on a broadcast fails within a minute instead of gloo's 30
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", init_method=f"file://{Path(out_dir) / 'rendezvous'}", rank=rank,
+                            world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=60))
     result: dict = {}
     try:
         sharders = [EmbeddingBagCollectionSharder(
@@ -126,12 +124,6 @@ def _worker(rank: int, port: int, model_dir: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     """A cost model trained on synthetic tables of dim at most 64 and pooling at most 40, as `make run`'s is."""
@@ -169,7 +161,7 @@ def test_a_cuda_shaped_topology_plans_the_dcnv2_model_as_torchrecs_planner_does(
 def test_dlrm_dcn_on_the_mlperf_tables_planned_by_shardwise_trains_in_dmp(model_dir, tmp_path, monkeypatch):
     # the spawned workers import this module by its importlib-mode name: they need the repository root on sys.path
     monkeypatch.syspath_prepend(str(Path(__file__).parents[2]))
-    torch.multiprocessing.spawn(_worker, args=(_free_port(), model_dir, str(tmp_path)), nprocs=WORLD_SIZE, join=True)
+    torch.multiprocessing.spawn(_worker, args=(model_dir, str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
 
     kind, line = ranks[0]["error"]
