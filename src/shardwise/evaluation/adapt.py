@@ -25,12 +25,14 @@ from shardwise.profiling.dataset import prepare_dataset, write_part
 from shardwise.profiling.kernel import resolve_timing
 from shardwise.profiling.runner import compute_row
 from shardwise.profiling.sampling import shard_config_id
-from shardwise.workload import DIMS, ShardingTask, TableSpec
+from shardwise.workload import DIMS, ShardingTask, TableSpec, shard_memory_bytes
 
 #: the share of the budget spent timing shards; the rest is fine-tuning (a few seconds for a few hundred shards)
 MEASURE_SHARE = 0.9
 #: the chance that a table in a sampled group is its column half instead (plans split the costliest tables)
 HALF_CHANCE = 0.25
+#: groups drawn in a row that fit no device as pairs before sampling stops (memory too tight for any two tables)
+MAX_MISSES = 100
 
 
 class AdaptError(ShardwiseError):
@@ -88,19 +90,39 @@ def _half(table: TableSpec) -> TableSpec | None:
     return table.with_dim(half) if half >= min(DIMS) and half % min(DIMS) == 0 else None
 
 
-def adaptation_shards(task: ShardingTask, seed: int) -> Iterator[list[TableSpec]]:
-    """The shards adaptation times, in order: each table alone, then random fused groups of 2 up to a device's
-    share of the tables and two more, a table sometimes as its column half; endless (the budget stops it)."""
-    tables = list(task.tables)
-    yield from ([t] for t in tables)
+def adaptation_shards(task: ShardingTask, seed: int, batch_size: int) -> Iterator[list[TableSpec]]:
+    """The shards adaptation times, in order: each table alone (halved until it fits a device, as a plan would
+    split it), then random fused groups of 2 up to a device's share of the tables and two more, a table sometimes
+    as its column half; only what fits one device's memory at `batch_size` (no plan puts more there, and timing it
+    would allocate it); endless (the budget stops it)."""
+
+    def fits(shard: list[TableSpec]) -> bool:
+        return shard_memory_bytes(shard, batch_size, task.optimizer, task.weights_precision) <= task.device_memory_bytes
+
+    tables: list[TableSpec] = []
+    for table in task.tables:
+        part: TableSpec | None = table
+        while part is not None and not fits([part]):
+            part = _half(part)
+        if part is not None:
+            tables.append(part)
+            yield [part]
     if len(tables) < 2:
         return
     rng = np.random.default_rng(seed)
     most = min(len(tables), math.ceil(len(tables) / task.num_devices) + 2)
-    while True:
+    misses = 0
+    while misses < MAX_MISSES:
         size = int(rng.integers(2, most + 1))
         group = [tables[i] for i in rng.choice(len(tables), size=size, replace=False)]
-        yield [(_half(t) or t) if rng.random() < HALF_CHANCE else t for t in group]
+        shard = [(_half(t) or t) if rng.random() < HALF_CHANCE else t for t in group]
+        while len(shard) > 1 and not fits(shard):
+            shard.pop()  # as a device full of them would hold fewer
+        if len(shard) > 1:
+            misses = 0
+            yield shard
+        else:
+            misses += 1
 
 
 def adapt_cost_model(task: ShardingTask, model: NeuralCostModel, budget_s: float, *, seed: int = 0,
@@ -123,7 +145,7 @@ def adapt_cost_model(task: ShardingTask, model: NeuralCostModel, budget_s: float
     costs: list[tuple[float, float]] = []
     rows = []
     stop = start + MEASURE_SHARE * budget_s
-    for tables in adaptation_shards(task, seed):
+    for tables in adaptation_shards(task, seed, batch):
         if time.perf_counter() >= stop:
             break
         timing = measure_shard(tables, batch, device=device, protocol=protocol, optimizer=task.optimizer,
@@ -143,7 +165,7 @@ def adapt_cost_model(task: ShardingTask, model: NeuralCostModel, budget_s: float
     samples = ComputeSamples(tuple(tuple(s) for s in shards), measured[:, 0], measured[:, 1])
     tuned, report = fine_tune_cost_model(model, samples, seed,
                                          time_budget_s=max(1.0, budget_s - (time.perf_counter() - start)))
-    singles = min(len(shards), len(task.tables))
+    singles = sum(len(s) == 1 for s in shards[: len(task.tables)])
     record = AdaptRecord(seconds=time.perf_counter() - start, singles=singles, groups=len(shards) - singles,
                          fine_tune=report, dataset=None if dataset is None else str(dataset))
     return (tuned if record.kept else model), record

@@ -1,0 +1,37 @@
+"""The shards adaptation times: the task's tables alone first, then fused groups, never more than one device holds."""
+
+import itertools
+
+from shardwise.evaluation.adapt import adaptation_shards
+from shardwise.workload import ShardingTask, TableSpec, mlperf_dcnv2_tables, shard_memory_bytes
+
+BATCH = 2048
+
+
+def _task(memory_bytes: int) -> ShardingTask:
+    return ShardingTask(num_devices=4, device_memory_bytes=memory_bytes, batch_size=BATCH,
+                        tables=mlperf_dcnv2_tables(1e-3))
+
+
+def test_each_table_alone_first_then_groups_up_to_a_devices_share_and_two_more():
+    task = _task(2**30)
+    shards = list(itertools.islice(adaptation_shards(task, 0, BATCH), 300))
+    assert [s[0].name for s in shards[:26]] == [t.name for t in task.tables] and all(len(s) == 1 for s in shards[:26])
+    groups = shards[26:]
+    assert {len(g) for g in groups} == set(range(2, 7 + 2 + 1))  # 26 tables on 4 devices: 7 each, and two more
+    assert any(t.dim == 64 for g in groups for t in g)  # column halves, as plans split tables
+    assert list(itertools.islice(adaptation_shards(task, 0, BATCH), 300)) == shards  # seeded
+
+
+def test_nothing_timed_is_more_than_one_device_holds():
+    largest = shard_memory_bytes([mlperf_dcnv2_tables(1e-3)[0]], BATCH)
+    task = _task(int(0.8 * largest))  # the 40,000-row tables fit only as column halves
+    shards = list(itertools.islice(adaptation_shards(task, 0, BATCH), 200))
+    assert all(shard_memory_bytes(s, BATCH) <= task.device_memory_bytes for s in shards)
+    assert shards[0] == [task.tables[0].with_dim(64)]
+    assert len({len(s) for s in shards}) > 2  # small tables still group
+
+    narrow = tuple(TableSpec(name=f"n{i}", rows=1000, dim=4, pooling_factor=2.0) for i in range(3))  # no halves
+    tight = ShardingTask(num_devices=3, device_memory_bytes=shard_memory_bytes(narrow[:1], BATCH), batch_size=BATCH,
+                         tables=narrow)
+    assert list(adaptation_shards(tight, 0, BATCH)) == [[t] for t in narrow]  # no pair fits: sampling stops
