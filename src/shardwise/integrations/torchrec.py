@@ -225,6 +225,7 @@ class ShardwisePlanner(ShardingPlanner):
         self.adapt_dataset = adapt_dataset
         #: what adaptation did for the last plan (None: it did not run)
         self.last_adaptation: AdaptRecord | None = None
+        self._adapted_to: set[frozenset[TableSpec]] = set()  # the table sets adapted to
 
     # -- what is planned -------------------------------------------------------------------------------------
     def _pooling_factor(self, name: str) -> float:
@@ -325,8 +326,8 @@ class ShardwisePlanner(ShardingPlanner):
         if self.adapt == 0 or model is None:
             return model
         # at the batch the model was profiled at: adaptation times there too, so only the tables can be new to it
-        if self.adapt is None and not (isinstance(model, KnowsItsTraining)
-                                       and model.outside_training(task.tables, model.batch_size)):
+        if self.adapt is None and (frozenset(task.tables) in self._adapted_to or not (
+                isinstance(model, KnowsItsTraining) and model.outside_training(task.tables, model.batch_size))):
             return model
         # the measuring stack (fbgemm's kernels, the cost dataset, training) loads only where adaptation may run
         from shardwise.evaluation.adapt import AdaptError, adapt_cost_model, cannot_adapt_here
@@ -345,6 +346,7 @@ class ShardwisePlanner(ShardingPlanner):
         except AdaptError as err:
             raise PlannerError(f"ShardwisePlanner: {err}") from None
         self.cost_model = adapted  # the next plan of these tables needs no adaptation
+        self._adapted_to.add(frozenset(task.tables))  # nor where fine-tuning did not help: it would not again
         return adapted
 
     def tables_of(self, module: nn.Module, sharders: Sequence[Any] | None = None) -> list[ModuleTable]:
