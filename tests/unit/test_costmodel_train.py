@@ -91,6 +91,9 @@ def test_mixed_hardware_kinds_are_refused_by_name(frame):
         (lambda df: df.assign(kind="disk"), "column 'kind'"),
         (lambda df: df.assign(tables_json="[]"), "has no tables"),
         (lambda df: df.assign(batch_size=np.arange(len(df)) % 2 + 1), "mixes batch sizes"),
+        # a GPU's rows timed around the launches (unrecorded: before the timer was stored) beside device-held ones
+        (lambda df: df.assign(hardware_kind="cuda-nvidia-h100",
+                              timer=np.where(np.arange(len(df)) % 2, "held", None)), "mixes CUDA timers"),
     ],
 )
 def test_bad_datasets_are_refused_naming_the_field(frame, change, message):
@@ -112,3 +115,13 @@ def test_inputs_constant_in_training_are_ignored_at_prediction():
     balanced = model.predict_comm(widths, np.full((1, 4), 5.0))
     skewed = model.predict_comm(widths, np.array([[5.0, 1.0, 9.0, 2.0]]))
     np.testing.assert_allclose(skewed, balanced)
+
+
+def test_device_timers_mix_and_cpu_rows_from_before_the_timer_column_still_train(frame):
+    from shardwise.costmodel.train import check_cost_frame
+
+    # a graph that could not be captured is timed held: both time the device's work
+    gpu = frame.assign(hardware_kind="cuda-nvidia-h100", timer=np.where(np.arange(len(frame)) % 2, "held", "graph"))
+    assert check_cost_frame(gpu)[0] == "cuda-nvidia-h100"
+    cpu = frame.assign(timer=np.where(np.arange(len(frame)) % 2, "thread", None))  # older CPU rows: no timer
+    assert check_cost_frame(cpu)[1] == int(frame["batch_size"].iloc[0])

@@ -119,12 +119,28 @@ def check_cost_frame(df: pd.DataFrame) -> tuple[str, int]:
     compute = df[df["kind"] == "compute"]
     if compute.empty:
         raise CostDataError("cost dataset has no kind='compute' rows")
+    timers = _cuda_timers(compute, kinds[0])
+    if "events" in timers and len(timers) > 1:
+        raise CostDataError(
+            f"cost dataset mixes CUDA timers {timers}: 'events' (and rows from before the timer was recorded) time "
+            "the host's launches where they outlast the kernels, 'held' and 'graph' the device's work; profile into "
+            "a new dataset (or dataset_uri prefix) with a device timer"
+        )
     if "tables_json" not in compute.columns:
         raise CostDataError("cost dataset lacks column 'tables_json' for kind='compute' rows")
     costs = compute[["fwd_ms", "bwd_ms"]].to_numpy(dtype=np.float64)
     if not np.all(np.isfinite(costs)) or np.any(costs <= 0):
         raise CostDataError("columns 'fwd_ms'/'bwd_ms' of compute rows must be finite and > 0")
     return kinds[0], sizes[0]
+
+
+def _cuda_timers(compute: pd.DataFrame, hardware_kind: str) -> list[str]:
+    """The CUDA timers a GPU's compute rows were timed with ("events" where none was recorded: the only CUDA timer
+    before `timer` was stored); [] on CPU, whose clock did not change."""
+    if not hardware_kind.startswith("cuda"):
+        return []
+    timers = compute["timer"] if "timer" in compute.columns else pd.Series("events", index=compute.index)
+    return sorted(map(str, timers.fillna("events").unique()))
 
 
 def compute_samples(df: pd.DataFrame) -> ComputeSamples:
