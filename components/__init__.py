@@ -13,6 +13,7 @@ from shardwise.pipelines.components import (
     profile_costs,
     search_plan,
     synth_workload,
+    train_policies,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "profile_costs",
     "search_plan",
     "synth_workload",
+    "train_policies",
 ]

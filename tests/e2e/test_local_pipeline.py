@@ -96,6 +96,17 @@ def test_local_pipeline_then_the_next_commands(tmp_path, smoke_steps):
     assert doc["provenance"]["cost_model_uri"].startswith("models:/shardwise-cost-")
     assert (tmp_path / "mlflow.db").is_file()
 
+    # the run trained and registered both placement policies: they plan with no further step, and the summary
+    # gave their plans' predicted cost beside the searched plan's
+    match = re.search(r"^predicted plan cost on the task \(the cost model's ms per iteration\): (.+)$", out, re.M)
+    assert match, out[-2000:]
+    predicted = dict(item.split() for item in match.group(1).split(", "))
+    assert list(predicted) == [plan["method"], "dreamshard", "autoshard"] and all(float(v) > 0 for v in predicted.values())
+    for method in ("dreamshard", "autoshard"):
+        planned = _shardwise("plan", "--task", str(task), "--method", method, "--out", f"{method}.json", cwd=tmp_path)
+        assert planned.returncode == 0, planned.stderr
+        assert json.loads((tmp_path / f"{method}.json").read_text())["method"] == method
+
     # next: the plan as TorchRec's ShardingPlan, ready for DistributedModelParallel
     from shardwise.integrations.torchrec import to_sharding_plan
     from shardwise.search import load_plan

@@ -48,6 +48,10 @@ class LocalRun(JobResult):
             f"{c.get('torchrec_max_cost_ms', float('nan')):.3f} ms per iteration "
             f"(ratio {c.get('ratio_to_torchrec', float('nan')):.3f}; below 1 is better)",
         ]
+        predicted = {k.removesuffix("_predicted_ms"): v for k, v in c.items() if k.endswith("_predicted_ms")}
+        if predicted:  # the searched plan's first, then the trained policies'
+            lines.append("predicted plan cost on the task (the cost model's ms per iteration): "
+                         + ", ".join(f"{method} {ms:.3f}" for method, ms in predicted.items()))
         if "refined_ratio_to_torchrec" in c:
             lines.append(f"refined on this machine (evaluate step): {c['refined_max_cost_ms']:.3f} ms per iteration "
                          f"(ratio {c['refined_ratio_to_torchrec']:.3f} to TorchRec's planner)")

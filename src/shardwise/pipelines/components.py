@@ -26,6 +26,7 @@ STEPS = (
     "pretrain_cost_model",
     "make_task",
     "search_plan",
+    "train_policies",
     "evaluate_plans",
 )
 
@@ -197,6 +198,48 @@ def search_plan(
     plan.metadata["method"] = method
     with open(plan_table.path, "w") as out:
         out.write(result.markdown())
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def train_policies(
+    tables: Input[Dataset],
+    task: Input[Dataset],
+    plan: Input[Dataset],
+    model: Input[Model],
+    model_alias: str,
+    hardware_kind: str,
+    num_tasks: int,
+    episodes: int,
+    seed: int,
+    policies: Output[Artifact],
+    predicted: Output[Metrics],
+):
+    """Train every placement policy (DreamShard, AutoShard) on tasks sampled from the training tables against the
+    cost model the plan step used, and register each (the promotion gate decides on `champion`), so `shardwise
+    plan --method dreamshard|autoshard` works after the run; plan the task with each, and log their plans'
+    predicted cost beside the searched plan's (the same cost model's ms). `episodes` 0: no policies."""
+    import os
+
+    from shardwise.jobs import plan as plan_job
+    from shardwise.jobs import train_policy as job
+    from shardwise.jobs.models import registered_model_uri
+    from shardwise.search import load_plan
+
+    uri = registered_model_uri(hardware_kind, model_alias) if model_alias else model.path
+    searched = load_plan(plan.path)
+    predicted.log_metric(f"{searched.method}_predicted_ms", float(searched.extra["predicted"]["max_cost_ms"]))
+    methods = job.policy_methods() if episodes > 0 else ()
+    for method in methods:
+        out = os.path.join(policies.path, method)
+        trained = job.run(job.TrainPolicySettings(method=method, model=uri, tables=tables.path, out=out,
+                                                  num_tasks=num_tasks, episodes=episodes, seed=seed))
+        print(trained.summary())
+        planned = plan_job.run(plan_job.PlanSettings(task=task.path, method=method, model=uri, seed=seed,
+                                                     out=os.path.join(out, "plan.json"),
+                                                     options={"policy": trained.out}))
+        print(planned.summary())
+        predicted.log_metric(f"{method}_predicted_ms", float(planned.plan.extra["predicted"]["max_cost_ms"]))
+    policies.metadata["methods"] = ",".join(methods)
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)

@@ -53,6 +53,11 @@ class PipelineParams(BaseModel):
                                "this many rounds, from the faster of it and the measured-cost greedy (0: no refinement)")
     evaluate_timing_rounds: int = Field(ge=1, description="interleaved kernel timings per device shard in the "
                                         "evaluate step (per device: their median; more: less noise, longer)")
+    # defaults here, not in presets.yaml's `cluster`, until that preset names them: `shardwise train-policy`'s
+    policy_tasks: int = Field(default=40, ge=1, description="sampled training tasks of each placement policy "
+                              "(DreamShard, AutoShard) the run trains against its cost model and registers")
+    policy_episodes: int = Field(default=200, ge=0, description="rollout batches each placement policy trains for "
+                                 "(0: no policies)")
     seed: int = Field(description="seed of every random draw")
 
     @field_validator("dataset_uri")

@@ -1,5 +1,5 @@
 """The shardwise pipeline: workload -> augment -> profile (K GPU pods in parallel) + all-to-alls (GPUs of one node)
--> pretrain -> task -> plan x2 -> evaluate (GPU).
+-> pretrain -> task -> plan x2 -> evaluate (GPU), and the placement policies trained against the cost model.
 
 The held-out tables of the workload split go three ways: the profile step measures shards built only from them
 (besides the training tables' shards), pretrain evaluates on those shards, and the task is drawn from them.
@@ -26,6 +26,7 @@ from shardwise.pipelines.components import (
     profile_costs,
     search_plan,
     synth_workload,
+    train_policies,
     worker_slices,
 )
 from shardwise.pipelines.params import DEFAULTS
@@ -87,7 +88,7 @@ def _on_gpu(task: dsl.PipelineTask, count: Any, gpu_product: str | None) -> dsl.
 STEP_RESOURCES = {
     "workload": ("1", "2G"), "augment": ("1", "2G"), "workers": ("1", "1G"), "profile": ("8", "32G"),
     "pretrain": ("4", "8G"),
-    "task": ("1", "1G"), "plan": ("2", "4G"), "evaluate": ("8", "32G"),
+    "task": ("1", "1G"), "plan": ("2", "4G"), "train": ("2", "4G"), "evaluate": ("8", "32G"),
 }
 
 
@@ -96,7 +97,7 @@ def _sized(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
     cpu, memory = STEP_RESOURCES[step.split("-")[0]]
     limit = f"{2 * int(memory.removesuffix('G'))}G"
     task.set_display_name(step).set_cpu_request(cpu).set_memory_request(memory).set_memory_limit(limit)
-    if step.split("-")[0] in ("pretrain", "plan"):
+    if step.split("-")[0] in ("pretrain", "plan", "train"):
         task.set_retry(num_retries=1)  # a registry call that meets a restarting MLflow server
     return task
 
@@ -132,6 +133,8 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
         validate_iters: int = DEFAULTS.validate_iters,
         refine_rounds: int = DEFAULTS.refine_rounds,
         evaluate_timing_rounds: int = DEFAULTS.evaluate_timing_rounds,
+        policy_tasks: int = DEFAULTS.policy_tasks,
+        policy_episodes: int = DEFAULTS.policy_episodes,
         seed: int = DEFAULTS.seed,
     ) -> dsl.Metrics:
         """The whole method; returns the measured comparison against TorchRec's planner."""
@@ -224,6 +227,20 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
                 hardware_kind=comm.outputs["Output"],
             )
         ), "plan-torchrec")
+        # the other two methods, ready to plan after the run: their policies learn against the cost model above
+        _sized(_with_cluster_settings(
+            train_policies(
+                tables=workload.outputs["train_tables"],
+                task=task.outputs["task"],
+                plan=plan.outputs["plan"],
+                model=pretrain.outputs["model"],
+                model_alias=model_alias,
+                hardware_kind=comm.outputs["Output"],
+                num_tasks=policy_tasks,
+                episodes=policy_episodes,
+                seed=seed,
+            )
+        ), "train-policies")
         evaluate = _sized(_on_gpu(
             _with_cluster_settings(
                 evaluate_plans(

@@ -100,10 +100,12 @@ def _step_metadata(run_dir: Path, step: str, artifact: str) -> dict[str, float]:
 
 def run_figures(run_dir: Path) -> dict[str, float]:
     """A finished run's figures, read from its pipeline root: the evaluate step's comparison against TorchRec's
-    planner (measured plan cost, refined, DLRM throughput) and the pretrain step's cost-model accuracy."""
+    planner (measured plan cost, refined, DLRM throughput), the pretrain step's cost-model accuracy, and each
+    method's predicted plan cost on the task (`<method>_predicted_ms`: the searched plan's and the policies')."""
     accuracy = _step_metadata(run_dir, "pretrain-cost-model", "metrics")
     return (_step_metadata(run_dir, "evaluate-plans", "comparison")
-            | {k: accuracy[k] for k in _COST_MODEL_FIGURES if k in accuracy})
+            | {k: accuracy[k] for k in _COST_MODEL_FIGURES if k in accuracy}
+            | _step_metadata(run_dir, "train-policies", "predicted"))
 
 
 def _latest_report(report: Path, workdir: Path) -> Path:

@@ -1,0 +1,38 @@
+"""A local run's summary is read from its steps' outputs: the measured comparison, the cost model's accuracy, and
+every method's predicted plan cost on the task (the searched plan's first, then the trained policies')."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from shardwise.cli.pipeline import LocalRun
+from shardwise.pipelines.run import run_figures
+
+
+def _step_output(run_dir: Path, step: str, artifact: str, metadata: dict[str, object]) -> None:
+    path = run_dir / step / "executor_output.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"artifacts": {artifact: {"artifacts": [{"metadata": metadata}]}}}))
+
+
+def test_the_summary_shows_each_methods_predicted_plan_cost_beside_the_measured_comparison(tmp_path):
+    _step_output(tmp_path, "evaluate-plans", "comparison", {"method_max_cost_ms": 2.0, "torchrec_max_cost_ms": 2.5,
+                                                            "ratio_to_torchrec": 0.8})
+    _step_output(tmp_path, "pretrain-cost-model", "metrics", {"neural_heldout_tables_total_mape_pct": 3.5,
+                                                               "train_shards": 560, "not_reported": 1.0})
+    _step_output(tmp_path, "train-policies", "predicted", {"neuroshard_predicted_ms": 1.9,
+                                                           "dreamshard_predicted_ms": 2.1, "autoshard_predicted_ms": 2.05})
+    figures = run_figures(tmp_path)
+    assert "not_reported" not in figures and figures["ratio_to_torchrec"] == 0.8
+    text = LocalRun(plan_path="p.json", plan_text="", report_path="r.html", comparison=figures, elapsed_s=60).summary()
+    assert ("predicted plan cost on the task (the cost model's ms per iteration): neuroshard 1.900, dreamshard 2.100, "
+            "autoshard 2.050") in text
+    assert "ratio 0.800" in text and "MAPE 3.50%" in text
+
+
+def test_a_run_without_the_policy_step_has_no_predicted_line(tmp_path):
+    _step_output(tmp_path, "evaluate-plans", "comparison", {"method_max_cost_ms": 2.0})
+    text = LocalRun(plan_path="p.json", plan_text="", report_path="r.html", comparison=run_figures(tmp_path),
+                    elapsed_s=60).summary()
+    assert "predicted plan cost" not in text
