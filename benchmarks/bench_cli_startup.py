@@ -11,8 +11,9 @@ temporary sqlite store. The drop-in: `ShardwisePlanner(tracking_uri=store, adapt
 TorchRec's `EmbeddingShardingPlanner` on the same tables, both the first call in a fresh process (adapt=0: that
 small champion never saw dim-128 tables, and adapting it, kernels timed for up to 120 s, is not planning).
 
-Timed with a CPU-bound process beside the benchmark, as on a laptop with a browser open; the figures to read are
-the ratio to `python -c pass` and the seconds over `python -c "import torch"`.
+Timed with a CPU-bound process beside the benchmark, as on a laptop with a browser open, the commands taking turns
+run by run; the figures to read are the ratio to `python -c pass` and the seconds over `python -c "import torch"`,
+in wall time and in CPU time (user + system of the process, which moves less when others share the machine).
 
     python benchmarks/bench_cli_startup.py [--repeats 15] [--plan-repeats 5] [--no-load] [--record]
 """
@@ -23,6 +24,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -61,27 +63,30 @@ def _busy(stop: mp.Event) -> None:  # type: ignore[valid-type]
         x = (x * 31 + 7) % 1_000_003
 
 
-def _run_s(argv: list[str], env: dict[str, str] | None = None) -> float:
-    """Wall seconds of one run of `argv` (which must succeed)."""
+def _run_s(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system) of one run of `argv` (which must succeed). On a shared machine
+    the CPU seconds move less with the load around than the wall seconds do."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, env=env)
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed: {done.stderr.decode()[-2000:]}")
-    return seconds
+    return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def _medians_s(commands: dict[str, list[str]], repeats: int, env: dict[str, str] | None = None,
-               before: dict[str, Callable[[], None]] | None = None) -> dict[str, float]:
-    """Median wall seconds of each command, the commands taking turns run by run (a machine that drifts in speed
-    slows them alike); `before[name]()` runs untimed before each run of `name` (emptying a cache)."""
-    times: dict[str, list[float]] = {name: [] for name in commands}
+               before: dict[str, Callable[[], None]] | None = None) -> dict[str, tuple[float, float]]:
+    """Median wall and CPU seconds of each command, the commands taking turns run by run (a machine that drifts
+    in speed slows them alike); `before[name]()` runs untimed before each run of `name` (emptying a cache)."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
     for _ in range(repeats):
         for name, argv in commands.items():
             if before and name in before:
                 before[name]()
             times[name].append(_run_s(argv, env))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: (statistics.median(w for w, _ in t), statistics.median(c for _, c in t)) for name, t in times.items()}
 
 
 def _register_champion(tmp: Path) -> str:
@@ -129,6 +134,7 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/cli_startup.json")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]  # the machine's 1-minute load: others' work shares it
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         tables = [TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=4.0) for i in range(8)]
@@ -168,23 +174,26 @@ def main() -> None:
             ours_s, theirs_s = _dropin_s(store, env, args.plan_repeats)
         finally:
             stop.set()
-    base, torch_s = medians["python -c pass"], medians["python -c 'import torch'"]
-    rows = [{"command": name, "median_s": round(s, 3), "ratio_to_python": round(s / base, 2),
+    (base, _), (torch_s, torch_cpu_s) = medians["python -c pass"], medians["python -c 'import torch'"]
+    rows = [{"command": name, "median_s": round(s, 3), "cpu_s": round(cpu, 3), "ratio_to_python": round(s / base, 2),
              "over_import_torch_s": round(s - torch_s, 3) if "plan" in name else None,
-             "ratio_to_torchrec_planner": None} for name, s in medians.items()]
-    print(f"{'command':<52} {'median s':>9} {'/ python -c pass':>17} {'- import torch':>15}")
+             "over_import_torch_cpu_s": round(cpu - torch_cpu_s, 3) if "plan" in name else None,
+             "ratio_to_torchrec_planner": None} for name, (s, cpu) in medians.items()]
+    print(f"{'command':<50} {'median s':>9} {'cpu s':>7} {'/ python -c pass':>17} {'- import torch: s, cpu s':>25}")
     for row in rows:
-        over = f"{row['over_import_torch_s']:>15.3f}" if row["over_import_torch_s"] is not None else ""
-        print(f"{row['command']:<52} {row['median_s']:>9.3f} {row['ratio_to_python']:>17.2f}{over}")
+        over = (f"{row['over_import_torch_s']:>16.3f} {row['over_import_torch_cpu_s']:>8.3f}"
+                if row["over_import_torch_s"] is not None else "")
+        print(f"{row['command']:<50} {row['median_s']:>9.3f} {row['cpu_s']:>7.3f} {row['ratio_to_python']:>17.2f}{over}")
     print(f"drop-in (26-table DLRM-DCNv2, 4 ranks, champion from the cache): ShardwisePlanner.plan {ours_s:.3f} s, "
           f"TorchRec's planner {theirs_s:.3f} s, ratio {ours_s / theirs_s:.2f} (first call in a fresh process)")
+    empty = {"cpu_s": None, "ratio_to_python": None, "over_import_torch_s": None, "over_import_torch_cpu_s": None}
     rows.append({"command": "ShardwisePlanner.plan, DLRM-DCNv2, champion, warm cache", "median_s": round(ours_s, 3),
-                 "ratio_to_python": None, "over_import_torch_s": None,
-                 "ratio_to_torchrec_planner": round(ours_s / theirs_s, 2)})
+                 **empty, "ratio_to_torchrec_planner": round(ours_s / theirs_s, 2)})
     rows.append({"command": "TorchRec EmbeddingShardingPlanner.plan, DLRM-DCNv2", "median_s": round(theirs_s, 3),
-                 "ratio_to_python": None, "over_import_torch_s": None, "ratio_to_torchrec_planner": 1.0})
+                 **empty, "ratio_to_torchrec_planner": 1.0})
     if args.record:
         load_note = "no other load" if args.no_load else "one CPU-bound process beside it"
+        load_note += f"; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (2 cores: others' jobs too)"
         record("cli_startup", "CLI start-up and `plan` with the registered champion", rows,
                notes=f"median of {args.repeats} runs each ({args.plan_repeats} for the commands that load torch and "
                      f"the drop-in), {load_note}")

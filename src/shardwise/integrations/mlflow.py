@@ -273,9 +273,9 @@ class MlflowService:
         return folders
 
     def _client(self) -> MlflowClient:
+        self._check_servers()  # before importing MLflow: a server that is down is said in seconds
         from mlflow import MlflowClient  # heavy: only when talking to a store
 
-        self._check_servers()
         try:
             return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
         except ModuleNotFoundError as err:  # a database store whose driver is not installed
@@ -338,6 +338,7 @@ class MlflowService:
         match = _MODELS_URI.match(uri) if scheme == "models" else None
         if match is not None and (match["alias"] is not None or match["version"] is not None):
             return self._load_version(uri, match["name"], match["alias"], match["version"], match["path"], load_dir)
+        self._check_servers()  # before importing MLflow: a server that is down is said in seconds
         from mlflow.exceptions import MlflowException  # heavy: only when resolving a URI
 
         with tempfile.TemporaryDirectory(prefix="shardwise-mlflow-") as tmp:
