@@ -280,3 +280,16 @@ def test_measure_plans_prices_the_all_to_all_by_width_and_keeps_each_devices_own
     raw = measure_plans([(TASK, VALID)], MeasurementSettings(device="cpu", comm_pricing="measured"), progress=False)
     assert [d.comm_fwd_ms for d in raw[0].devices] == pytest.approx([0.18, 0.31])
     assert raw[0].timing["comm_pricing"] == "measured"
+
+
+def test_a_device_the_host_launches_slower_than_it_runs_is_named_launch_bound() -> None:
+    cost = _cost([(1.0, 2.0, 0.5, 0.5), (3.0, 4.0, 0.5, 0.5)], [250, 600])
+    assert cost.launch_bound_devices == () and "launch-bound" not in cost.table()  # CPU: nothing launched
+    on_gpu = cost.model_copy(update={"device_kind": "cuda", "devices": (
+        cost.devices[0].model_copy(update={"launch_ms": 3.5}),  # 3 ms of kernels, 3.5 ms to launch them
+        cost.devices[1].model_copy(update={"launch_ms": 3.5}),  # 7 ms of kernels
+    )})
+    assert on_gpu.launch_bound_devices == (0,)
+    assert "launch-bound: device(s) 0" in on_gpu.table() and "3.500 ms to launch" in on_gpu.table()
+    assert on_gpu.to_json()["launch_bound_devices"] == [0]
+    assert MeasuredPlanCost.model_validate(on_gpu.model_dump()).devices[0].launch_ms == 3.5

@@ -52,11 +52,19 @@ class DeviceCost(BaseModel):
     # the device's own median all-to-all ms, before pricing (None in files written before 2026-11-26)
     comm_fwd_measured_ms: float | None = None
     comm_bwd_measured_ms: float | None = None
+    #: the host's median ms to launch the shard's forward and backward (CUDA; None on CPU and in older files)
+    launch_ms: float | None = None
 
     @property
     def compute_ms(self) -> float:
         """Forward plus backward kernel time."""
         return self.fwd_ms + self.bwd_ms
+
+    @property
+    def launch_bound(self) -> bool:
+        """Whether the host takes longer to launch the device's kernels than the device takes to run them: a
+        training step on it then waits for the host, whatever the plan puts there."""
+        return self.launch_ms is not None and self.launch_ms > self.compute_ms
 
     @property
     def comm_ms(self) -> float:
@@ -133,6 +141,11 @@ class MeasuredPlanCost(BaseModel):
         """Fraction of the per-device cap left free on the fullest device."""
         return 1.0 - self.max_memory_bytes / self.device_memory_bytes
 
+    @property
+    def launch_bound_devices(self) -> tuple[int, ...]:
+        """The devices whose kernels the host launches slower than they run (CUDA measurements only)."""
+        return tuple(d.device for d in self.devices if d.launch_bound)
+
     def to_json(self) -> dict[str, Any]:
         """The `shardwise.measured/v1` document, with the derived totals for readers."""
         doc = self.model_dump(mode="json")
@@ -142,6 +155,7 @@ class MeasuredPlanCost(BaseModel):
             mean_cost_ms=self.mean_cost_ms,
             imbalance=self.imbalance,
             memory_headroom=self.memory_headroom,
+            launch_bound_devices=list(self.launch_bound_devices),
         )
         for dev, row in zip(self.devices, doc["devices"]):
             row["total_ms"] = dev.total_ms
@@ -161,6 +175,14 @@ class MeasuredPlanCost(BaseModel):
             f"imbalance {self.imbalance:.3f}, memory headroom {self.memory_headroom:.1%} "
             f"(batch {self.batch_size}, {self.hardware_kind})"
         )
+        if self.launch_bound_devices:
+            worst = max((d for d in self.devices if d.launch_bound), key=lambda d: d.launch_ms or 0.0)
+            lines.append(
+                f"launch-bound: device(s) {', '.join(map(str, self.launch_bound_devices))}: the host takes longer to "
+                f"launch their kernels than the device runs them (device {worst.device}: {worst.launch_ms:.3f} ms "
+                f"to launch, {worst.compute_ms:.3f} ms to run); a larger per-device batch, not another plan, "
+                "speeds them up"
+            )
         return "\n".join(lines)
 
 
@@ -252,6 +274,12 @@ def _median_fwd_bwd(timings: Sequence[ShardTiming]) -> tuple[float, float]:
     return statistics.median(t.fwd_ms for t in timings), statistics.median(t.bwd_ms for t in timings)
 
 
+def _median_launch_ms(timings: Sequence[ShardTiming]) -> float | None:
+    """The host's median launch ms over a shard's timings (None where none was timed on CUDA)."""
+    launches = [t.launch_ms for t in timings if t.launch_ms is not None]
+    return statistics.median(launches) if launches else None
+
+
 def measure_comm(
     layouts: Sequence[Sequence[int]], batch_size: int, measurement: MeasurementSettings, *, backend: str,
     session: AllToAllSession | None = None,
@@ -324,7 +352,9 @@ def measure_plans(
     timed = iter(time_shards_in_rounds(
         shards, measurement.timing_rounds, device=device, protocol=protocol, progress=progress
     ))
-    compute = [[_median_fwd_bwd(next(timed)) if tables else (0.0, 0.0) for tables in devices] for devices in layouts]
+    timings = [[next(timed) if tables else [] for tables in devices] for devices in layouts]
+    compute = [[_median_fwd_bwd(t) if t else (0.0, 0.0) for t in devices] for devices in timings]
+    launch = [[_median_launch_ms(t) for t in devices] for devices in timings]
 
     widths = [[sum(t.dim for t in tables) for tables in devices] for devices in layouts]
     comm: list[list[tuple[float, float]]] = [[(0.0, 0.0)] * len(w) for w in widths]  # one device: no exchange
@@ -357,6 +387,7 @@ def measure_plans(
                 memory_bytes=memory[d],
                 comm_fwd_measured_ms=measured_comm[k][d][0],
                 comm_bwd_measured_ms=measured_comm[k][d][1],
+                launch_ms=launch[k][d],
             )
             for d, tables in enumerate(layouts[k])
         )
