@@ -3,8 +3,10 @@ that answers every request with one HTTP status."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -23,41 +25,67 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class MlflowProcess:
+    """`mlflow server` on one loopback port, sqlite backend and artifacts in `tmp`: started, SIGKILLed (the whole
+    process group: the server's workers too) and started again on the same port with the same store, as a
+    tracking service that crashes and comes back."""
+
+    def __init__(self, tmp: Path, *, artifacts: str | None = None, env: dict[str, str] | None = None) -> None:
+        self.tmp, self.artifacts = tmp, artifacts or str(tmp / "artifacts")
+        self.environ = {**os.environ, **(env or {})}
+        self.environ.pop("MLFLOW_TRACKING_URI", None)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.db = tmp / "mlflow.db"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 90) -> str:
+        """Start it and wait until /health answers; its URL."""
+        log_path = self.tmp / "server.log"
+        with log_path.open("a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--backend-store-uri", f"sqlite:///{self.db}",
+                 "--artifacts-destination", self.artifacts, "--serve-artifacts", "--workers", "1"],
+                env=self.environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return self.url
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"mlflow server did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.3)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to the server and its workers (its own session) and wait until they are gone."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(15)
+        self.proc = None
+
+
 @contextmanager
 def mlflow_server(tmp: Path, *, artifacts: str | None = None, env: dict[str, str] | None = None) -> Iterator[str]:
     """`mlflow server` on a free loopback port, sqlite backend in `tmp`, artifacts proxied to `artifacts` (default:
     a folder in `tmp`); yields its URL once /health answers, stops it after."""
-    port = free_port()
-    environ = {**os.environ, **(env or {})}
-    environ.pop("MLFLOW_TRACKING_URI", None)
-    log_path = tmp / "server.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-             "--backend-store-uri", f"sqlite:///{tmp}/mlflow.db",
-             "--artifacts-destination", artifacts or str(tmp / "artifacts"), "--serve-artifacts", "--workers", "1"],
-            env=environ, stdout=log, stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        try:
-            while True:
-                try:
-                    with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                        if resp.status == 200:
-                            break
-                except OSError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"mlflow server did not start: {log_path.read_text()[-2000:]}")
-                time.sleep(0.5)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    server = MlflowProcess(tmp, artifacts=artifacts, env=env)
+    try:
+        yield server.start()
+    finally:
+        server.kill(signal.SIGTERM)
 
 
 @contextmanager

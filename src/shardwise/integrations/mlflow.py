@@ -214,6 +214,10 @@ def _bounded_http() -> Iterator[None]:
         "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
         "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(service_timeout_s()))),
         "AWS_MAX_ATTEMPTS": "3",  # boto3's, for artifacts MLflow reads from an object store itself
+        # where MLflow's telemetry cannot reach its endpoint (pods without egress), its thread unsets a variable
+        # of os.environ while requests reads the environment: a KeyError failed a registration at random. Read
+        # when mlflow is first imported, which the methods of MlflowService do inside this block.
+        "MLFLOW_DISABLE_TELEMETRY": "true",
     }
     added = [key for key in bounded if key not in os.environ]
     os.environ.update({key: bounded[key] for key in added})
@@ -224,13 +228,33 @@ def _bounded_http() -> Iterator[None]:
             os.environ.pop(key, None)
 
 
+#: how MLflow's HTTP client and requests word a server that stopped answering mid-way
+_UNANSWERED = re.compile(r"failed with exception|Max retries exceeded|Connection (?:refused|reset|aborted)|"
+                         r"RemoteDisconnected|timed out", re.IGNORECASE)
+
+
 def _bounded(method: Callable[P, T]) -> Callable[P, T]:
-    """`method` with MLflow's HTTP retries bounded while it runs (`_bounded_http`)."""
+    """`method` with MLflow's HTTP retries bounded while it runs (`_bounded_http`); a tracking server that stops
+    answering while it runs is one ServiceUnreachableError, not MLflow's traceback."""
 
     @wraps(method)
     def bounded(*args: P.args, **kwargs: P.kwargs) -> T:
         with _bounded_http():
-            return method(*args, **kwargs)
+            try:
+                return method(*args, **kwargs)
+            except ShardwiseError:
+                raise
+            except Exception as err:
+                service = args[0]
+                text = redacted(_first_line(err))
+                if not (isinstance(service, MlflowService) and _UNANSWERED.search(text)
+                        and type(err).__module__.split(".")[0] in ("mlflow", "requests", "urllib3")):
+                    raise
+                raise ServiceUnreachableError(
+                    f"the MLflow server {service._stores()} stopped answering during {method.__name__} ({text}); "
+                    "an alias moves only once a version's files and the gate's evidence are stored, so the "
+                    "champion is as it was or whole: rerun to finish"
+                ) from None
 
     return bounded
 
@@ -310,7 +334,7 @@ class MlflowService:
             return ServiceUnauthorisedError(
                 f"{uri}: the MLflow server {self._stores()} refused the request as not authorised ({text}); set "
                 "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)")
-        if "failed with exception" in text or "Max retries exceeded" in text:  # MLflow's HTTP client gave up
+        if _UNANSWERED.search(str(err)):  # MLflow's HTTP client gave up (on a download: in a later line)
             return ServiceUnreachableError(f"{uri}: the MLflow server {self._stores()} did not answer ({text})")
         if remote and code not in NOT_FOUND_CODES and not isinstance(err, OSError):
             return ServiceError(f"{uri}: the MLflow server {self._stores()} failed ({text})")
@@ -621,42 +645,62 @@ class MlflowService:
         `challenger`; keep the evidence on the version (tags) and on its run (metrics, tags).
 
         No champion yet: the new version wins. A champion that cannot be compared (`champion_value` is None or
-        returns None for its models:/<name>/<version> URI): the new version wins. No finite `new_value`
-        (nothing to measure it on): `challenger`, a champion is never replaced blindly."""
-        from mlflow.exceptions import MlflowException  # heavy: only when registering
+        returns None for its models:/<name>/<version> URI): the newer version wins. No finite `new_value`
+        (nothing to measure it on): `challenger`, a champion is never replaced blindly.
 
+        Runs registering at once, and a server that dies mid-way: the evidence is stored on the version before its
+        alias moves (an alias never points at a version the gate did not finish), the champion is read again right
+        before the alias moves (one that moved during the comparison is compared with instead), and again
+        GATE_SETTLE_S after (a run that moved it in between is compared with, and the better takes it back)."""
         client = self._client()
         version = str(version)
-        try:
-            current: str | None = str(client.get_model_version_by_alias(name, CHAMPION).version)
-        except MlflowException:
-            current = None
-        champ_value: float | None = None
-        if current is None:
-            wins, reason = True, "no champion yet"
-        elif current == version:
-            wins, reason = True, "already the champion"
-        elif not math.isfinite(new_value):
-            wins, reason = False, f"no {metric} to compare on: a champion is never replaced blindly"
+        compared: dict[str, float | None] = {}  # champion version -> its metric (each compared once)
+
+        def decide(current: str | None) -> tuple[bool, str]:
+            if current is None:
+                return True, "no champion yet"
+            if current == version:
+                return True, "already the champion"
+            if not math.isfinite(new_value):
+                return False, f"no {metric} to compare on: a champion is never replaced blindly"
+            if current not in compared:
+                compared[current] = champion_value(f"models:/{name}/{current}") if champion_value else None
+            if compared[current] is None:
+                newer = int(version) > int(current)
+                return newer, f"champion v{current} is not comparable: the newer version wins"
+            wins = new_value < compared[current]  # type: ignore[operator]
+            return wins, f"{metric} {new_value:.6g} {'<' if wins else '>='} champion v{current}'s {compared[current]:.6g}"
+
+        current = _champion_version(client, name)
+        for _ in range(_GATE_ROUNDS):
+            wins, reason = decide(current)
+            alias = CHAMPION if wins else CHALLENGER
+            evidence = {
+                "gate.metric": metric,
+                "gate.value": repr(float(new_value)),
+                "gate.champion_version": current or "",
+                "gate.champion_value": "" if compared.get(current or "") is None else repr(compared[current or ""]),
+                "gate.decision": alias,
+                "gate.reason": reason,
+            }
+            for key, value in evidence.items():
+                client.set_model_version_tag(name, version, key, value)
+            latest = _champion_version(client, name)  # the comparison took seconds: did the champion move?
+            if latest != current:
+                current = latest
+                continue
+            client.set_registered_model_alias(name, alias, version)
+            if not wins:
+                break
+            time.sleep(GATE_SETTLE_S)
+            latest = _champion_version(client, name)
+            if latest == version:
+                break
+            current = latest  # another run moved it between our read and our write: compare with it
         else:
-            champ_value = champion_value(f"models:/{name}/{current}") if champion_value is not None else None
-            if champ_value is None:
-                wins, reason = True, f"champion v{current} is not comparable: the newer version wins"
-            else:
-                wins = new_value < champ_value
-                reason = f"{metric} {new_value:.6g} {'<' if wins else '>='} champion v{current}'s {champ_value:.6g}"
-        alias = CHAMPION if wins else CHALLENGER
-        client.set_registered_model_alias(name, alias, version)
-        evidence = {
-            "gate.metric": metric,
-            "gate.value": repr(float(new_value)),
-            "gate.champion_version": current or "",
-            "gate.champion_value": "" if champ_value is None else repr(float(champ_value)),
-            "gate.decision": alias,
-            "gate.reason": reason,
-        }
-        for key, value in evidence.items():
-            client.set_model_version_tag(name, version, key, value)
+            raise RegistryError(f"{name} v{version}: the champion kept moving under {_GATE_ROUNDS} comparisons in "
+                                f"{self._stores()} (runs registering at once); rerun to compare again")
+        champ_value = compared.get(current or "")
         run_id = client.get_model_version(name, version).run_id
         if run_id:
             from mlflow.entities import Metric, RunTag
@@ -669,6 +713,27 @@ class MlflowService:
                 tags=[RunTag(k, v) for k, v in tags.items()],
             )
         return Promotion(name, version, alias, metric, float(new_value), current, champ_value, reason)
+
+
+#: seconds between moving `champion` and reading it back: longer than another run takes between reading the
+#: champion and moving the alias (one request on loopback, tens of ms under load), so a move that overwrote
+#: another run's is seen by one of the two
+GATE_SETTLE_S = 1.0
+_GATE_ROUNDS = 8  # comparisons before giving up on a champion that keeps moving
+
+
+def _champion_version(client: MlflowClient, name: str) -> str | None:
+    """The version `champion` points at; None where the store answered that there is none (any other failure,
+    a server that is down included, is raised: never taken for "no champion")."""
+    from mlflow.exceptions import MlflowException  # heavy: only when registering
+
+    try:
+        return str(client.get_model_version_by_alias(name, CHAMPION).version)
+    except MlflowException as err:
+        code, text = str(err.error_code), str(err.message).lower()
+        if code in NOT_FOUND_CODES or (code == "INVALID_PARAMETER_VALUE" and "not found" in text):
+            return None
+        raise
 
 
 def _now_ms() -> int:

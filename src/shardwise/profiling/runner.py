@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm import tqdm
 
+from shardwise.errors import ServiceError, redacted
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision
 
 from .batches import IndexData
@@ -158,9 +159,11 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 class _RowBuffer:
     """Rows waiting to be appended; flushed every `chunk_size` rows and on exit (also when interrupted)."""
 
-    def __init__(self, out: str | Path, chunk_size: int) -> None:
+    def __init__(self, out: str | Path, chunk_size: int, stored_rows: int = 0) -> None:
         self.out, self.chunk_size = out, chunk_size
         self.rows: list[dict[str, Any]] = []
+        self.stored_rows = stored_rows  # in the dataset before this run
+        self.written = 0  # rows this run has stored
 
     def add(self, rows: Sequence[dict[str, Any]]) -> None:
         self.rows.extend(rows)
@@ -170,7 +173,18 @@ class _RowBuffer:
     def flush(self) -> None:
         # a signal waits until the part is written and the buffer emptied: rows are stored exactly once
         with interrupts_deferred():
-            write_part(self.out, self.rows)
+            try:
+                write_part(self.out, self.rows)
+            except ServiceError as err:
+                # the store went away: every part written before is whole and stays; say what is safe, and drop
+                # the rows it refused (no second wait for the store on the way out; the rerun measures them)
+                pending, self.rows = len(self.rows), []
+                raise type(err)(
+                    f"{err}; {self.stored_rows + self.written} rows are safe in {redacted(str(self.out))} "
+                    f"({self.written} stored by this run, {pending} measured since were not): rerun the same "
+                    "command to measure only the rest"
+                ) from None
+            self.written += len(self.rows)
             self.rows = []
 
 
@@ -246,6 +260,9 @@ def profile(
         for c in configs
     ]
     jobs = _schedule(len(configs), settings.repeats, settings.repeat_shards)
+    # a config sampled twice is one config_id: measured once per repeat (as a resumed run, which skips it, would)
+    keys = {(ids[j.index], j.repeat): j for j in reversed(jobs)}
+    jobs = [j for j in jobs if keys[(ids[j.index], j.repeat)] is j]
     jobs = [j for j in jobs if j.index % settings.workers == settings.worker]  # this worker's slice
     todo = [j for j in jobs if (ids[j.index], j.repeat) not in done]
 
@@ -273,7 +290,7 @@ def profile(
     if todo or comm_todo:
         prepare_dataset(out)  # before measuring: a path that cannot hold the dataset fails now, not at the end
     common = {**info, "batch_size": settings.batch_size}
-    buffer = _RowBuffer(out, settings.chunk_size)
+    buffer = _RowBuffer(out, settings.chunk_size, 0 if stored is None else len(stored))
     measured = 0
     bar = tqdm(total=len(todo) + len(comm_todo), desc="profile", unit="config", disable=not progress)
     try:

@@ -1,0 +1,445 @@
+"""Faults injected into real runs, for tests/faults and benchmarks/bench_faults.py: each function runs one try of
+one fault (real processes: `shardwise` verbs, an `mlflow server`, moto's S3 server on loopback) and returns what
+it cost: rows lost, rows stored twice, champions that are wrong or point at a half-logged version, and the seconds
+from the fault to the tool's error."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: `shardwise` in a child process (the console script may not be on PATH)
+CLI = [sys.executable, "-c", "import sys; from shardwise.cli import main; sys.exit(main(sys.argv[1:]))"]
+BUCKET = "shardwise-costs"
+SECRET = "s3cr3t-key-value"
+
+
+@dataclass
+class FaultOutcome:
+    """One try of one fault: what the tool said, and what it lost, stored twice or left wrong."""
+
+    fault: str
+    rows_lost: int = 0
+    duplicated_rows: int = 0
+    wrong_champions: int = 0
+    seconds_to_error: float | None = None
+    error: str = ""  # the tool's error line
+    notes: dict[str, object] = field(default_factory=dict)
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float, every_s: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(every_s)
+    return False
+
+
+def _error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if ": error: " in line]
+    return lines[-1] if lines else stderr.strip().splitlines()[-1] if stderr.strip() else ""
+
+
+# -- the object store stopped while `profile --out s3://...` writes ---------------------------------------------
+
+
+def _tables_file(tmp: Path) -> Path:
+    from shardwise.workload import TableSpec
+
+    # enough tables that sampled shards hardly ever repeat a config (a repeated config is measured twice)
+    tables = [TableSpec(name=f"t{i}", rows=200 + 37 * i, dim=8 * (1 + i % 4), pooling_factor=1.0 + i % 5)
+              for i in range(40)]
+    path = tmp / "tables.json"
+    path.write_text(json.dumps({"format": "shardwise.tables/v1", "batch_size": 64,
+                                "tables": [t.model_dump(mode="json") for t in tables]}))
+    return path
+
+
+_PROGRESS = re.compile(r"(\d+)/(\d+) \[")  # tqdm's "profile:  80%|...| 48/60 [00:05<..."
+
+
+def profile_store_stopped(tmp: Path, *, num_shards: int = 60, stop_before_row: int = 50) -> FaultOutcome:
+    """moto's S3 server stopped while a `profile --out s3://...` run measures, a few shards before it writes its
+    part of rows up to `stop_before_row` (a part per 25 rows), started again on the same port, and the same
+    command rerun. Rows lost: (config_id, repeat) of a fault-free run of the command missing after the rerun, or
+    safe when the store stopped and gone after; duplicated: stored more often than the fault-free run stores
+    them. Seconds to the error: from the stop to the exit (a few shards' measuring, then the failed write)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": SECRET,
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key=SECRET,
+                 region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    prefix = f"s3://{BUCKET}/costs/cpu"
+    args = ["profile", "--tables", str(_tables_file(tmp)), "--num-shards", str(num_shards), "--max-tables", "3",
+            "--timing-iters", "3", "--warmup-iters", "1", "--seed", "0", "--device", "cpu"]
+    argv = [*CLI, *args, "--out", prefix]
+    outcome = FaultOutcome("object store stopped during profile --out s3://")
+    try:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stopped_at: list[float] = []
+        stderr: list[str] = []
+
+        def stop_before_the_write() -> None:  # reads the progress bar as it draws
+            assert proc.stderr is not None
+            seen = ""
+            while chunk := proc.stderr.read(1):
+                seen += chunk
+                if chunk in "\r\n":
+                    counts = _PROGRESS.findall(seen[-200:])
+                    if not stopped_at and counts and int(counts[-1][0]) >= stop_before_row - 5:
+                        moto.stop()  # the store goes away between two writes
+                        stopped_at.append(time.monotonic())
+            stderr.append(seen)
+
+        reader = threading.Thread(target=stop_before_the_write, daemon=True)
+        reader.start()
+        proc.wait(timeout=900)
+        exited_at = time.monotonic()
+        reader.join(30)
+        outcome.error = _error_line("".join(stderr))
+        outcome.notes["first_exit"] = proc.returncode
+        if not stopped_at:
+            raise RuntimeError(f"the store was never stopped: {''.join(stderr)[-1000:]}")
+        outcome.seconds_to_error = exited_at - stopped_at[0]
+        moto = ThreadedMotoServer(ip_address=host, port=port)  # the same store comes back (moto keeps its objects)
+        moto.start()
+        safe = _keys(_s3_rows(prefix, env))  # what the store holds once it is back
+        outcome.notes["rows_when_stopped"] = len(safe)
+        rerun = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+        outcome.notes["rerun_exit"] = rerun.returncode
+        outcome.notes["rerun"] = (rerun.stdout.strip().splitlines() or [rerun.stderr[-300:]])[-1]
+        keys = Counter(_keys(_s3_rows(prefix, env)))
+        # the same command without a fault, into a local dataset: what the run measures
+        clean = subprocess.run([*CLI, *args, "--out", str(tmp / "fault-free")], env=env, capture_output=True,
+                               text=True, timeout=900)
+        if clean.returncode != 0:
+            raise RuntimeError(f"the fault-free profile failed: {clean.stderr[-1000:]}")
+        from shardwise.profiling.dataset import load_costs
+
+        expected = Counter(_keys(load_costs(tmp / "fault-free")))
+        outcome.duplicated_rows = sum((keys - expected).values())
+        outcome.rows_lost = sum((expected - keys).values()) + len(set(safe) - set(keys))
+        outcome.notes["rows"] = sum(keys.values())
+        return outcome
+    finally:
+        moto.stop()
+
+
+def _keys(rows) -> list[tuple[str, int]]:  # noqa: ANN001 - a DataFrame
+    return list(zip(rows["config_id"].astype(str), rows["repeat"].astype(int), strict=True))
+
+
+def _s3_rows(prefix: str, env: dict[str, str]):  # noqa: ANN202 - a DataFrame; pandas loads only here
+    """The dataset at `prefix` as the loader reads it, in this process with the child's AWS variables."""
+    from shardwise.profiling.dataset import load_costs
+
+    saved = {k: os.environ.get(k) for k in env if k.startswith("AWS_")}
+    os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
+    try:
+        return load_costs(prefix)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+# -- the tracking server SIGKILLed while `pretrain` / `train-policy` registers ------------------------------------
+
+HARDWARE_KIND = "cpu-fault"
+
+
+def _cost_data(tmp: Path) -> Path:
+    """A small cost dataset with the real columns (the synthetic law of costmodel_synthetic) for this fault's kind."""
+    import pandas as pd
+    from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
+
+    from shardwise.profiling.dataset import write_part
+
+    frame = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0, hardware_kind=HARDWARE_KIND),
+                       comm_rows(10, 0, hardware_kind=HARDWARE_KIND)], ignore_index=True)
+    path = tmp / "costs"
+    write_part(path, frame.astype(object).where(frame.notna(), None).to_dict("records"))
+    return path
+
+
+def _verb_argv(verb: str, tmp: Path, data: Path, url: str, seed: int) -> list[str]:
+    if verb == "pretrain":
+        return [*CLI, "pretrain", "--data", str(data), "--out", str(tmp / f"model-{seed}"), "--epochs", "8",
+                "--seed", str(seed), "--tracking-uri", url]
+    return [*CLI, "train-policy", "--method", "dreamshard", "--model", str(tmp / "model-0"), "--tables",
+            str(_tables_file(tmp)), "--out",
+            str(tmp / f"policy-{seed}"), "--num-tasks", "2", "--validation-tasks", "2", "--min-tables", "4",
+            "--max-tables", "6", "--num-devices", "2", "--episodes", "2", "--seed", str(seed), "--tracking-uri", url]
+
+
+def _registry(db: Path, name: str) -> tuple[int, dict[str, str], dict[str, dict[str, str]]]:
+    """(versions of `name`, alias -> version, version -> its tags) read from the server's sqlite store."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
+        versions = con.execute("SELECT COUNT(*) FROM model_versions WHERE name = ?", (name,)).fetchone()[0]
+        aliases = dict(con.execute("SELECT alias, version FROM registered_model_aliases WHERE name = ?", (name,)))
+        tags: dict[str, dict[str, str]] = {}
+        for version, key, value in con.execute("SELECT version, key, value FROM model_version_tags WHERE name = ?",
+                                               (name,)):
+            tags.setdefault(str(version), {})[key] = value
+    return int(versions), {k: str(v) for k, v in aliases.items()}, tags
+
+
+def _versions(db: Path, name: str) -> int:
+    try:
+        return _registry(db, name)[0]
+    except sqlite3.Error:  # the server is writing, or has not made the table yet
+        return -1
+
+
+def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: float = 0.0) -> FaultOutcome:
+    """The MLflow tracking server SIGKILLed `delay_s` after `verb`'s new model version appears in its store (the
+    gate runs then: the champion's comparison, the alias, the evidence), started again, and `verb` rerun.
+
+    Wrong champions: after the kill, an alias that moved off the champion before it, or points at a version without
+    the gate's evidence or whose files do not load; after the rerun, the same, or no alias on the new version."""
+    from service_processes import MlflowProcess
+
+    from shardwise.integrations.mlflow import (
+        CHAMPION,
+        MlflowService,
+        champion_uri,
+        cost_model_name,
+        policy_name,
+    )
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    name = cost_model_name(HARDWARE_KIND) if verb == "pretrain" else policy_name("dreamshard", HARDWARE_KIND)
+    server = MlflowProcess(tmp / "server")
+    (tmp / "server").mkdir(exist_ok=True)
+    url = server.start()
+    outcome = FaultOutcome(f"tracking server killed during {verb} registration")
+    try:
+        data = _cost_data(tmp)
+        env = {**os.environ, "SHARDWISE_CACHE": str(tmp / "cache")}
+        if verb == "train-policy":  # the cost model it trains against
+            subprocess.run([*_verb_argv("pretrain", tmp, data, url, 0), "--no-register"], env=env, check=True,
+                           capture_output=True, timeout=900)
+        first = subprocess.run(_verb_argv(verb, tmp, data, url, 0), env=env, capture_output=True, text=True,
+                               timeout=900)
+        if first.returncode != 0:
+            raise RuntimeError(f"the first {verb} failed: {first.stderr[-1500:]}")
+        before_versions, before_aliases, _ = _registry(server.db, name)
+        champion_before = before_aliases[CHAMPION]
+
+        proc = subprocess.Popen(_verb_argv(verb, tmp, data, url, 1), env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        registered = _wait_for(lambda: proc.poll() is not None or _versions(server.db, name) > before_versions,
+                               600, 0.01)
+        if not registered or proc.poll() is not None:
+            proc.communicate()
+            raise RuntimeError(f"{verb} ended before its version appeared: exit {proc.returncode}")
+        time.sleep(delay_s)
+        killed = proc.poll() is None
+        server.kill()
+        killed_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=600)
+        outcome.seconds_to_error = time.monotonic() - killed_at if killed else None
+        outcome.error = _error_line(stderr)
+        outcome.notes.update(first_exit=proc.returncode, killed_while_running=killed)
+
+        server.start()  # the service comes back with its store
+        _, aliases, tags = _registry(server.db, name)
+        outcome.wrong_champions += _half_logged_aliases(aliases, tags)
+        outcome.wrong_champions += aliases.get(CHAMPION) not in (champion_before, str(before_versions + 1))
+        outcome.notes["champion_after_kill"] = aliases.get(CHAMPION)
+
+        rerun = subprocess.run(_verb_argv(verb, tmp, data, url, 1), env=env, capture_output=True, text=True,
+                               timeout=900)
+        outcome.notes["rerun_exit"] = rerun.returncode
+        if rerun.returncode != 0:
+            outcome.notes["rerun_error"] = _error_line(rerun.stderr)
+        versions, aliases, tags = _registry(server.db, name)
+        outcome.wrong_champions += _half_logged_aliases(aliases, tags)
+        newest = str(versions)
+        if rerun.returncode != 0 or tags.get(newest, {}).get("gate.decision") not in aliases or \
+                aliases.get(tags.get(newest, {}).get("gate.decision", "")) != newest:
+            outcome.wrong_champions += 1  # the rerun did not finish the job: its version holds no alias
+        outcome.notes["champion_after_rerun"] = aliases.get(CHAMPION)
+        try:  # the champion loads
+            MlflowService(url).load(champion_uri(name), lambda d: sorted(p.name for p in d.iterdir()))
+        except Exception as err:  # noqa: BLE001 - any failure to load is a dangling champion
+            outcome.wrong_champions += 1
+            outcome.notes["champion_load"] = str(err)[:300]
+        return outcome
+    finally:
+        server.kill()
+
+
+def _half_logged_aliases(aliases: dict[str, str], tags: dict[str, dict[str, str]]) -> int:
+    """Aliases on a version that lacks the gate's decision for that alias: the gate did not finish on it (its
+    evidence is written before the alias moves), so the alias points at a half-logged version."""
+    return sum(tags.get(version, {}).get("gate.decision") != alias for alias, version in aliases.items())
+
+
+# -- two runs registering to one registry at the same time --------------------------------------------------------
+
+#: one registering run: log a policy with a known validation cost; the gate's comparison with the champion (in
+#: train-policy: planning the validation tasks with it) takes `compare_s` and finds the champion's own cost
+_REGISTER = """
+import sys, time
+from pathlib import Path
+from mlflow import MlflowClient
+from shardwise.integrations.mlflow import MlflowService
+url, policy, kind, cost, start_at, compare_s = sys.argv[1:7]
+client = MlflowClient(url)
+
+def champion_value(uri):
+    name, version = uri.removeprefix("models:/").split("/")
+    time.sleep(float(compare_s))
+    return float(client.get_model_version(name, version).tags["gate.value"])
+
+time.sleep(max(0.0, float(start_at) - time.time()))
+promotion = MlflowService(url).log_policy(Path(policy), method="dreamshard", hardware_kind=kind, history=[],
+                                          params={}, validation_cost=float(cost), champion_value=champion_value).promotion
+print(promotion.version, promotion.alias, promotion.reason)
+"""
+
+
+def _policy_dir(root: Path) -> Path:
+    import torch
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "policy.json").write_text(json.dumps({"format": "shardwise.policy/v1", "method": "dreamshard"}))
+    torch.save({"w": torch.ones(2)}, root / "weights.pt")
+    return root
+
+
+def concurrent_registration(tmp: Path, *, costs: tuple[float, float] = (5.0, 3.0),
+                            offsets_s: tuple[float, float] = (0.0, 0.0), compare_s: float = 1.0) -> FaultOutcome:
+    """Two processes register a policy to one registry (champion: cost 10) at once, the second `offsets_s` apart;
+    lower cost is better. Wrong champions: the champion afterwards is not the lowest cost, or any alias points
+    at a version without the gate's decision for it."""
+    from service_processes import MlflowProcess
+
+    from shardwise.integrations.mlflow import CHAMPION, MlflowService, policy_name
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    kind = HARDWARE_KIND
+    name = policy_name("dreamshard", kind)
+    (tmp / "server").mkdir(exist_ok=True)
+    server = MlflowProcess(tmp / "server")
+    url = server.start()
+    outcome = FaultOutcome("two runs registering to one registry at once")
+    try:
+        policy = _policy_dir(tmp / "policy")
+        MlflowService(url).log_policy(policy, method="dreamshard", hardware_kind=kind, history=[], params={},
+                                      validation_cost=10.0)
+        start_at = time.time() + 20  # both past their imports, then at once
+        procs = [subprocess.Popen([sys.executable, "-c", _REGISTER, url, str(policy), kind, str(cost),
+                                   str(start_at + offset), str(compare_s)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for cost, offset in zip(costs, offsets_s, strict=True)]
+        results = [p.communicate(timeout=600) for p in procs]
+        outcome.notes["runs"] = [(p.returncode, out.strip() or _error_line(err)) for p, (out, err) in
+                                 zip(procs, results, strict=True)]
+        if any(p.returncode != 0 for p in procs):
+            raise RuntimeError(f"a registering run failed: {outcome.notes['runs']}")
+        _, aliases, tags = _registry(server.db, name)
+        champion = aliases.get(CHAMPION, "")
+        outcome.notes["champion_cost"] = tags.get(champion, {}).get("gate.value")
+        outcome.wrong_champions = int(float(tags.get(champion, {}).get("gate.value", "nan")) != min(costs))
+        outcome.wrong_champions += _half_logged_aliases(aliases, tags)
+        return outcome
+    finally:
+        server.kill()
+
+
+# -- `shardwise pipeline run --local` SIGKILLed in a step ----------------------------------------------------------
+
+#: the smoke preset, smaller still: the fault is in the steps' order, not their sizes
+PIPELINE_ARGS = ["--preset", "smoke", "--num-tables", "40", "--task-num-tables", "8", "--profile-num-shards", "16",
+                 "--profile-holdout-shards", "6", "--profile-comm-layouts", "2", "--pretrain-epochs", "10",
+                 "--validate-iters", "0", "--refine-rounds", "0", "--policy-tasks", "2", "--policy-episodes", "2"]
+_EXECUTING = re.compile(r"Executing task .?\[?\d*m?'([\w-]+)'")
+_FINISHED = re.compile(r"Task .?\[?\d*m?'([\w-]+)'.*finished with status .?\[?\d*m?SUCCESS")
+_INSTANCES = {"profile-costs": 2}  # the smoke preset's profiling workers
+
+
+def pipeline_costs(workdir: Path) -> Counter[tuple[str, str, int, int]]:
+    """(kind, config_id, repeat, device) of every row the finished profiling steps under `workdir` stored: what
+    a rerun's pretrain step reads (a finished step is taken from the cache, never run twice; an unfinished step's
+    partial dataset is read by nobody)."""
+    from shardwise.profiling.dataset import load_costs
+
+    done = [d / "costs" for d in sorted((workdir / "pipeline_root").glob("*/**/profile-*"))
+            if (d / "executor_output.json").is_file() and (d / "costs").exists()]
+    rows = load_costs(done)
+    return Counter(zip(rows["kind"].astype(str), rows["config_id"].astype(str), rows["repeat"].astype(int),
+                       rows["device"].fillna(-1).astype(int), strict=True))
+
+
+def pipeline_run(tmp: Path) -> list[str]:
+    """The command line of one local pipeline run (PIPELINE_ARGS) in `tmp`, with its own MLflow store."""
+    return [*CLI, "pipeline", "run", "--local", "--workdir", str(tmp / "run"), "--tracking-uri",
+            f"sqlite:///{tmp / 'mlflow.db'}", *PIPELINE_ARGS]
+
+
+def pipeline_killed(tmp: Path, *, step: str = "pretrain-cost-model", delay_s: float = 1.0,
+                    expected: Counter[tuple[str, str, int, int]] | None = None) -> FaultOutcome:
+    """`shardwise pipeline run --local` (smaller than the smoke preset) SIGKILLed, with every step process,
+    `delay_s` after `step` starts, then run again with the same arguments. Rows lost / duplicated: the cost rows
+    the rerun's pretrain step read (`pipeline_costs`) against `expected` (a fault-free run's); steps that
+    finished before the kill and ran again (not taken from the cache) are in notes["ran_again"]."""
+    import signal
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    argv = pipeline_run(tmp)
+    log = tmp / "run" / "pipeline.log"
+    outcome = FaultOutcome(f"pipeline run --local SIGKILLed in {step}")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        started = _wait_for(lambda: proc.poll() is not None or (log.exists() and step in _EXECUTING.findall(
+            log.read_text(errors="replace"))), 1200, 0.2)
+        if not started or proc.poll() is not None:
+            raise RuntimeError(f"the run ended before {step} started: {proc.communicate()[0][-2000:]}")
+        time.sleep(delay_s)
+        before = log.read_text(errors="replace")
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(60)
+    finished = Counter(_FINISHED.findall(before))
+    outcome.notes["finished_before_kill"] = sorted(finished.elements())
+    rerun = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    outcome.notes["rerun_exit"] = rerun.returncode
+    if rerun.returncode != 0:
+        outcome.error = _error_line(rerun.stderr + rerun.stdout)
+        return outcome
+    ran = Counter(_EXECUTING.findall(log.read_text(errors="replace")[len(before):]))  # the log goes on
+    outcome.notes["rerun_ran"] = sorted(ran.elements())
+    # a finished step run again: more runs of it than its instances (the profiling loop's workers) not finished
+    outcome.notes["ran_again"] = sorted(step for step, n in finished.items() if ran[step] > _INSTANCES.get(step, 1) - n)
+    keys = pipeline_costs(tmp / "run")
+    outcome.duplicated_rows = sum(n - 1 for n in keys.values())
+    if expected is not None:
+        outcome.rows_lost = sum((expected - keys).values())
+        outcome.duplicated_rows = max(outcome.duplicated_rows, sum((keys - expected).values()))
+    outcome.notes["rows"] = sum(keys.values())
+    return outcome
