@@ -102,8 +102,10 @@ def _sized(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
     return task
 
 
-def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
-    """The pipeline function; `gpu_product` (a node label value) pins GPU steps to that product."""
+def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool = False) -> GraphComponent:
+    """The pipeline function; `gpu_product` (a node label value) pins GPU steps to that product. With
+    `reuse_measurements` (a local run resuming in its own work directory), a profiling step that finished with the
+    same inputs is taken from the cache like any other step."""
 
     @dsl.pipeline(
         name=PIPELINE_NAME,
@@ -259,8 +261,9 @@ def build_pipeline(gpu_product: str | None = None) -> GraphComponent:
             num_devices,
             gpu_product,
         ), "evaluate")
-        # measurements are never reused from a cache: the point is to measure this run's hardware
-        for step in (profile, comm, evaluate):
+        # measurements are never reused from a cache: the point is to measure this run's hardware (a local rerun
+        # in the same work directory, with the same code, resumes: it keeps what the killed run finished)
+        for step in (evaluate,) if reuse_measurements else (profile, comm, evaluate):
             step.set_caching_options(False)
         return evaluate.outputs["comparison"]
 

@@ -6,8 +6,10 @@ import collections
 import contextlib
 import dataclasses
 import datetime
+import hashlib
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -209,6 +211,56 @@ def _console_to_log(log_path: Path) -> Iterator[None]:
         os.close(saved_err)
 
 
+#: kfp.local's line when it serves a step from its cache (on the root logger, in this process)
+_CACHE_HIT = re.compile(r"Task (\S+) cache hit \(key=(\w+)\)")
+#: the steps whose outputs a local run reads (run_figures, the plans, the report's inputs)
+_READ_STEPS = ("pretrain-cost-model", "search-plan", "search-plan-2", "train-policies")
+
+
+class _CacheHits(logging.Filter):
+    """The steps kfp.local served from its cache during a run, with their cache keys (kfp.local swaps the root
+    logger's handlers for its own while it runs, and keeps the logger's filters)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: dict[str, str] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = _CACHE_HIT.match(record.getMessage())
+        if match:
+            self.keys[match[1]] = match[2]
+        return True
+
+
+def _code_key() -> str:
+    """A digest of shardwise's source: a local run never reuses a step that other code cached (a step's cache key
+    holds its component's own source, not the library code it calls)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.yaml")]):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _link_cached_steps(run_dir: Path, hits: dict[str, str], cache_root: Path) -> None:
+    """Each step of `_READ_STEPS` served from the cache appears in `run_dir` as the run that made it left it: its
+    executor output (artifacts with their metadata) and links to its artifacts."""
+    for step in _READ_STEPS:
+        entries = sorted(cache_root.glob(f"{hits.get(step, '-')}*.json"))
+        target = run_dir / step
+        if target.exists() or len(entries) != 1:
+            continue
+        artifacts = {name: {"artifacts": [{k: out.get(k) for k in ("name", "uri", "metadata")}]}
+                     for name, out in json.loads(entries[0].read_text()).items()
+                     if isinstance(out, dict) and out.get("__kfp_artifact__")}
+        target.mkdir(parents=True)
+        for name, spec in artifacts.items():
+            made = Path(str(spec["artifacts"][0]["uri"]))
+            if made.exists():
+                (target / name).symlink_to(made)
+        (target / "executor_output.json").write_text(json.dumps({"artifacts": artifacts}))
+
+
 def _check_method(params: PipelineParams) -> None:
     """A search method this installation has, checked before anything runs or is submitted (PipelineParams
     checks only the name's shape: the registry needs torch)."""
@@ -246,22 +298,30 @@ def run_local(
     os.environ["MLFLOW_TRACKING_URI"] = uri
     console = contextlib.nullcontext() if verbose else _console_to_log(log_path)
     in_image = containers.steps_in_image(image) if image else contextlib.nullcontext()
+    # a rerun in this workdir with the same arguments and code resumes: steps that finished (profiling workers
+    # included) are taken from kfp.local's cache, the rest run
+    cache_root = workdir / "step_cache" / _code_key()
+    hits = _CacheHits()
+    logging.getLogger().addFilter(hits)
     try:
         with console, in_image:
-            local.init(runner=runner, pipeline_root=str(pipeline_root))
+            local.init(runner=runner, pipeline_root=str(pipeline_root), enable_caching=True,
+                       cache_root=str(cache_root))
             # MLflow's default artifact root is relative to the working directory: keep it in the workdir
             with _working_directory(workdir):
-                build_pipeline()(**args)
+                build_pipeline(reuse_measurements=True)(**args)
     except RuntimeError as err:
         where = "above" if verbose else f"in {log_path}"
         raise PipelineRunError(f"{_ANSI.sub('', str(err))} (its log is {where}; outputs under {pipeline_root})") from err
     finally:
+        logging.getLogger().removeFilter(hits)
         if saved is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
         else:
             os.environ["MLFLOW_TRACKING_URI"] = saved
     run_dirs = sorted(set(pipeline_root.glob("*")) - before)
     run_dir = _single(run_dirs, "new run directory", pipeline_root)
+    _link_cached_steps(run_dir, hits.keys, cache_root)
     comparison = run_figures(run_dir)  # the pipeline's output is the evaluate step's comparison
     return LocalRunResult(
         run_dir=run_dir,
