@@ -5,7 +5,8 @@ counts rows lost, rows stored twice and wrong or half-logged champions (the faul
 the same scenarios: tests/unit/fault_injection.py), the seconds from the fault to the tool's one-line error, and
 whether the rerun finished.
 
-    python benchmarks/bench_faults.py [--tries 5] [--faults store registration concurrent pipeline] [--record]
+    python benchmarks/bench_faults.py [--tries 5] [--pipeline-tries N] [--faults store registration concurrent pipeline]
+                                      [--record]
 """
 
 from __future__ import annotations
@@ -114,14 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     """Inject each fault `--tries` times; print the table (and record it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tries", type=int, default=5, help="injections of each fault (default 5)")
+    parser.add_argument("--pipeline-tries", type=int, default=None,
+                        help="injections of the pipeline fault, a few minutes each (default: --tries)")
     parser.add_argument("--faults", nargs="+", choices=sorted(FAULTS), default=list(FAULTS),
                         help="which faults (default: all)")
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/faults.json")
     args = parser.parse_args(argv)
     rows = []
     for name in args.faults:
-        print(f"{name}: {args.tries} tries", flush=True)
-        rows.append(run_fault(name, args.tries))
+        tries = args.pipeline_tries if name == "pipeline" and args.pipeline_tries is not None else args.tries
+        print(f"{name}: {tries} tries", flush=True)
+        rows.append(run_fault(name, tries))
     columns = list(rows[0])
     print("\n" + " | ".join(columns))
     for row in rows:
