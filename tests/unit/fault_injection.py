@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -88,7 +89,8 @@ def profile_store_stopped(tmp: Path, *, num_shards: int = 60, stop_before_row: i
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}
     boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key=SECRET,
                  region_name="us-east-1").create_bucket(Bucket=BUCKET)
-    prefix = f"s3://{BUCKET}/costs/cpu"
+    # moto keeps its objects for the whole process: each try its own prefix
+    prefix = f"s3://{BUCKET}/costs/{tmp.name.lower().replace('_', '-')}-{uuid.uuid4().hex[:8]}"
     args = ["profile", "--tables", str(_tables_file(tmp)), "--num-shards", str(num_shards), "--max-tables", "3",
             "--timing-iters", "3", "--warmup-iters", "1", "--seed", "0", "--device", "cpu"]
     argv = [*CLI, *args, "--out", prefix]
