@@ -146,18 +146,18 @@ def profile_store_stopped(tmp: Path, *, num_shards: int = 60, stop_before_row: i
         moto.stop()
 
 
-def _keys(rows) -> list[tuple[str, int]]:  # noqa: ANN001 - a DataFrame
-    return list(zip(rows["config_id"].astype(str), rows["repeat"].astype(int), strict=True))
+def _keys(rows) -> list[tuple[str, int]]:  # noqa: ANN001 - a DataFrame, or None for no rows at all
+    return [] if rows is None else list(zip(rows["config_id"].astype(str), rows["repeat"].astype(int), strict=True))
 
 
 def _s3_rows(prefix: str, env: dict[str, str]):  # noqa: ANN202 - a DataFrame; pandas loads only here
     """The dataset at `prefix` as the loader reads it, in this process with the child's AWS variables."""
-    from shardwise.profiling.dataset import load_costs
+    from shardwise.profiling.dataset import load_stored
 
     saved = {k: os.environ.get(k) for k in env if k.startswith("AWS_")}
     os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
     try:
-        return load_costs(prefix)
+        return load_stored(prefix)  # None where no part was written yet
     finally:
         for key, value in saved.items():
             if value is None:
