@@ -76,14 +76,20 @@ def _correlation(x: list[float], y: list[float]) -> float | None:
     return float(np.corrcoef(x, y)[0, 1]) if len(x) > 2 and np.ptp(x) > 0 and np.ptp(y) > 0 else None
 
 
+#: the CUDA timers compared, the first the one the others are read against
+CUDA_TIMERS = ("held", "queued", "graph", "events")
+
+
 def compare_timers(shards: list[list[TableSpec]], batch: int, device: torch.device, rounds: int,
                    protocol: TimingProtocol) -> list[dict[str, Any]]:
     """Each shard timed `rounds` times by every timer, the timers taking turns on one built kernel: per timer, the
     median spread of a shard's repeats, its median ratio to the held timer, the correlation of cost with tables,
-    the median host launch ms, what actually timed (graphs fall back to held) and calls the hold did not cover."""
-    names = ["held", "graph", "events"] if device.type == "cuda" else [str(protocol.for_device(device).clock)]
+    the median host launch ms, the median wall ms a shard's timing took (warm-up and timed calls), what actually
+    timed (graphs fall back to held, a queue's first call is held) and calls a hold did not cover."""
+    names = list(CUDA_TIMERS) if device.type == "cuda" else [str(protocol.for_device(device).clock)]
     totals: dict[str, list[list[float]]] = {n: [[] for _ in shards] for n in names}
     launches: dict[str, list[float]] = {n: [] for n in names}
+    walls: dict[str, list[float]] = {n: [] for n in names}
     used: dict[str, set[str]] = {n: set() for n in names}
     uncovered = dict.fromkeys(names, 0)
     for s, tables in enumerate(shards):
@@ -91,16 +97,18 @@ def compare_timers(shards: list[list[TableSpec]], batch: int, device: torch.devi
         for _ in range(rounds):
             for name in names:
                 timed = protocol.model_copy(update={"cuda_timer": name if device.type == "cuda" else None})
+                began = time.perf_counter()
                 timing = time_kernel(kernel, device, timed.for_device(device))
+                walls[name].append((time.perf_counter() - began) * 1e3)
                 totals[name][s].append(timing.total_ms)
                 used[name].add(str(timing.timer))
                 if timing.launch_ms is not None:
                     launches[name].append(timing.launch_ms)
-        if device.type == "cuda":  # a held call outlasted by the host's launches, counted on one timer per shard
-            probe = _Timer(device, protocol.model_copy(update={"cuda_timer": "held"}).for_device(device))
-            for _ in range(protocol.warmup_iters + protocol.iters):
-                probe.call(kernel)
-            uncovered["held"] += probe.uncovered
+        if device.type == "cuda":  # calls a hold did not cover, counted on one timing per shard
+            for name in ("held", "queued"):
+                probe = _Timer(device, protocol.model_copy(update={"cuda_timer": name}).for_device(device))
+                probe.calls(kernel, protocol.warmup_iters + protocol.iters)
+                uncovered[name] += probe.uncovered + (probe.cuda_timer != name)  # a queue that fell back
     medians = {n: [statistics.median(t) for t in totals[n]] for n in names}
     counts = [float(len(t)) for t in shards]
     rows = []
@@ -114,7 +122,8 @@ def compare_timers(shards: list[list[TableSpec]], batch: int, device: torch.devi
             "work_correlation": _round(_correlation(counts, medians[name])),
             "median_ms": round(statistics.median(medians[name]), 4),
             "median_launch_ms": round(statistics.median(launches[name]), 4) if launches[name] else None,
-            "uncovered_calls": uncovered[name] if name == "held" and device.type == "cuda" else None,
+            "median_wall_ms_a_shard": round(statistics.median(walls[name]), 2),
+            "uncovered_calls": uncovered[name] if name in ("held", "queued") and device.type == "cuda" else None,
         })
     return rows
 
@@ -223,8 +232,11 @@ def main() -> None:
     parser.add_argument("--repeat-shards", type=int, default=30, help="profiled shards measured again (noise floor)")
     parser.add_argument("--probe-batch", type=int, default=2048, help="the small batch of the probe profile")
     parser.add_argument("--probe-shards", type=int, default=120, help="shards of the probe profile (0: none)")
+    parser.add_argument("--cuda-timer", default=None, choices=CUDA_TIMERS,
+                        help="the profile's and the plans' CUDA timer (default: the protocol's)")
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/<--record-name>.json")
-    parser.add_argument("--record-name", default=None, help="default: gpu_method, or gpu_method_<preset> off cuda")
+    parser.add_argument("--record-name", default=None,
+                        help="default: gpu_method (gpu_method_<timer> with --cuda-timer), gpu_method_<preset> off cuda")
     args = parser.parse_args()
     device = resolve_device(args.device)
     if device.type == "cpu":
@@ -234,8 +246,10 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     batch, seed = preset.batch_size, preset.seed
+    cuda_timer = args.cuda_timer if device.type == "cuda" else None
     figures = Figures(out, {"device": device_name(device), "torch": torch.__version__, "preset": args.preset,
-                            "batch_size": batch, "row_scale": preset.row_scale, "targets": TARGETS})
+                            "batch_size": batch, "row_scale": preset.row_scale, "targets": TARGETS,
+                            "cuda_timer": TimingProtocol(cuda_timer=cuda_timer).for_device(device).cuda_timer})
     started = time.perf_counter()
 
     t0 = time.perf_counter()
@@ -246,10 +260,10 @@ def main() -> None:
     figures.add("workload", {"train_tables": len(train.tables), "holdout_tables": len(holdout.tables)},
                 time.perf_counter() - t0)
 
-    protocol = TimingProtocol(iters=preset.profile_timing_iters)
+    protocol = TimingProtocol(iters=preset.profile_timing_iters, cuda_timer=cuda_timer)
     # how plans are measured, and the timers compared: as the profile times (a CPU's reference calibrated once)
     measurement = MeasurementSettings(device=str(device), timing_iters=preset.profile_timing_iters,
-                                      timing_rounds=preset.evaluate_timing_rounds)
+                                      timing_rounds=preset.evaluate_timing_rounds, cuda_timer=cuda_timer)
     timing_device, timing_protocol = resolve_timing(measurement)
     # the tables at the probe's batch (their reuse bins are measured at the batch they are synthesized for)
     probe_tables = synthesize_tables(preset.num_tables, seed=seed, row_scale=preset.row_scale,
@@ -269,8 +283,8 @@ def main() -> None:
                 print(f"batch {at}: timer {row['timer']:>7} (timed by {row['timed_by']}): median spread "
                       f"{row['median_spread']:.1%}, max {row['max_spread']:.1%}, over {timers[0]['timer']} "
                       f"{row['median_ratio_to_first']:.3f}, cost~tables r={row['work_correlation']}, median "
-                      f"{row['median_ms']:.3f} ms, launch {row['median_launch_ms']} ms, uncovered "
-                      f"{row['uncovered_calls']}")
+                      f"{row['median_ms']:.3f} ms, launch {row['median_launch_ms']} ms, "
+                      f"{row['median_wall_ms_a_shard']} ms a shard's timing, uncovered {row['uncovered_calls']}")
 
     settings = ProfileSettings(num_shards=preset.profile_num_shards, max_tables=preset.profile_max_tables,
                                repeats=max(preset.profile_repeats, 1), repeat_shards=args.repeat_shards, seed=seed,
@@ -369,17 +383,21 @@ def summary_rows(args: argparse.Namespace, doc: dict[str, Any]) -> list[dict[str
     for step, at in (("timers", doc["batch_size"]), ("probe_timers", args.probe_batch)):
         for row in steps.get(step, {}).get("figures", []):
             add(f"batch {at}: timer {row['timer']} (timed by {row['timed_by']}): median spread / over "
-                f"{steps[step]['figures'][0]['timer']} / cost ~ tables / launch ms / uncovered calls",
+                f"{steps[step]['figures'][0]['timer']} / cost ~ tables / launch ms / wall ms a shard / uncovered calls",
                 f"{row['median_spread']} / {row['median_ratio_to_first']} / {row['work_correlation']} / "
-                f"{row['median_launch_ms']} / {row['uncovered_calls']}")
+                f"{row['median_launch_ms']} / {row.get('median_wall_ms_a_shard')} / {row['uncovered_calls']}")
     return rows
 
 
 def _record(args: argparse.Namespace, device: torch.device, doc: dict[str, Any], rows: list[dict[str, Any]],
             total_s: float) -> None:
-    name = args.record_name or ("gpu_method" if device.type == "cuda" else f"gpu_method_{args.preset}")
+    name = args.record_name or ("gpu_method" if device.type != "cuda" or args.cuda_timer is None
+                                else f"gpu_method_{args.cuda_timer}")
+    if device.type != "cuda":
+        name = args.record_name or f"gpu_method_{args.preset}"
     record(name, f"The whole method on one {device.type.upper()} ({doc['device']}), preset {args.preset}", rows,
-           notes=f"torch {doc['torch']}; batch {doc['batch_size']}, row scale {doc['row_scale']}; plans compared on "
+           notes=f"torch {doc['torch']}; CUDA timer {doc['cuda_timer']}; batch {doc['batch_size']}, row scale "
+                 f"{doc['row_scale']}; plans compared on "
                  f"their kernels alone (one device holds no NCCL group); {total_s:.0f} s in all; targets: issue 34"
                  + ("" if device.type == "cuda" else "; off a GPU this proves the path, its figures are not the "
                     "GPU's"))

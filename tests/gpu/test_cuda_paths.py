@@ -16,6 +16,7 @@ from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
 from search_doubles import AnalyticCostModel, heldout_tasks
 
 from shardwise.costmodel import NeuralCostModel, TrainConfig, train_cost_model
+from shardwise.profiling.protocol import DEFAULT_CUDA_TIMER
 from shardwise.search import make_searcher, simulate
 from shardwise.search.autoshard import AutoShardConfig, AutoShardPolicy, train_autoshard
 from shardwise.search.dreamshard import DreamShardConfig, DreamShardPolicy, train_dreamshard
@@ -118,8 +119,8 @@ def _bag_kernel(batch: int, rows: int = 200_000, dim: int = 64, pooling: int = 1
     )
 
 
-@pytest.mark.parametrize("cuda_timer", ["events", "held", "graph"])
-def test_the_timers_time_the_gpus_work_and_flush_its_l2(cuda_timer):
+@pytest.mark.parametrize("cuda_timer", ["held", "queued", "graph"])
+def test_the_device_timers_time_the_gpus_work_and_flush_its_l2(cuda_timer):
     from shardwise.profiling import TimingProtocol
     from shardwise.profiling.kernel import _Timer
 
@@ -129,18 +130,35 @@ def test_the_timers_time_the_gpus_work_and_flush_its_l2(cuda_timer):
     assert timer.flush_buffer is not None and timer.flush_buffer.numel() * 4 == 2 * l2
     assert timer.flush_buffer.device.type == "cuda"
     small, big = _bag_kernel(2048), _bag_kernel(16 * 2048)
-    calls = [timer.call(small) for _ in range(20)]
+    calls = timer.calls(small, 20)
     fwd, bwd = np.median([c.fwd_ms for c in calls]), np.median([c.bwd_ms for c in calls])
     assert 0 < fwd < 100 and 0 < bwd < 100
-    # the host's launch time is reported beside the device's; graphs fall back to the held stream, saying so
+    # the host's launch time is reported beside the device's; graphs fall back to the held stream, saying so, and
+    # a queue's first call is timed held on its own
     assert all(c.launch_ms is not None and c.launch_ms > 0 for c in calls)
-    assert {c.timer for c in calls} <= ({cuda_timer, "held"} if cuda_timer == "graph" else {cuda_timer})
+    assert {c.timer for c in calls} <= {cuda_timer, "held"}
     # a 16x larger batch takes clearly longer on the device
-    big_fwd = np.median([timer.call(big).fwd_ms for _ in range(20)])
+    big_fwd = np.median([c.fwd_ms for c in timer.calls(big, 20)])
     assert big_fwd > 2 * fwd
     # calls whose launches outlasted the hold are counted (torch's embedding backward may wait on the GPU inside
     # the call, which no hold covers; fbgemm's TBE must not: test_fbgemm_timer_candidates_agree...)
     assert 0 <= timer.uncovered <= timer.held_calls
+
+
+def test_events_around_the_launches_read_the_launches_where_they_outlast_the_work():
+    """The old timer's failure, kept as a check that the comparison still sees it: at a small batch the events
+    read about the host's launch time (6.7x the held timer for fbgemm shards at batch 2048 on an H200), and never
+    less than the device's work."""
+    from shardwise.profiling import TimingProtocol
+    from shardwise.profiling.kernel import _Timer
+
+    device = torch.device(DEVICE)
+    small = _bag_kernel(2048)
+    held = [c.fwd_ms + c.bwd_ms for c in _Timer(device, TimingProtocol(cuda_timer="held").for_device(device))
+            .calls(small, 20)]
+    events = _Timer(device, TimingProtocol(cuda_timer="events").for_device(device)).calls(small, 20)
+    assert {c.timer for c in events} == {"events"}
+    assert np.median([c.fwd_ms + c.bwd_ms for c in events]) >= 0.9 * np.median(held)
 
 
 def _fbgemm_on_cuda() -> bool:
@@ -177,7 +195,7 @@ def test_fbgemm_shard_cost_grows_with_its_tables_and_repeats_agree(batch):
     counts = [1, 2, 4, 8, 12]
     costs = [measure_shard(_tables(n), batch, device=DEVICE, protocol=protocol) for n in counts]
     totals = [c.total_ms for c in costs]
-    assert all(c.timer == "held" and c.launch_ms is not None for c in costs)
+    assert all(c.timer == DEFAULT_CUDA_TIMER and c.launch_ms is not None for c in costs)
     # the cost follows the work: the kernels, not the launches, are timed
     assert np.corrcoef(counts, totals)[0, 1] >= 0.9, totals
     assert totals[-1] > 2 * totals[0], totals
@@ -195,13 +213,19 @@ def test_fbgemm_timer_candidates_agree_where_kernels_dominate():
     device = torch.device(DEVICE)
     kernel = build_shard_kernel(_tables(8), 65536, device=device)
     totals = {name: time_kernel(kernel, device, TimingProtocol(warmup_iters=3, iters=10, cuda_timer=name))
-              for name in ("held", "graph", "events")}
+              for name in ("held", "queued", "graph", "events")}
     held = totals["held"].total_ms
     for name, timing in totals.items():
-        # where graphs could not be captured, the timing says so and was held
+        # where graphs could not be captured (fbgemm's TBE on an H200), the timing says so and was held
         assert timing.timer in (name, "held")
-        assert timing.total_ms == pytest.approx(held, rel=0.10), {k: v.total_ms for k, v in totals.items()}
+        if name == "events":  # around the launches: the device's work, and some of the host's launch (1.11x)
+            assert timing.total_ms >= 0.98 * held, {k: v.total_ms for k, v in totals.items()}
+        else:  # the device's work alone: 0.06% apart on an H200
+            assert timing.total_ms == pytest.approx(held, rel=0.03), {k: v.total_ms for k, v in totals.items()}
     # the hold covered every call's launches: the host does not wait on the GPU inside a TBE's forward or backward
     timer = _Timer(device, TimingProtocol(cuda_timer="held").for_device(device))
     launches = [timer.call(kernel).launch_ms for _ in range(13)]
     assert timer.uncovered == 0, f"{timer.uncovered} of {timer.held_calls} calls not covered (launch ms {launches})"
+    # and one hold covered a queue of them: no call fell back to its own hold
+    queue = _Timer(device, TimingProtocol(cuda_timer="queued").for_device(device))
+    assert {c.timer for c in queue.calls(kernel, 13)[1:]} == {"queued"} and queue.cuda_timer == "queued"

@@ -66,10 +66,11 @@ def device(monkeypatch: pytest.MonkeyPatch):
 
 
 class _Kernel:
-    """A kernel whose launch takes `launch_ms` on the host (and, with `syncs`, waits for the device first)."""
+    """A kernel whose launch takes `launch_ms` on the host and whose forward then keeps the device busy for
+    `device_ms` (with `syncs`, the host first waits for the device)."""
 
-    def __init__(self, launch_ms: float = 0.0, syncs: bool = False) -> None:
-        self.launch_ms, self.syncs = launch_ms, syncs
+    def __init__(self, launch_ms: float = 0.0, syncs: bool = False, device_ms: float = 0.0) -> None:
+        self.launch_ms, self.syncs, self.device_ms = launch_ms, syncs, device_ms
         self.grad_output = torch.ones(4)
 
     def forward(self) -> torch.Tensor:
@@ -78,6 +79,7 @@ class _Kernel:
         end = time.perf_counter() + self.launch_ms / 1e3
         while time.perf_counter() < end:
             pass
+        _Device.free_at = _Device.reach() + self.device_ms / 1e3
         return torch.ones(4, requires_grad=True) * 2
 
 
@@ -138,6 +140,58 @@ def test_without_the_device_side_wait_the_timer_uses_events(device, monkeypatch,
     assert timer.cuda_timer == "events" and "RuntimeError: no message" in caplog.text
     monkeypatch.delattr(torch.cuda, "_sleep")
     assert _timer("held").cuda_timer == "events"
+
+
+@pytest.mark.parametrize(("launch_ms", "device_ms"), [(0.3, 2.0), (2.0, 0.3)], ids=["device-bound", "launch-bound"])
+def test_a_queue_behind_one_hold_times_each_calls_device_work(device, launch_ms, device_ms) -> None:
+    timer = _timer("queued")
+    calls = timer.calls(_Kernel(launch_ms=launch_ms, device_ms=device_ms), 6)  # type: ignore[arg-type]
+    # the first call alone, held (it allocates; it tells the launch and the work), the rest queued behind one hold
+    assert [c.timer for c in calls] == ["held"] + ["queued"] * 5
+    assert timer.cuda_timer == "queued" and timer.uncovered == 0
+    for c in calls:  # the device's forward, not the host's launch, whichever is longer
+        assert abs(c.fwd_ms - device_ms) < abs(launch_ms - device_ms) / 2
+        assert c.launch_ms is not None and c.launch_ms >= launch_ms
+
+
+def test_a_queue_whose_launches_outlast_its_hold_is_timed_again_behind_a_longer_one(device, monkeypatch) -> None:
+    kernel = _Kernel(launch_ms=1.0, device_ms=0.1)
+    holds: list[float] = []
+    hold = _Timer._hold
+
+    def counted(self: _Timer, ms: float) -> bool:
+        holds.append(ms)
+        return hold(self, ms)
+
+    monkeypatch.setattr(_Timer, "_hold", counted)
+    timer = _timer("queued")
+    first = timer._held(kernel, None)  # type: ignore[arg-type]
+    # a first call that launched fast misjudges the lead the queue needs
+    quick = first._replace(launch_ms=0.05, fwd_ms=0.1, bwd_ms=0.0)
+    holds.clear()
+    calls = timer._queued(kernel, 5, quick)  # type: ignore[arg-type]
+    assert len(holds) >= 2 and holds[-1] > holds[0]
+    assert {c.timer for c in calls} == {"queued"}
+    assert all(c.fwd_ms < 0.55 for c in calls)  # the device's 0.1 ms, not the host's 1 ms launch
+
+
+def test_a_queue_the_host_waits_on_is_timed_call_by_call(device, caplog: pytest.LogCaptureFixture) -> None:
+    timer = _timer("queued")
+    with caplog.at_level(logging.WARNING, logger="shardwise.profiling.kernel"):
+        calls = timer.calls(_Kernel(launch_ms=0.1, syncs=True, device_ms=0.5), 4)  # type: ignore[arg-type]
+    assert {c.timer for c in calls} == {"held"} and timer.cuda_timer == "held"
+    assert "timing them call by call" in caplog.text
+
+
+def test_time_kernel_queues_a_shards_calls_and_keeps_the_timed_ones(device, monkeypatch) -> None:
+    from shardwise.profiling.kernel import time_kernel
+
+    protocol = TimingProtocol(cuda_timer="queued", flush_cache=False, clock="wall", warmup_iters=2, iters=5,
+                              reference_normalised=False)
+    monkeypatch.setattr(TimingProtocol, "for_device", lambda self, device: self)
+    timing = time_kernel(_Kernel(launch_ms=0.2, device_ms=1.0), CUDA, protocol)  # type: ignore[arg-type]
+    assert timing.timer == "queued" and 0.6 < timing.fwd_ms < 1.4
+    assert timing.reference_ms is None and timing.launch_ms is not None and timing.launch_ms >= 0.2
 
 
 def test_the_shard_kernel_gives_its_batch_back_per_table() -> None:

@@ -6,6 +6,7 @@ from pydantic import Field, model_validator
 
 from shardwise.errors import ShardwiseError
 from shardwise.profiling import DeviceName, ProfileSettings, TimingProtocol, load_costs, noise_floor, profile
+from shardwise.profiling.protocol import CUDA_TIMER_HELP, CudaTimer
 from shardwise.workload import Optimizer, WeightsPrecision, load_tables, read_dlrm_dataset
 
 from .base import JobResult, JobSettings
@@ -41,6 +42,7 @@ class ProfileJobSettings(JobSettings):
     timing_iters: int = Field(default=_TIMING["iters"].default, ge=1, description="timed kernel iterations per shard")
     threads: int = Field(default=_TIMING["num_threads"].default, ge=1,
                          description="CPU threads per measurement (one device)")
+    cuda_timer: CudaTimer | None = Field(default=None, description=CUDA_TIMER_HELP)
     worker: int = Field(default=_PROFILER["worker"].default, ge=0,
                         description="this worker's slice of the run (0 .. workers-1): K profiling pods with the same "
                                     "settings and dataset measure it once between them")
@@ -118,6 +120,7 @@ def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult
             warmup_iters=settings.warmup_iters,
             iters=settings.timing_iters,
             num_threads=settings.threads,
+            cuda_timer=settings.cuda_timer,
             reference_normalised=False if settings.no_reference_normalisation else None,
         ),
     )

@@ -8,7 +8,9 @@ see TimingProtocol). On CUDA: events on the stream, timed one of three ways (`Ti
 "events" records them around the host's calls, so where the host launches slower than the GPU runs (a TBE's
 Python and dispatch take a few hundred microseconds) they time the launches; "held" first queues a device-side wait
 longer than the host takes to launch the call, so the GPU reaches the start event with the whole call queued
-behind it and the events time the kernels alone; "graph" replays the call captured as CUDA graphs (one launch).
+behind it and the events time the kernels alone; "queued" (the default) holds the stream once for all of a
+shard's calls, launched back to back behind a wait long enough to cover all their launches, so the GPU runs them
+without the idle gaps of one hold per call; "graph" replays the call captured as CUDA graphs (one launch).
 Beside the device time, each call's host launch time (the host's time to launch forward and backward, which a
 training step pays once per step) is kept: where it exceeds the device time, the shard is launch-bound.
 """
@@ -49,7 +51,8 @@ class ShardTiming:
     reference_ms: float | None  # what normalised ratios were scaled by (None: not normalised)
     #: median host ms to launch forward + backward (CUDA; None on CPU, where the host runs the kernel itself)
     launch_ms: float | None = None
-    #: what timed it: the CUDA timer ("held", "graph", "events"; "held" where a graph could not be captured) or
+    #: what timed it: the CUDA timer ("queued", "held", "graph", "events"; "held" where a graph could not be
+    #: captured or the queue's hold did not cover its launches) or
     #: the CPU clock ("thread", "wall"); None where not known
     timer: str | None = None
 
@@ -185,10 +188,14 @@ class CallTiming(NamedTuple):
     timer: str
 
 
-#: the shortest device-side hold, and the most it is grown to (a hold never covers a host that waits for the GPU)
+#: the shortest device-side hold, and the most it is grown to per call (a hold never covers a host that waits for
+#: the GPU)
 _MIN_HOLD_MS, _MAX_HOLD_MS = 0.2, 50.0
 #: the hold is this many times the host's last launch time (launch times vary from call to call)
 _HOLD_MARGIN = 2.0
+#: a queue's hold: this many times the launch lead it must cover, plus one call's launch (a sum of launches varies
+#: less, relatively, than one launch)
+_QUEUE_MARGIN = 1.25
 #: calls retried with a longer hold when the host was still launching as the GPU reached the start event
 _HOLD_RETRIES = 2
 #: torch.cuda._sleep's cycles for the calibration of its speed (about 1 ms on a 1-2 GHz GPU)
@@ -222,6 +229,22 @@ class _Graphs:
     forward: Any  # torch.cuda.CUDAGraph
     backward: Any
     launch_ms: float  # the host's launch ms of the eager calls before the capture (what training pays)
+
+
+class _Launch(NamedTuple):
+    """One call as launched: its events (before forward, between, after backward) and the host's clock around the
+    launches."""
+
+    start: Any  # torch.cuda.Event
+    mid: Any
+    end: Any
+    t0: float
+    t1: float
+
+    def timing(self, timer: str, launch_ms: float | None = None) -> CallTiming:
+        """The call's device ms, once the device has passed `end`, and the host's launch ms (or `launch_ms`)."""
+        launch = (self.t1 - self.t0) * 1e3 if launch_ms is None else launch_ms
+        return CallTiming(self.start.elapsed_time(self.mid), self.mid.elapsed_time(self.end), launch, timer)
 
 
 class _Timer:
@@ -273,52 +296,60 @@ class _Timer:
                 return self._held(kernel, graphs)
         return self._held(kernel, None)
 
+    def calls(self, kernel: ShardKernel, n: int) -> list[CallTiming]:
+        """`n` forward + backward calls, timed in turn. With the queued timer on CUDA the first is timed held on
+        its own (it allocates, and tells the host's launch time and the device's time of a call), the rest are
+        launched back to back behind one hold (`_queued`); otherwise `call` n times."""
+        if self.device.type != "cuda" or self.cuda_timer != "queued" or n < 2:
+            return [self.call(kernel) for _ in range(n)]
+        first = self._held(kernel, None)
+        if self.cuda_timer != "queued":  # the hold failed: the timer fell back to events
+            return [first, *(self.call(kernel) for _ in range(n - 1))]
+        return [first, *self._queued(kernel, n - 1, first)]
+
     def _flush(self) -> None:
         if self.flush_buffer is not None:
             self.flush_buffer.add_(1.0)
 
-    def _events(self, kernel: ShardKernel) -> CallTiming:
-        """Events recorded around the host's calls: the GPU may reach `start` before the work is launched."""
-        self._flush()
+    def _launch(self, kernel: ShardKernel, graphs: _Graphs | None = None) -> _Launch:
+        """Flush, then launch one forward + backward (eager, or the graphs' replays) between three events."""
         start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+        self._flush()
         start.record()
         t0 = time.perf_counter()
-        out = kernel.forward()
-        mid.record()
-        out.backward(kernel.grad_output)
+        if graphs is None:
+            out = kernel.forward()
+            mid.record()
+            out.backward(kernel.grad_output)
+        else:
+            graphs.forward.replay()
+            mid.record()
+            graphs.backward.replay()
         t1 = time.perf_counter()
         end.record()
+        return _Launch(start, mid, end, t0, t1)
+
+    def _events(self, kernel: ShardKernel) -> CallTiming:
+        """Events recorded around the host's calls: the GPU may reach `start` before the work is launched."""
+        call = self._launch(kernel)
         torch.cuda.synchronize(self.device)
-        return CallTiming(start.elapsed_time(mid), mid.elapsed_time(end), (t1 - t0) * 1e3, "events")
+        return call.timing("events")
 
     def _held(self, kernel: ShardKernel, graphs: _Graphs | None) -> CallTiming:
         """The stream held behind a device-side wait while the host launches the call (eager, or the graphs'
         replays), so the events between the launches time the device's work alone. A call whose launches outlast
         the hold is timed again with a longer one."""
         for attempt in range(_HOLD_RETRIES + 1):
-            held, start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(4))
+            held = torch.cuda.Event(enable_timing=True)
             t_hold = time.perf_counter()
             held.record()
-            if not self._hold():
+            if not self._hold(self.hold_ms):
                 return self._events(kernel)
-            self._flush()
-            start.record()
-            t0 = time.perf_counter()
-            if graphs is None:
-                out = kernel.forward()
-                mid.record()
-                out.backward(kernel.grad_output)
-            else:
-                graphs.forward.replay()
-                mid.record()
-                graphs.backward.replay()
-            t1 = time.perf_counter()
-            end.record()
+            call = self._launch(kernel, graphs)
             torch.cuda.synchronize(self.device)
             # covered: the GPU was still in the hold (and flush) when the host had launched everything
-            host_ms = (t1 - t_hold) * 1e3
-            covered = host_ms <= held.elapsed_time(start)
-            launch_ms = (t1 - t0) * 1e3
+            host_ms = (call.t1 - t_hold) * 1e3
+            covered = host_ms <= held.elapsed_time(call.start)
             if not self.hold_futile:
                 self.hold_ms = min(max(_HOLD_MARGIN * host_ms, _MIN_HOLD_MS), _MAX_HOLD_MS)
             if covered or self.hold_futile or attempt == _HOLD_RETRIES:
@@ -333,14 +364,45 @@ class _Timer:
                             _HOLD_RETRIES + 1)
                 self.hold_futile, self.hold_ms = True, _MIN_HOLD_MS
         if graphs is not None:
-            return CallTiming(start.elapsed_time(mid), mid.elapsed_time(end), graphs.launch_ms, "graph")
-        return CallTiming(start.elapsed_time(mid), mid.elapsed_time(end), launch_ms, "held")
+            return call.timing("graph", graphs.launch_ms)
+        return call.timing("held")
 
-    def _hold(self) -> bool:
-        """Queue the device-side wait of `hold_ms`; where it fails (a private torch function), False, and this
-        timer times with events from then on, saying so."""
+    def _queued(self, kernel: ShardKernel, n: int, first: CallTiming) -> list[CallTiming]:
+        """`n` calls launched back to back behind one device-side hold, each between its own flush and events.
+        The hold covers the lead the host needs: one call's launch, and where launching a call takes longer than
+        running it (`first` tells both), the gap that grows by their difference with every call. A call is covered
+        when the GPU reached its start event after the host had launched it; where one is not, all are timed again
+        behind a longer hold, and where even that fails (a host that waits on the GPU inside a call) call by call,
+        held."""
+        launch, work = first.launch_ms or 0.0, first.fwd_ms + first.bwd_ms
+        hold = _QUEUE_MARGIN * (launch + max(0.0, (n - 1) * (launch - work))) + launch
+        for _ in range(_HOLD_RETRIES + 1):
+            hold = min(max(hold, _MIN_HOLD_MS), _MAX_HOLD_MS * n)
+            used = hold
+            held = torch.cuda.Event(enable_timing=True)
+            t_hold = time.perf_counter()
+            held.record()
+            if not self._hold(hold):
+                return [self._events(kernel) for _ in range(n)]
+            calls = [self._launch(kernel) for _ in range(n)]
+            torch.cuda.synchronize(self.device)
+            # how long before each call's start event the GPU would have been idle; the least of them, if negative,
+            # is how much longer the hold had to be
+            slack = min(held.elapsed_time(call.start) - (call.t1 - t_hold) * 1e3 for call in calls)
+            if slack >= 0:
+                self.held_calls += n
+                return [call.timing("queued") for call in calls]
+            hold = _HOLD_MARGIN * (hold - slack)
+        log.warning("cuda_timer 'queued': the host's launches outlasted a %.1f ms hold of %d calls %d times in a row; "
+                    "timing them call by call (cuda_timer 'held')", used, n, _HOLD_RETRIES + 1)
+        self.cuda_timer = "held"
+        return [self._held(kernel, None) for _ in range(n)]
+
+    def _hold(self, ms: float) -> bool:
+        """Queue a device-side wait of `ms`; where it fails (a private torch function), False, and this timer
+        times with events from then on, saying so."""
         try:
-            torch.cuda._sleep(max(1, int(self.hold_ms * _sleep_cycles_per_ms(self.device))))
+            torch.cuda._sleep(max(1, int(ms * _sleep_cycles_per_ms(self.device))))
         except Exception as err:  # noqa: BLE001 - any failure of the wait: time as before, named in the rows
             log.warning("cuda_timer %r: the device-side wait failed (%s: %s); timing with CUDA events around the "
                         "launches instead", self.cuda_timer, type(err).__name__, _first_line(err))
@@ -430,19 +492,23 @@ def time_kernel(kernel: ShardKernel, device: torch.device, protocol: TimingProto
     if normalised and protocol.reference_ms is None:
         raise ValueError("protocol.reference_ms: calibrate it (calibrate_reference) before timing normalised")
     timer = _Timer(device, protocol)
-    reference = _reference_kernel(device) if normalised else None
+    if not normalised:
+        calls = timer.calls(kernel, protocol.warmup_iters + protocol.iters)[protocol.warmup_iters :]
+        return shard_timing([c.fwd_ms for c in calls], [c.bwd_ms for c in calls], [1.0] * len(calls), None,
+                            calls=calls)
+    reference = _reference_kernel(device)
     calls, ref = [], []
     for i in range(protocol.warmup_iters + protocol.iters):
         timed = timer.call(kernel)
         # the reference runs right after the shard, so both see the same machine speed; each after its own flush:
         # with one flush (256 MiB) per pair, shards timed 1.3% faster (median; 7.5% on one; bench_shard_timing
         # --pairing)
-        ref_ms = sum(timer.run(reference)) if reference is not None else 1.0
+        ref_ms = sum(timer.run(reference))
         if i >= protocol.warmup_iters:
             calls.append(timed)
             ref.append(ref_ms)
-    return shard_timing([c.fwd_ms for c in calls], [c.bwd_ms for c in calls], ref,
-                        protocol.reference_ms if normalised else None, calls=calls)
+    return shard_timing([c.fwd_ms for c in calls], [c.bwd_ms for c in calls], ref, protocol.reference_ms,
+                        calls=calls)
 
 
 def shard_timing(

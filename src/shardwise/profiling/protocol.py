@@ -38,11 +38,21 @@ MAX_CPU_FLUSH_BYTES = 64 * 2**20
 #: how a CUDA device times a call (kernel.py's _Timer): "events" around the host's launches (the GPU reaches the
 #: start event before the host has launched the work, so where launching is slower than running, as for a TBE at
 #: batch 2048, they time the launches), "held" (the stream held behind a device-side wait that covers the host's
-#: launches, so the events time the kernels), "graph" (the call captured as CUDA graphs and replayed, behind the
-#: same hold; a kernel that cannot be captured is timed held, and says so in its timings' `timer`)
-CudaTimer = Literal["events", "held", "graph"]
-#: the CUDA timer where the protocol names none (benchmarks/bench_gpu_method.py compares the three on a GPU)
+#: launches, so the events time the kernels), "queued" (a shard's calls launched back to back behind one such wait
+#: that covers all their launches: the same device time without an idle hold per call), "graph" (the call captured
+#: as CUDA graphs and replayed, behind the same hold; a kernel that cannot be captured, fbgemm's TBE among them, is
+#: timed held, and says so in its timings' `timer`)
+CudaTimer = Literal["events", "held", "queued", "graph"]
+#: the CUDA timer where the protocol names none (benchmarks/bench_gpu_method.py compares them on a GPU). On an
+#: NVIDIA H200 (2026-11-27, gpu_check.sh) "held" timed repeats of a shard within 0.04% (median) at batch 65536,
+#: where "events" spread 7.2% and read 1.12x; at batch 2048 "events" read 6.7x "held": the host's launch. "queued"
+#: has not run on a GPU yet: it becomes the default once gpu_check.sh shows it agrees with "held"
 DEFAULT_CUDA_TIMER: CudaTimer = "held"
+#: the option's help, where a command offers the choice
+CUDA_TIMER_HELP = (f"how a GPU times a kernel call (default {DEFAULT_CUDA_TIMER}): held (the stream held behind a "
+                   "device-side wait while the host launches the call), queued (a shard's calls launched together "
+                   "behind one wait), graph, or events (around the launches: times the host where it launches "
+                   "slower than the GPU runs); not used on a CPU")
 
 
 class TimingProtocol(BaseModel):
@@ -132,6 +142,7 @@ class MeasurementSettings(BaseModel):
     reference_ms: float | None = Field(
         default=None, gt=0, description="reference kernel ms to normalise by (default: the model's, else calibrate)"
     )
+    cuda_timer: CudaTimer | None = Field(default=None, description=CUDA_TIMER_HELP)
     flush_mib: int | None = Field(
         default=None, ge=0,
         description=f"MiB overwritten before every timed kernel call (0: none; default: twice the last-level "
@@ -140,7 +151,8 @@ class MeasurementSettings(BaseModel):
 
     def protocol(self) -> TimingProtocol:
         """The kernel timing protocol these settings ask for (reference pinned when `reference_ms` is set)."""
-        protocol = TimingProtocol(warmup_iters=self.warmup_iters, iters=self.timing_iters, reference_ms=self.reference_ms)
+        protocol = TimingProtocol(warmup_iters=self.warmup_iters, iters=self.timing_iters,
+                                  reference_ms=self.reference_ms, cuda_timer=self.cuda_timer)
         if self.flush_mib is None:
             return protocol
         return protocol.model_copy(update={"flush_cache": self.flush_mib > 0, "flush_bytes": self.flush_mib * 2**20})

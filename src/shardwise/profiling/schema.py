@@ -38,7 +38,7 @@ COMPUTE_COLUMNS = (
 PROVENANCE_COLUMNS = ("provenance",)
 #: kind == "compute", from 2026-11-27 (null before): the median host ms to launch forward + backward on CUDA (null
 #: on CPU; a device pays it once a step: above the kernels' ms, the shard is launch-bound), and what timed the
-#: call (the CUDA timer, "held", "graph" or "events", or the CPU clock, "thread" or "wall")
+#: call (the CUDA timer, "held", "queued", "graph" or "events", or the CPU clock, "thread" or "wall")
 TIMER_COLUMNS = ("launch_ms", "timer")
 #: kind == "comm"
 COMM_COLUMNS = (
