@@ -5,8 +5,9 @@ trained model needs neither, and scipy.stats alone took 1.1 s of `shardwise plan
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from shardwise.lazy import on_first_use
 
 from .model import ModelFileError, ModelMeta, NetworkConfig, NeuralCostModel
 from .types import CostModel
@@ -22,19 +23,12 @@ if TYPE_CHECKING:
     )
     from .train import CostDataError, TrainConfig, TrainingReport, compute_samples, train_cost_model
 
-#: the names of the modules that load on first use
-_ON_FIRST_USE = {
-    **dict.fromkeys(("ComputeSamples", "evaluate_compute", "format_table", "heldout_mape_pct", "regression_metrics",
-                     "torchrec_estimates"), "evaluate"),
-    **dict.fromkeys(("CostDataError", "TrainConfig", "TrainingReport", "compute_samples", "train_cost_model"),
-                    "train"),
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _ON_FIRST_USE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{_ON_FIRST_USE[name]}"), name)
+#: the modules that load on first use of one of their names
+__getattr__ = on_first_use(__name__, {
+    "evaluate": ("ComputeSamples", "evaluate_compute", "format_table", "heldout_mape_pct", "regression_metrics",
+                 "torchrec_estimates"),
+    "train": ("CostDataError", "TrainConfig", "TrainingReport", "compute_samples", "train_cost_model"),
+})
 
 __all__ = [
     "ComputeSamples",

@@ -5,8 +5,9 @@ neither."""
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from shardwise.lazy import on_first_use
 
 from .comm import AllToAllSession, CommTiming, measure_all_to_all, measure_all_to_all_many
 from .hardware import DeviceName, check_device_name, hardware_info, hardware_kind, resolve_device
@@ -19,15 +20,9 @@ if TYPE_CHECKING:
     from .dataset import append_rows, load_costs, noise_floor
     from .runner import ProfileSettings, ProfileSummary, profile
 
-#: the names of the modules that load on first use
-_ON_FIRST_USE = {**dict.fromkeys(("append_rows", "load_costs", "noise_floor"), "dataset"),
-                 **dict.fromkeys(("ProfileSettings", "ProfileSummary", "profile"), "runner")}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _ON_FIRST_USE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{_ON_FIRST_USE[name]}"), name)
+#: the modules that load on first use of one of their names
+__getattr__ = on_first_use(__name__, {"dataset": ("append_rows", "load_costs", "noise_floor"),
+                                      "runner": ("ProfileSettings", "ProfileSummary", "profile")})
 
 __all__ = [
     "AllToAllSession",

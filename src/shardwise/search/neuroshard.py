@@ -155,6 +155,9 @@ class _Placer:
         alive = np.ones(rows, dtype=bool)
         chosen = np.full((rows, emb.shape[1]), -1)
         row_idx = np.arange(rows)
+        # rows that have placed every shard alike so far hold the same layout (the grid's caps bind late), so the
+        # networks price each (layout, device) once: `same[r]` is the first row of r's layout
+        same = state_of * grid
         comm_now = predict_comm_ms(model, width, compute).sum(axis=2)
         near_count = min(num_devices, config.device_candidates)
         k = min(near_count, config.comm_candidates)
@@ -175,16 +178,21 @@ class _Placer:
             # over every device of every row is what makes hundreds of devices slow
             near = _lowest(np.where(allowed, compute + comm_now, np.inf), near_count)  # [R, near] device ids
             near_allowed = np.take_along_axis(allowed, near, axis=1)
-            new_compute = model.compute_from_embeddings(
-                (summed[row_idx[:, None], near] + e[:, None, :]).reshape(-1, hidden))
-            new_compute = np.asarray(new_compute, dtype=np.float64).sum(axis=1).reshape(rows, near_count)
+            pair, at = _distinct_pairs(same, near, num_devices)  # [P] flat positions in [R, near], [R, near]
+            pair_row, pair_device = pair // near_count, near.reshape(-1)[pair]
+            new_compute = model.compute_from_embeddings(summed[pair_row, pair_device] + e[pair_row])
+            new_compute = np.asarray(new_compute, dtype=np.float64).sum(axis=1)[at]
             # shortlist by compute plus the device's current all-to-all, then price the candidate device's own
             # all-to-all exactly in the layout it would make
             approx = np.where(near_allowed, new_compute + np.take_along_axis(comm_now, near, axis=1), np.inf)
             pos = _lowest(approx, k)  # [R, k] positions in `near`
             short = np.take_along_axis(near, pos, axis=1)
             short_compute = np.take_along_axis(new_compute, pos, axis=1)
-            own_comm = predict_comm_after_ms(model, width, compute, short, dm, short_compute).sum(axis=2)
+            pair, at = _distinct_pairs(same, short, num_devices)
+            pair_row = pair // k
+            own_comm = predict_comm_after_ms(model, width[pair_row], compute[pair_row], short.reshape(-1)[pair, None],
+                                             dm[pair_row], short_compute.reshape(-1)[pair, None])
+            own_comm = own_comm.sum(axis=2)[:, 0][at]
             score = np.where(np.take_along_axis(near_allowed, pos, axis=1), short_compute + own_comm, np.inf)
             pick = np.argmin(score, axis=1)
             live = row_idx[alive]
@@ -199,8 +207,12 @@ class _Placer:
             # the chosen device's all-to-all is the one just priced; the others' move a little with the layout's
             # totals and are re-priced every few steps (all of them each step is the slowest part at scale)
             comm_now[live, d] = own_comm[live, pick[live]]
+            # rows of one layout that chose the same device still share one
+            _, first, inverse = np.unique(same[live] * num_devices + d, return_index=True, return_inverse=True)
+            same[live] = live[first][inverse.reshape(-1)]
             if step % refresh == refresh - 1:
-                comm_now[live] = predict_comm_ms(model, width[live], compute[live]).sum(axis=2)
+                layouts, inverse = np.unique(same[live], return_inverse=True)
+                comm_now[live] = predict_comm_ms(model, width[layouts], compute[layouts]).sum(axis=2)[inverse.reshape(-1)]
             self.head_calls += 2
 
         # a row's plan cost: its slowest device under the final layout's all-to-all
@@ -215,6 +227,14 @@ class _Placer:
             else:
                 results.append(_Evaluated(float("inf"), None, su))
         return results
+
+
+def _distinct_pairs(same: np.ndarray, devices: np.ndarray, num_devices: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (layout, device) pairs of [R, C] `devices` (row r's layout is `same[r]`): flat positions in
+    `devices` of one occurrence of each, and [R, C] which of them each position is."""
+    key = (same[:, None] * num_devices + devices).reshape(-1)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    return first, inverse.reshape(devices.shape)
 
 
 def _lowest(values: np.ndarray, count: int) -> np.ndarray:
