@@ -199,3 +199,16 @@ def test_predictions_far_outside_the_training_range_stay_finite(trained):
     costs = model.compute_from_embeddings(extreme)
     assert np.all(np.isfinite(costs)) and np.all(costs > 0)
     assert np.all(np.isfinite(model.predict_comm(np.array([[10**9, 0]]), np.array([[1e9, 0.0]]))))
+
+
+def test_a_measured_all_reduce_is_saved_and_loaded_with_the_model(trained, tmp_path):
+    from shardwise.costmodel.data_parallel import AllReduceCost
+
+    model, _ = trained
+    assert NeuralCostModel.load(model.save(tmp_path / "none")).all_reduce is None
+    model.all_reduce = AllReduceCost(0.1, 0.02, 2.0, backend="gloo", points=((2, 4096, 0.12),))
+    try:
+        loaded = NeuralCostModel.load(model.save(tmp_path / "with"))
+    finally:
+        model.all_reduce = None
+    assert loaded.all_reduce == AllReduceCost(0.1, 0.02, 2.0, backend="gloo", points=((2, 4096, 0.12),))

@@ -18,6 +18,7 @@ from shardwise.errors import ShardwiseError
 from shardwise.workload import NUM_FEATURES, TableSpec
 
 from .coverage import FeatureRanges, outside_line
+from .data_parallel import AllReduceCost
 from .features import (
     COMM_FEATURE_NAMES,
     NUM_COMM_FEATURES,
@@ -109,6 +110,8 @@ class NeuralCostModel:
         self._row_by_value: dict[TableSpec, int] = {}
         self._rows: list[np.ndarray] = []
         self._matrix = np.zeros((0, NUM_FEATURES + NUM_WORK_CHANNELS), dtype=np.float32)
+        #: the measured all-reduce line that prices data-parallel tables' gradients (None: they are not searched)
+        self.all_reduce: AllReduceCost | None = None
         self._compute_offset = torch.tensor(meta.compute_log_offset, dtype=torch.float32)
         self._comm_offset = torch.tensor(meta.comm_log_offset, dtype=torch.float32)
 
@@ -239,6 +242,7 @@ class NeuralCostModel:
                      "feature_ranges": self.meta.feature_ranges.to_json() if self.meta.feature_ranges else None},
             "normaliser": self.normaliser.to_json(),
             "comm_normaliser": self.comm_normaliser.to_json() if self.comm_normaliser else None,
+            "all_reduce": self.all_reduce.to_json() if self.all_reduce else None,
         }
         (directory / CONFIG_FILE).write_text(json.dumps(doc, indent=1))
         tensors = {f"compute.{k}": v.detach().cpu() for k, v in self.compute_net.state_dict().items()}
@@ -282,6 +286,8 @@ class NeuralCostModel:
             normaliser = _normaliser("normaliser", doc["normaliser"], TABLE_FEATURE_NAMES)
             comm_norm = (_normaliser("comm_normaliser", doc["comm_normaliser"], COMM_FEATURE_NAMES)
                          if doc.get("comm_normaliser") else None)
+            # optional (a model saved without one prices no data-parallel tables)
+            all_reduce = AllReduceCost.from_json(doc["all_reduce"]) if doc.get("all_reduce") else None
         weights_path = directory / WEIGHTS_FILE
         try:
             tensors = torch.load(weights_path, map_location="cpu", weights_only=True)
@@ -300,6 +306,7 @@ class NeuralCostModel:
         except ValueError as err:
             raise ModelFileError(f"{weights_path}: {err}") from None
         model = cls(compute_net, normaliser, meta, config, comm_net, comm_norm)
+        model.all_reduce = all_reduce
         return model.to(device)
 
 

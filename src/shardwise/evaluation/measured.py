@@ -13,6 +13,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
+from shardwise.costmodel.data_parallel import gradient_bytes
 from shardwise.profiling import (
     AllToAllSession,
     CommPricing,
@@ -25,7 +26,7 @@ from shardwise.profiling import (
     resolve_timing,
 )
 from shardwise.profiling.comm import default_backend
-from shardwise.search.plan import Plan, device_specs, plan_memory_bytes, validate_plan
+from shardwise.search.plan import Plan, data_parallel_specs, device_specs, plan_memory_bytes, validate_plan
 from shardwise.workload import Optimizer, ShardingTask, TableSpec, WeightsPrecision
 
 MEASURED_FORMAT = "shardwise.measured/v1"
@@ -54,6 +55,9 @@ class DeviceCost(BaseModel):
     comm_bwd_measured_ms: float | None = None
     #: the host's median ms to launch the shard's forward and backward (CUDA; None on CPU and in older files)
     launch_ms: float | None = None
+    #: the plan's data-parallel tables' gradient all-reduce, the same on every device (their kernel on the local
+    #: batch is in fwd_ms and bwd_ms, their names in `shards`); 0 without data-parallel tables and in older files
+    all_reduce_ms: float = 0.0
 
     @property
     def compute_ms(self) -> float:
@@ -73,8 +77,8 @@ class DeviceCost(BaseModel):
 
     @property
     def total_ms(self) -> float:
-        """Forward + backward + forward all-to-all + backward all-to-all."""
-        return self.compute_ms + self.comm_ms
+        """Forward + backward + forward all-to-all + backward all-to-all (+ the data-parallel all-reduce)."""
+        return self.compute_ms + self.comm_ms + self.all_reduce_ms
 
     @property
     def own_comm_fwd_bwd_ms(self) -> tuple[float, float]:
@@ -99,6 +103,8 @@ class MeasuredPlanCost(BaseModel):
     timing: dict[str, Any] = Field(default_factory=dict)
     reference_ms: float | None = None
     devices: tuple[DeviceCost, ...]
+    #: the tables replicated on every device (empty in older files)
+    data_parallel: tuple[str, ...] = ()
 
     @property
     def max_cost_ms(self) -> float:
@@ -134,7 +140,7 @@ class MeasuredPlanCost(BaseModel):
     @property
     def own_comm_max_cost_ms(self) -> float:
         """The plan cost with each device's all-to-all its own median, before any pricing."""
-        return max(d.compute_ms + sum(d.own_comm_fwd_bwd_ms) for d in self.devices)
+        return max(d.compute_ms + sum(d.own_comm_fwd_bwd_ms) + d.all_reduce_ms for d in self.devices)
 
     @property
     def memory_headroom(self) -> float:
@@ -175,6 +181,11 @@ class MeasuredPlanCost(BaseModel):
             f"imbalance {self.imbalance:.3f}, memory headroom {self.memory_headroom:.1%} "
             f"(batch {self.batch_size}, {self.hardware_kind})"
         )
+        if self.data_parallel:
+            lines.append(
+                f"data-parallel on every device: {', '.join(self.data_parallel)} (their kernel on the local batch in "
+                f"fwd_ms / bwd_ms, their gradient all-reduce {self.devices[0].all_reduce_ms:.3f} ms in total_ms)"
+            )
         if self.launch_bound_devices:
             worst = max((d for d in self.devices if d.launch_bound), key=lambda d: d.launch_ms or 0.0)
             lines.append(
@@ -280,6 +291,16 @@ def _median_launch_ms(timings: Sequence[ShardTiming]) -> float | None:
     return statistics.median(launches) if launches else None
 
 
+def measure_all_reduces(sizes_bytes: Sequence[int], measurement: MeasurementSettings,
+                        session: AllToAllSession) -> list[float]:
+    """Median ms of each size's fp32 all-reduce (data-parallel gradients) in `session`'s process group, the sizes
+    taking turns, `comm_rounds` x `comm_iters` each as the all-to-alls; sizes given twice are timed once."""
+    distinct = sorted({int(size) for size in sizes_bytes if size > 0})
+    timed = session.measure_all_reduce(distinct, iters=measurement.comm_rounds * measurement.comm_iters)
+    medians = {size: statistics.median(samples) for size, samples in zip(distinct, timed, strict=True)}
+    return [medians.get(int(size), 0.0) for size in sizes_bytes]
+
+
 def measure_comm(
     layouts: Sequence[Sequence[int]], batch_size: int, measurement: MeasurementSettings, *, backend: str,
     session: AllToAllSession | None = None,
@@ -349,11 +370,18 @@ def measure_plans(
         for tables in devices
         if tables
     ]
+    # data-parallel tables: one kernel over all of a plan's, on the local batch, the same on every device
+    replicated = [data_parallel_specs(plan, task) for task, plan in items]
+    shards += [KernelShard(tables, -(-batch // task.num_devices), task.optimizer, task.weights_precision)
+               for (task, _), tables, batch in zip(items, replicated, batches) if tables]
     timed = iter(time_shards_in_rounds(
         shards, measurement.timing_rounds, device=device, protocol=protocol, progress=progress
     ))
     timings = [[next(timed) if tables else [] for tables in devices] for devices in layouts]
+    replicated_ms = [_median_fwd_bwd(next(timed)) if tables else (0.0, 0.0) for tables in replicated]
     compute = [[_median_fwd_bwd(t) if t else (0.0, 0.0) for t in devices] for devices in timings]
+    compute = [[(fwd + extra[0], bwd + extra[1]) for fwd, bwd in devices]
+               for devices, extra in zip(compute, replicated_ms, strict=True)]
     launch = [[_median_launch_ms(t) for t in devices] for devices in timings]
 
     widths = [[sum(t.dim for t in tables) for tables in devices] for devices in layouts]
@@ -364,9 +392,17 @@ def measure_plans(
             groups.setdefault((len(w), batch), []).append(k)
     measured_comm = [list(c) for c in comm]
     backend = comm_backend or default_backend(device.type)
-    for (_, batch), members in groups.items():
+    all_reduce = [0.0] * len(items)
+    for (num_devices, batch), members in groups.items():
         group = [widths[k] for k in members]
-        medians = measure_comm(group, batch, measurement, backend=backend)
+        if not any(replicated[k] for k in members):
+            medians = measure_comm(group, batch, measurement, backend=backend)
+        else:  # the all-reduces of data-parallel gradients in the all-to-alls' process group
+            with AllToAllSession(num_devices, backend=backend) as session:
+                medians = measure_comm(group, batch, measurement, backend=backend, session=session)
+                sizes = measure_all_reduces([gradient_bytes(replicated[k]) for k in members], measurement, session)
+            for k, ms in zip(members, sizes, strict=True):
+                all_reduce[k] = ms
         for k, raw, priced in zip(members, medians, price_comm(group, medians, measurement.comm_pricing)):
             measured_comm[k], comm[k] = raw, priced
 
@@ -378,7 +414,7 @@ def measure_plans(
         costs = tuple(
             DeviceCost(
                 device=d,
-                shards=tuple(t.name for t in tables),
+                shards=tuple(t.name for t in [*tables, *replicated[k]]),
                 width=widths[k][d],
                 fwd_ms=compute[k][d][0],
                 bwd_ms=compute[k][d][1],
@@ -388,6 +424,7 @@ def measure_plans(
                 comm_fwd_measured_ms=measured_comm[k][d][0],
                 comm_bwd_measured_ms=measured_comm[k][d][1],
                 launch_ms=launch[k][d],
+                all_reduce_ms=all_reduce[k],
             )
             for d, tables in enumerate(layouts[k])
         )
@@ -401,6 +438,7 @@ def measure_plans(
                 timing=timing,
                 reference_ms=protocol.reference_ms,
                 devices=costs,
+                data_parallel=plan.data_parallel,
             )
         )
     return results

@@ -23,6 +23,11 @@ without timing its exchange).
 Candidates are ranked assuming the exchange unchanged (a move keeps the total width); a change is kept on
 measured kernels plus measured exchanges.
 
+Data-parallel tables stay as the plan has them: refinement moves the other shards, within the memory the replicas
+leave. Their kernel on the local batch and their gradient all-reduce are measured once per set of them and added
+to every device where plans are compared side by side (a start without them pays none); within one layout they
+cost every device the same, so the rounds' comparisons leave them out.
+
 Other plans of the same task (`starts`: the greedy on measured single-table costs, say) are measured beside the
 searched one, kernels and all-to-alls, and refinement goes on from the fastest. When a round kept a change, the
 refined plan is measured once more beside every start in one paired session at the end (the rounds' figures are
@@ -43,6 +48,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
+from shardwise.costmodel.data_parallel import gradient_bytes
 from shardwise.costmodel.types import CostModel
 from shardwise.profiling import AllToAllSession, MeasurementSettings, ShardTiming, hardware_info
 from shardwise.profiling.comm import default_backend
@@ -51,12 +57,19 @@ from shardwise.profiling.kernel import resolve_timing
 from shardwise.profiling.runner import compute_row
 from shardwise.profiling.sampling import shard_config_id
 from shardwise.search.baselines import MEASURED_KEY, GreedySearch
-from shardwise.search.plan import Plan, PlanError, Shard, validate_plan
+from shardwise.search.plan import Plan, PlanError, Shard, data_parallel_bytes, validate_plan
 from shardwise.search.report import finish_plan
 from shardwise.search.simulator import ShardCostCache
 from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
 
-from .measured import KernelShard, distinct_shards, measure_comm, price_comm, time_shards_in_rounds
+from .measured import (
+    KernelShard,
+    distinct_shards,
+    measure_all_reduces,
+    measure_comm,
+    price_comm,
+    time_shards_in_rounds,
+)
 
 
 class RefinementRound(BaseModel):
@@ -118,6 +131,7 @@ class Refinement(BaseModel):
 @dataclass
 class _Layout:
     shards: list[Shard]
+    data_parallel: tuple[str, ...] = ()  #: kept as the plan has them
 
     def on(self, device: int) -> list[Shard]:
         return [s for s in self.shards if s.device == device]
@@ -144,6 +158,26 @@ class _Refiner:
         self.common = {**info, "batch_size": self.batch}
         self.written: set[str] = set()
         self.session = comm  # the all-to-all's process group (None on one device: no exchange)
+        self.reserved_bytes = 0  # what the refined layout's data-parallel tables take on every device
+        self._replicated_ms: dict[tuple[str, ...], float] = {}
+
+    def replicated_ms(self, names: tuple[str, ...]) -> float:
+        """Measured ms data-parallel tables add to every device: their kernel on the local batch (median over the
+        rounds) and the all-reduce of their gradients; once per set of tables."""
+        if not names:
+            return 0.0
+        if names not in self._replicated_ms:
+            task = self.task
+            specs = [task.table(n) for n in names]
+            local = -(-self.batch // task.num_devices)
+            timings = time_shards_in_rounds([KernelShard(specs, local, task.optimizer, task.weights_precision)],
+                                            self.rounds, device=self.device, protocol=self.protocol,
+                                            progress=False)[0]
+            kernel = statistics.median(t.fwd_ms + t.bwd_ms for t in timings)
+            reduce = (measure_all_reduces([gradient_bytes(specs)], self.measurement, self.session)[0]
+                      if self.session is not None else 0.0)
+            self._replicated_ms[names] = kernel + reduce
+        return self._replicated_ms[names]
 
     def _store(self, specs: list[TableSpec], timings: Sequence[ShardTiming]) -> None:
         """Append one device shard's measurement to the cost dataset (once per shard per refinement)."""
@@ -200,7 +234,8 @@ class _Refiner:
         task = self.task
         names = [s.table for s in shards]
         return len(names) == len(set(names)) and shard_memory_bytes(
-            _specs(shards, task), task.batch_size, task.optimizer, task.weights_precision) <= task.device_memory_bytes
+            _specs(shards, task), task.batch_size, task.optimizer,
+            task.weights_precision) <= task.device_memory_bytes - self.reserved_bytes
 
 
 @dataclass(frozen=True)
@@ -279,7 +314,8 @@ def _plan_round(refiner: _Refiner, layout: _Layout, measured: Sequence[float], c
         if not options:
             break
         change = options[0]
-        layout = _Layout([s for s in layout.shards if s.device not in change.devices] + change.shards)
+        layout = _Layout([s for s in layout.shards if s.device not in change.devices] + change.shards,
+                         layout.data_parallel)
         (a, b), (a_ms, b_ms) = change.devices, change.compute_ms
         compute[a], compute[b] = a_ms, b_ms
         touched.update(change.devices)
@@ -295,7 +331,8 @@ def _side_by_side(refiner: _Refiner, layouts: Sequence[_Layout]) -> tuple[list[l
     timed = refiner.measure([layout.on(d) for layout in layouts for d in range(n)])
     kernels = [timed[i * n:(i + 1) * n] for i in range(len(layouts))]
     comm = refiner.measure_comm(layouts)
-    return kernels, comm, [float(max(np.array(k) + c)) for k, c in zip(kernels, comm, strict=True)]
+    return kernels, comm, [float(max(np.array(k) + c)) + refiner.replicated_ms(layout.data_parallel)
+                           for k, c, layout in zip(kernels, comm, layouts, strict=True)]
 
 
 def measured_greedy_start(task: ShardingTask, measurement: MeasurementSettings) -> list[Plan]:
@@ -335,7 +372,7 @@ def measure_side_by_side(task: ShardingTask, plans: Sequence[Plan], cost_model: 
     for plan in plans:
         validate_plan(plan, task)
     with _open_refiner(task, cost_model, measurement, progress, None) as refiner:
-        kernels, _, totals = _side_by_side(refiner, [_Layout(list(plan.shards)) for plan in plans])
+        kernels, _, totals = _side_by_side(refiner, [_Layout(list(plan.shards), plan.data_parallel) for plan in plans])
     return [(total, max(k)) for total, k in zip(totals, kernels, strict=True)]
 
 
@@ -355,12 +392,13 @@ def _open_refiner(task: ShardingTask, cost_model: CostModel, measurement: Measur
 def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, time_budget_s: float | None,
             started: float) -> tuple[Plan, Refinement]:
     task, cost_model = refiner.task, refiner.model
-    candidates = [(c.method, _Layout(list(c.shards))) for c in (plan, *starts)]
+    candidates = [(c.method, _Layout(list(c.shards), c.data_parallel)) for c in (plan, *starts)]
     # the start and the slowest device are chosen on measured kernels and exchanges, every start's side by side
     measured_of, comm_of, totals = _side_by_side(refiner, [layout for _, layout in candidates])
     best = int(np.argmin(totals))
     start, layout = candidates[best]
     measured, comm, before = measured_of[best], comm_of[best], totals[best]
+    refiner.reserved_bytes = data_parallel_bytes([task.table(n) for n in layout.data_parallel], task)
     history: list[RefinementRound] = []
     refused: set[str] = set()
     stopped = f"{rounds} round{'s' if rounds > 1 else ''} done"
@@ -425,7 +463,8 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
                         start=start, before_ms=before, after_ms=after_ms, seconds=time.perf_counter() - started,
                         devices_measured=refiner.devices_measured, stopped=stopped)
     shards = tuple(sorted(layout.shards, key=lambda s: (s.table, s.col_offset)))
-    refined = Plan(num_devices=plan.num_devices, shards=shards, method=f"{plan.method}+refine")
+    refined = Plan(num_devices=plan.num_devices, shards=shards, data_parallel=layout.data_parallel,
+                   method=f"{plan.method}+refine")
     # predicted costs, memory and provenance of the refined layout (validated: never over memory)
     refined = finish_plan(refined, task, cost_model, planning_time_s=record.seconds, seed=0,
                           options={"rounds": rounds, "time_budget_s": time_budget_s}, cache=refiner.cache)

@@ -4,6 +4,10 @@ Table-wise sharding: device r holds the pooled output [B, width_r] of its tables
 forward all-to-all sends each device j its B/D slice of every device's output (`all_to_all_single` with split
 sizes), and backward sends the gradients of those slices back (the reverse exchange).
 
+A data-parallel table leaves the all-to-all: every device holds a replica and its dense gradient (rows x dim
+fp32) is all-reduced each step (`all_reduce` with sum, what DDP runs on the gradient buckets); `measure_all_reduce`
+times that collective the same way.
+
 Each timed exchange starts after a barrier, but the ranks leave a barrier at different moments (on a shared
 CPU by whole scheduler slices), and a rank's own clock would then count the wait for the last peer to arrive
 as its exchange time. All ranks run on one host and read one monotonic clock, so a device's time is measured
@@ -142,6 +146,25 @@ def _time_layouts(
             for times, (_, recv, *_), correct in zip(stamps, buffers, checks, strict=True)]
 
 
+def _time_all_reduces(rank: int, sizes_bytes: Sequence[int], device: torch.device, warmup_iters: int,
+                      iters: int) -> list[dict[str, Any]]:
+    """This rank's stamps of every size's timed all-reduces (fp32 sums), the sizes taking turns as layouts do."""
+    buffers = [torch.ones(max(1, size // 4), device=device) for size in sizes_bytes]
+    stamps: list[list[tuple[float, float]]] = [[] for _ in sizes_bytes]
+    for i in range(warmup_iters + iters):
+        for k, buffer in enumerate(buffers):
+            dist.barrier()
+            _sync(device)
+            t0 = time.perf_counter()
+            dist.all_reduce(buffer)
+            _sync(device)
+            t1 = time.perf_counter()
+            if i >= warmup_iters:
+                stamps[k].append((t0, t1))
+            buffer.fill_(1.0)  # sums of sums would overflow to inf over many iterations
+    return [{"stamps": times} for times in stamps]
+
+
 def _rank_main(rank: int, world_size: int, port: int, backend: str, jobs: Any, results: Any) -> None:
     """One rank of an `AllToAllSession`: joins the group, then times each job's layouts until told to stop."""
     torch.set_num_threads(1)  # D processes share the machine's cores
@@ -162,7 +185,11 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str, jobs: Any, r
             if job is None:
                 return
             try:
-                results.put((rank, _time_layouts(rank, device=device, **job)))
+                if job.get("op") == "all_reduce":
+                    results.put((rank, _time_all_reduces(rank, job["sizes_bytes"], device, job["warmup_iters"],
+                                                         job["iters"])))
+                else:
+                    results.put((rank, _time_layouts(rank, device=device, **job)))
             except Exception as exc:  # reported to the parent, which stops every rank
                 results.put((rank, f"{type(exc).__name__}: {exc}"))
                 return
@@ -274,6 +301,28 @@ class AllToAllSession:
         per_rank = self._collect(lambda result: not isinstance(result, str))
         return [_timings([per_rank[r][k] for r in range(self.num_devices)]) for k in range(len(layouts))]
 
+    def measure_all_reduce(self, sizes_bytes: Sequence[int], *, warmup_iters: int = 3,
+                           iters: int = 10) -> list[tuple[float, ...]]:
+        """Per size, every timed all-reduce's ms over this session's devices: from the last rank's start to the
+        last rank's end (the step waits for the slowest), the sizes taking turns all-reduce by all-reduce."""
+        if not self._ranks:
+            raise RuntimeError("AllToAllSession.measure_all_reduce needs an open session (use it in a `with` block)")
+        if any(size < 4 for size in sizes_bytes):
+            raise ValueError(f"sizes_bytes: an all-reduce of fp32 needs at least 4 bytes, got {list(sizes_bytes)}")
+        if not sizes_bytes:
+            return []
+        job = {"op": "all_reduce", "sizes_bytes": [int(s) for s in sizes_bytes], "warmup_iters": warmup_iters,
+               "iters": iters}
+        for jobs in self._jobs:
+            jobs.put(job)
+        per_rank = self._collect(lambda result: not isinstance(result, str))
+        out = []
+        for k in range(len(sizes_bytes)):
+            stamps = [per_rank[r][k]["stamps"] for r in range(self.num_devices)]
+            out.append(tuple(max(0.0, max(s[i][1] for s in stamps) - max(s[i][0] for s in stamps)) * 1e3
+                             for i in range(len(stamps[0]))))
+        return out
+
     def _collect(self, expected: Callable[[Any], bool]) -> dict[int, Any]:
         """Every rank's next report, by rank; a rank that died, or reported what `expected(result)` refuses
         (an error), stops the session."""
@@ -346,3 +395,13 @@ def measure_all_to_all(
     return measure_all_to_all_many(
         [widths], batch_size, backend=backend, warmup_iters=warmup_iters, iters=iters, check=check
     )[0]
+
+
+def measure_all_reduce(
+    sizes_bytes: Sequence[int], num_devices: int, *, backend: str | None = None, warmup_iters: int = 3,
+    iters: int = 10,
+) -> list[float]:
+    """Median ms of an fp32 sum all-reduce of each of `sizes_bytes` over `num_devices` processes (one group)."""
+    with AllToAllSession(num_devices, backend=backend) as session:
+        timed = session.measure_all_reduce(sizes_bytes, warmup_iters=warmup_iters, iters=iters)
+    return [statistics.median(samples) for samples in timed]

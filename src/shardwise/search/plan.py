@@ -1,4 +1,5 @@
-"""A sharding plan: which column slice of which table sits on which device; `shardwise.plan/v1` JSON IO."""
+"""A sharding plan: which column slice of which table sits on which device, and which tables are replicated on every
+device (data-parallel); `shardwise.plan/v1` JSON IO."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardwise.errors import ShardwiseError
-from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
+from shardwise.workload import ShardingTask, TableSpec, data_parallel_memory_bytes, shard_memory_bytes
 from shardwise.workload.documents import describe_validation_error, read_json_document, write_json_document
 from shardwise.workload.tables import DIM_ALIGNMENT
 
@@ -38,13 +39,17 @@ class Shard(BaseModel):
 
 
 class Plan(BaseModel):
-    """Shards over `num_devices` devices; `extra` holds method, predicted costs, memory, provenance."""
+    """Shards over `num_devices` devices, and the tables replicated on every device (`data_parallel`: each device
+    looks up its own samples, the gradients are all-reduced); `extra` holds method, predicted costs, memory,
+    provenance."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     format: str = PLAN_FORMAT
     num_devices: int = Field(ge=1, strict=True)
     shards: tuple[Shard, ...]
+    #: tables sharded data-parallel (no shard entries): a replica on every device
+    data_parallel: tuple[str, ...] = ()
     method: str = "unknown"
     extra: dict[str, Any] = Field(default_factory=dict)
 
@@ -52,9 +57,18 @@ class Plan(BaseModel):
         """The shards on `device`."""
         return [s for s in self.shards if s.device == device]
 
+    def sharding_types(self) -> dict[str, str]:
+        """Each table's sharding type in TorchRec's words: "table_wise", "column_wise" or "data_parallel"."""
+        pieces: dict[str, int] = {}
+        for s in self.shards:
+            pieces[s.table] = pieces.get(s.table, 0) + 1
+        types = {name: "table_wise" if n == 1 else "column_wise" for name, n in pieces.items()}
+        return types | dict.fromkeys(self.data_parallel, "data_parallel")
+
     def to_json(self) -> dict[str, Any]:
-        """The `shardwise.plan/v1` document (extra keys at the top level)."""
-        doc = self.model_dump(mode="json", exclude={"extra"})
+        """The `shardwise.plan/v1` document (extra keys at the top level; `data_parallel` only where there are
+        any, so a table-wise plan reads as before)."""
+        doc = self.model_dump(mode="json", exclude={"extra"} | (set() if self.data_parallel else {"data_parallel"}))
         doc.update(self.extra)
         return doc
 
@@ -63,7 +77,7 @@ def plan_from_json(doc: Any, source: str = "plan") -> Plan:
     """Parse a `shardwise.plan/v1` document; unknown top-level keys go to `extra`."""
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
         raise PlanError(f"{source}: field 'format' must be {PLAN_FORMAT!r}")
-    known = {"format", "num_devices", "shards", "method"}
+    known = {"format", "num_devices", "shards", "data_parallel", "method"}
     try:
         return Plan.model_validate(
             {**{k: v for k, v in doc.items() if k in known}, "extra": {k: v for k, v in doc.items() if k not in known}}
@@ -103,10 +117,27 @@ def device_specs(plan: Plan, task: ShardingTask) -> list[list[TableSpec]]:
     return devices
 
 
+def data_parallel_specs(plan: Plan, task: ShardingTask) -> list[TableSpec]:
+    """The data-parallel tables of `plan`, in plan order."""
+    return [task.table(name) for name in plan.data_parallel]
+
+
+def local_batch_size(task: ShardingTask) -> int:
+    """The most samples one device looks up for a data-parallel table: ceil(batch / devices)."""
+    return -(-task.batch_size // task.num_devices)
+
+
+def data_parallel_bytes(tables: list[TableSpec], task: ShardingTask) -> int:
+    """What data-parallel `tables` take on every device (replica, optimizer state, dense gradient, buffers)."""
+    return data_parallel_memory_bytes(tables, local_batch_size(task), task.optimizer, task.weights_precision)
+
+
 def plan_memory_bytes(plan: Plan, task: ShardingTask) -> list[int]:
-    """Memory each device holds under `plan` (weights + optimizer state + kernel buffers), in bytes."""
+    """Memory each device holds under `plan` (weights + optimizer state + kernel buffers, and the data-parallel
+    tables' replicas), in bytes."""
+    replicated = data_parallel_bytes(data_parallel_specs(plan, task), task)
     return [
-        shard_memory_bytes(specs, task.batch_size, task.optimizer, task.weights_precision)
+        shard_memory_bytes(specs, task.batch_size, task.optimizer, task.weights_precision) + replicated
         for specs in device_specs(plan, task)
     ]
 
@@ -117,8 +148,17 @@ def validate_plan(plan: Plan, task: ShardingTask) -> None:
     if plan.num_devices != task.num_devices:
         raise PlanError(f"plan has num_devices {plan.num_devices}, the task has {task.num_devices}")
     by_name = {t.name: t for t in task.tables}
-    columns: dict[str, list[tuple[int, int]]] = {name: [] for name in by_name}
+    replicated: set[str] = set()
+    for name in plan.data_parallel:
+        if name not in by_name:
+            raise PlanError(f"data_parallel table {name!r}: no such table in the task")
+        if name in replicated:
+            raise PlanError(f"data_parallel table {name!r} is listed twice")
+        replicated.add(name)
+    columns: dict[str, list[tuple[int, int]]] = {name: [] for name in by_name if name not in replicated}
     for s in plan.shards:
+        if s.table in replicated:
+            raise PlanError(f"table {s.table!r} is data-parallel and also has a shard on device {s.device}")
         if s.table not in by_name:
             raise PlanError(f"shard of table {s.table!r}: no such table in the task")
         if not 0 <= s.device < task.num_devices:

@@ -43,6 +43,7 @@ def finish_plan(
         "memory_bytes": memory,
         "memory_cap_bytes": task.device_memory_bytes,
         "devices": devices,
+        "sharding_types": plan.sharding_types(),
         "provenance": {
             "shardwise_version": __version__,
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -70,8 +71,23 @@ def finish_plan(
     return plan.model_copy(update={"extra": extra})
 
 
+def sharding_types_line(plan: Plan) -> str:
+    """Which sharding type each table got, in TorchRec's words: counts, and the names where they are few."""
+    by_type: dict[str, list[str]] = {}
+    for table, kind in plan.sharding_types().items():
+        by_type.setdefault(kind, []).append(table)
+    parts = []
+    for kind in ("table_wise", "column_wise", "data_parallel"):
+        names = by_type.get(kind, [])
+        if names:
+            shown = f" ({', '.join(names)})" if kind != "table_wise" and len(names) <= 12 else ""
+            parts.append(f"{len(names)} {kind}{shown}")
+    return "sharding types: " + ", ".join(parts)
+
+
 def format_plan(plan: Plan) -> str:
-    """A per-device table (shards, dims, memory against the cap, predicted ms) and the imbalance."""
+    """A per-device table (shards, dims, memory against the cap, predicted ms), the imbalance and the sharding type
+    of each table."""
     extra = plan.extra
     cap = extra.get("memory_cap_bytes")
     predicted = extra.get("predicted")
@@ -79,7 +95,8 @@ def format_plan(plan: Plan) -> str:
     head = f"{'device':>6}  {'shards':>6}  {'dim':>6}  {'memory GiB':>16}"
     if predicted:
         head += f"  {'fwd ms':>8}  {'bwd ms':>8}  {'comm ms':>8}  {'total ms':>9}"
-    lines = [f"plan: {plan.method}, {len(plan.shards)} shards on {plan.num_devices} devices", head]
+    lines = [f"plan: {plan.method}, {len(plan.shards)} shards on {plan.num_devices} devices", sharding_types_line(plan),
+             head]
     for row in rows:
         memory = row["memory_bytes"] / GIB
         share = f"{memory:.2f}/{cap / GIB:.2f}" if cap else f"{memory:.2f}"
@@ -88,6 +105,10 @@ def format_plan(plan: Plan) -> str:
             comm = row["comm_fwd_ms"] + row["comm_bwd_ms"]
             line += f"  {row['fwd_ms']:>8.3f}  {row['bwd_ms']:>8.3f}  {comm:>8.3f}  {row['total_ms']:>9.3f}"
         lines.append(line)
+    if plan.data_parallel:
+        reduce = f", all-reduce {predicted['all_reduce_ms'][0]:.3f} ms" if predicted and "all_reduce_ms" in predicted else ""
+        lines.append(f"data-parallel on every device (not counted in shards and dim; their kernel on the local batch is "
+                     f"in fwd/bwd ms{reduce}, in total ms): {', '.join(plan.data_parallel)}")
     if predicted:
         lines.append(
             f"predicted plan cost (slowest device) {predicted['max_cost_ms']:.3f} ms, "

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from shardwise.costmodel.data_parallel import data_parallel_cost
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import ShardingTask, TableSpec
 
-from .plan import Plan, device_specs
+from .plan import Plan, PlanError, data_parallel_specs, device_specs
 
 ShardKey = tuple[tuple[str, int, int, float], ...]
 
@@ -24,6 +25,9 @@ class PlanCost:
     bwd_ms: np.ndarray
     comm_fwd_ms: np.ndarray
     comm_bwd_ms: np.ndarray
+    #: the data-parallel tables' gradient all-reduce per device (zeros where a plan has none); their kernel on the
+    #: local batch is in fwd_ms and bwd_ms
+    all_reduce_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def compute_ms(self) -> np.ndarray:
@@ -33,7 +37,8 @@ class PlanCost:
     @property
     def total_ms(self) -> np.ndarray:
         """Compute plus communication per device."""
-        return self.fwd_ms + self.bwd_ms + self.comm_fwd_ms + self.comm_bwd_ms
+        total = self.fwd_ms + self.bwd_ms + self.comm_fwd_ms + self.comm_bwd_ms
+        return total + self.all_reduce_ms if self.all_reduce_ms.size else total
 
     @property
     def max_cost_ms(self) -> float:
@@ -57,6 +62,7 @@ class PlanCost:
             "bwd_ms": ms(self.bwd_ms),
             "comm_fwd_ms": ms(self.comm_fwd_ms),
             "comm_bwd_ms": ms(self.comm_bwd_ms),
+            **({"all_reduce_ms": ms(self.all_reduce_ms)} if self.all_reduce_ms.size else {}),
             "total_ms": ms(self.total_ms),
             "max_cost_ms": round(self.max_cost_ms, 3),
             "imbalance": round(self.imbalance, 4),
@@ -146,8 +152,18 @@ def simulate_devices(
 def simulate(
     plan: Plan, task: ShardingTask, cost_model: CostModel, cache: ShardCostCache | None = None
 ) -> PlanCost:
-    """Predicted per-device forward, backward and communication ms of `plan`, and its cost."""
-    return simulate_devices(device_specs(plan, task), cost_model, cache)
+    """Predicted per-device forward, backward and communication ms of `plan`, and its cost (data-parallel tables:
+    their kernel on the local batch and their all-reduce on every device, `data_parallel_cost`)."""
+    cost = simulate_devices(device_specs(plan, task), cost_model, cache)
+    if not plan.data_parallel:
+        return cost
+    try:
+        replicated = data_parallel_cost(cost_model, data_parallel_specs(plan, task), plan.num_devices)
+    except ValueError as err:
+        raise PlanError(f"plan {plan.method!r}: {err}") from None
+    return PlanCost(fwd_ms=cost.fwd_ms + replicated.fwd_ms, bwd_ms=cost.bwd_ms + replicated.bwd_ms,
+                    comm_fwd_ms=cost.comm_fwd_ms, comm_bwd_ms=cost.comm_bwd_ms,
+                    all_reduce_ms=np.full(plan.num_devices, replicated.all_reduce_ms))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""shardwise plans in TorchRec's terms and back: `ShardingPlan` export for `DistributedModelParallel` (and the
-row-wise and data-parallel shardings the drop-in planner emits for tables restricted to them), import of TorchRec's
+"""shardwise plans in TorchRec's terms and back: `ShardingPlan` export for `DistributedModelParallel` (a plan's
+data-parallel tables as TorchRec's data-parallel sharding, and the row-wise and data-parallel shardings the drop-in
+planner emits for tables restricted to them), import of TorchRec's
 table-wise and column-wise module plans, and a task's tables as a meta-device EmbeddingBagCollection.
 
     DistributedModelParallel(model, plan=to_sharding_plan(plan, task, module_path="ebc"))
@@ -79,14 +80,13 @@ def to_module_sharding_plan(
         if s.table in renamed:
             by_table.setdefault(s.table, []).append(s)
     local = local_world_size or plan.num_devices
-    return EmbeddingModuleShardingPlan(
-        {
-            renamed[name]: parameter_sharding(
-                shards, task.table(name).rows, device_type=device_type, local_world_size=local
-            )
-            for name, shards in by_table.items()
-        }
-    )
+    module_plan = {
+        renamed[name]: parameter_sharding(shards, task.table(name).rows, device_type=device_type, local_world_size=local)
+        for name, shards in by_table.items()
+    }
+    module_plan |= {renamed[name]: data_parallel_sharding(plan.num_devices)
+                    for name in plan.data_parallel if name in renamed}
+    return EmbeddingModuleShardingPlan(module_plan)
 
 
 def row_wise_rows(rows: int, world_size: int) -> list[int]:
@@ -144,9 +144,13 @@ def to_sharding_plan(
 
 
 def plan_from_module_sharding(module_plan: EmbeddingModuleShardingPlan, num_devices: int, method: str) -> Plan:
-    """A TorchRec `EmbeddingModuleShardingPlan` (table-wise / column-wise) as a shardwise plan."""
+    """A TorchRec `EmbeddingModuleShardingPlan` (table-wise / column-wise / data-parallel) as a shardwise plan."""
     shards: list[Shard] = []
+    replicated: list[str] = []
     for table, sharding in module_plan.items():
+        if sharding.sharding_type == "data_parallel":
+            replicated.append(table)
+            continue
         if sharding.sharding_type not in ("table_wise", "column_wise"):
             raise PlanError(f"table {table!r}: sharding type {sharding.sharding_type!r} has no shardwise form")
         assert sharding.sharding_spec is not None  # table-wise and column-wise shardings always carry one
@@ -157,7 +161,7 @@ def plan_from_module_sharding(module_plan: EmbeddingModuleShardingPlan, num_devi
             shards.append(
                 Shard(table=table, col_offset=col_offset, dim=meta.shard_sizes[1], device=meta.placement.rank())
             )
-    return Plan(num_devices=num_devices, shards=tuple(shards), method=method)
+    return Plan(num_devices=num_devices, shards=tuple(shards), data_parallel=tuple(replicated), method=method)
 
 
 def _optimizer_class(optimizer: Optimizer) -> type:

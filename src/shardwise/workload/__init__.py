@@ -13,6 +13,7 @@ from .memory import (
     Optimizer,
     WeightsPrecision,
     activation_buffer_bytes,
+    data_parallel_memory_bytes,
     shard_memory_bytes,
     table_memory_bytes,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "sample_batch",
     "stable_seed",
     "save_task",
+    "data_parallel_memory_bytes",
     "shard_memory_bytes",
     "table_features",
     "table_memory_bytes",

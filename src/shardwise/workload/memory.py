@@ -47,3 +47,18 @@ def shard_memory_bytes(
     tables = list(tables)
     state = sum(table_memory_bytes(t.rows, t.dim, optimizer, weights_precision) for t in tables)
     return state + activation_buffer_bytes(batch_size, sum(t.dim for t in tables)) if tables else 0
+
+
+def data_parallel_memory_bytes(
+    tables: Iterable[TableSpec],
+    local_batch_size: int,
+    optimizer: Optimizer = "rowwise_adagrad",
+    weights_precision: WeightsPrecision = "fp32",
+) -> int:
+    """What every device holds for data-parallel tables: a replica of each with its optimizer state, its dense fp32
+    gradient (what DDP all-reduces), and the kernel's buffers for the device's own `local_batch_size` samples."""
+    tables = list(tables)
+    if not tables:
+        return 0
+    state = sum(table_memory_bytes(t.rows, t.dim, optimizer, weights_precision) + 4 * t.rows * t.dim for t in tables)
+    return state + activation_buffer_bytes(local_batch_size, sum(t.dim for t in tables))

@@ -1,0 +1,100 @@
+"""The data-parallel cost: a measured all-reduce line (fit, held-out error, storage with the model) and the kernel on
+the local batch priced by the compute model."""
+
+import json
+
+import numpy as np
+import pytest
+from search_doubles import FeatureCostModel
+
+from shardwise.costmodel.data_parallel import (
+    AllReduceCost,
+    all_reduce_of,
+    data_parallel_cost,
+    fit_all_reduce,
+    gradient_bytes,
+    heldout_all_reduce_errors,
+    local_batch_table,
+)
+from shardwise.workload import TableSpec
+
+TRUE = AllReduceCost(latency_ms=0.2, hop_ms=0.05, ms_per_mib=1.5)
+
+
+def _points(cost: AllReduceCost, noise: float = 0.0, seed: int = 0) -> list[tuple[int, int, float]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for devices in (2, 4):
+        for size in (4096, 2**16, 2**20, 2**22, 2**24):
+            ms = float(cost.predict_ms(size, devices)) * (1 + noise * rng.standard_normal())
+            out.append((devices, size, ms))
+    return out
+
+
+def test_the_fit_recovers_a_line_from_its_points():
+    fitted = fit_all_reduce(_points(TRUE))
+    assert fitted.latency_ms == pytest.approx(0.2, rel=1e-6)
+    assert fitted.hop_ms == pytest.approx(0.05, rel=1e-6)
+    assert fitted.ms_per_mib == pytest.approx(1.5, rel=1e-6)
+    assert len(fitted.points) == 10
+
+
+def test_one_device_count_fits_no_hop_term_and_coefficients_stay_non_negative():
+    two = [p for p in _points(TRUE) if p[0] == 2]
+    fitted = fit_all_reduce(two)
+    assert fitted.hop_ms == 0.0 and fitted.latency_ms > 0 and fitted.ms_per_mib > 0
+    # a time that falls with size would need a negative slope: dropped, never predicted below zero
+    falling = fit_all_reduce([(2, 4096, 3.0), (2, 2**20, 2.0), (2, 2**22, 1.0)])
+    assert min(falling.latency_ms, falling.hop_ms, falling.ms_per_mib) >= 0.0
+
+
+def test_nothing_to_reduce_or_one_device_costs_nothing():
+    assert float(TRUE.predict_ms(0, 4)) == 0.0
+    assert float(TRUE.predict_ms(2**20, 1)) == 0.0
+    assert float(TRUE.predict_ms(2**21, 4)) > float(TRUE.predict_ms(2**20, 4)) > float(TRUE.predict_ms(2**20, 2))
+
+
+def test_held_out_errors_predict_each_size_from_the_others():
+    errors = heldout_all_reduce_errors(_points(TRUE, noise=0.05))
+    assert len(errors) == 10
+    mape = np.mean([abs(pred - ms) / ms for _, _, ms, pred in errors])
+    assert mape < 0.15  # 5% noise: a left-out size is still predicted closely
+
+
+def test_refuses_what_it_cannot_fit():
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_all_reduce([(2, 4096, 1.0)])
+    with pytest.raises(ValueError, match="num_devices >= 2"):
+        fit_all_reduce([(1, 4096, 1.0), (2, 8192, 1.0)])
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        AllReduceCost.from_json({"latency_ms": -1, "hop_ms": 0, "ms_per_mib": 1})
+
+
+def test_json_round_trip():
+    fitted = fit_all_reduce(_points(TRUE), backend="gloo", hardware_kind="cpu-test")
+    again = AllReduceCost.from_json(json.loads(json.dumps(fitted.to_json())))
+    assert again == fitted
+
+
+def test_the_local_batch_is_priced_as_the_table_with_its_lookups_spread_over_the_devices():
+    table = TableSpec(name="t", rows=1000, dim=16, pooling_factor=8.0, zipf_alpha=1.1)
+    local = local_batch_table(table, 4)
+    assert local.pooling_factor == 2.0 and (local.rows, local.dim) == (1000, 16)
+    assert local_batch_table(table, 1) is table
+    # the same lookups in a batch: the Zipf reuse bins come from batch x pooling factor draws
+    np.testing.assert_allclose(local.reuse_features(1024), table.reuse_features(256))
+
+
+def test_data_parallel_cost_is_the_local_kernel_plus_the_gradient_all_reduce():
+    tables = [TableSpec(name=f"t{i}", rows=100 * (i + 1), dim=16, pooling_factor=4.0) for i in range(3)]
+    model = FeatureCostModel()
+    with pytest.raises(ValueError, match="no measured all-reduce"):
+        data_parallel_cost(model, tables, 4)
+    model.all_reduce = TRUE  # type: ignore[attr-defined]
+    assert all_reduce_of(model) is TRUE
+    cost = data_parallel_cost(model, tables, 4)
+    kernel = model.predict_compute([[local_batch_table(t, 4) for t in tables]])[0]
+    assert (cost.fwd_ms, cost.bwd_ms) == pytest.approx(tuple(kernel))
+    assert cost.all_reduce_ms == pytest.approx(float(TRUE.predict_ms(gradient_bytes(tables), 4)))
+    assert gradient_bytes(tables) == 4 * 16 * 600
+    assert data_parallel_cost(model, [], 4).total_ms == 0.0
