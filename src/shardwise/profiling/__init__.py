@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from shardwise.lazy import on_first_use
 
-from .comm import AllToAllSession, CommTiming, measure_all_to_all, measure_all_to_all_many
+from .comm import AllToAllSession, CommTiming, measure_all_reduce, measure_all_to_all, measure_all_to_all_many
 from .hardware import DeviceName, check_device_name, hardware_info, hardware_kind, resolve_device
 from .kernel import ShardTiming, calibrate_reference, measure_shard, resolve_timing
 from .protocol import CommPricing, MeasurementSettings, TimingProtocol
@@ -39,6 +39,7 @@ __all__ = [
     "hardware_info",
     "hardware_kind",
     "load_costs",
+    "measure_all_reduce",
     "measure_all_to_all",
     "measure_all_to_all_many",
     "measure_shard",

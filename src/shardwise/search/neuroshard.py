@@ -1,9 +1,16 @@
-"""NeuroShard: beam search over column splits around a greedy grid search for table-wise placement.
+"""NeuroShard: beam search over column splits around a greedy grid search for table-wise placement, from the best
+set of data-parallel tables.
 
 The inner greedy places shards in descending predicted cost, each on the device whose predicted cost
 (compute + all-to-all) after taking it is lowest, under memory and a cap on the dims a device holds.
 Adding a shard to a device is one vector add in the cost model's table-embedding space, so one step
 is a single batched head call over every cap's least-loaded devices; the caps of the grid run in lockstep.
+
+Data-parallel tables (a replica on every device, each device looking up its own samples, the gradients
+all-reduced) leave the placement: they add the same kernel and all-reduce ms and the same memory to every device
+(`costmodel.data_parallel`). Which ones: the tables in ascending rows (the gradient bytes all-reduced per column
+taken out of the all-to-all), as prefixes of 1, 2, 4, ... tables, each placed by the greedy grid; the best prefix
+(or none) is the root of the beam over column splits. Only with a cost model that has a measured all-reduce.
 """
 
 from __future__ import annotations
@@ -15,11 +22,12 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from shardwise.costmodel.data_parallel import all_reduce_of, data_parallel_cost
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import ShardingTask, TableSpec
 from shardwise.workload.tables import DIM_ALIGNMENT
 
-from .plan import Plan, PlanError, Shard, check_memory_bounds, shard_state_bytes
+from .plan import Plan, PlanError, Shard, check_memory_bounds, data_parallel_bytes, shard_state_bytes
 from .registry import MethodOptions, MethodSpec, register_method
 from .report import finish_plan
 from .simulator import ShardCostCache, predict_comm_after_ms, predict_comm_ms
@@ -30,8 +38,9 @@ from .threads import single_thread
 #: by about 1 / devices, and re-pricing all of them is the slowest part of a step at a thousand devices
 COMM_REFRESH_STEPS = 8
 COMM_REFRESH_DEVICES = 32
-#: pieces per table (1 = whole table, 2 = halves, 4 = quarters, ...), indexed like task.tables
+#: pieces per table (1 = whole table, 2 = halves, 4 = quarters, ...; 0 = data-parallel), indexed like task.tables
 SplitState = tuple[int, ...]
+DATA_PARALLEL = 0
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class NeuroShardConfig:
     comm_candidates: int = 3
     #: stop widening the beam once this much time is spent (None: run to `max_depth`)
     time_budget_s: float | None = None
+    #: try data-parallel tables (where the cost model has a measured all-reduce to price them with)
+    data_parallel: bool = True
 
     def __post_init__(self) -> None:
         for name in ("beam_width", "num_candidates", "device_candidates", "comm_candidates"):
@@ -82,7 +93,17 @@ class _Placer:
         self.model = cost_model
         self.config = config
         self._piece: dict[tuple[int, int], tuple[np.ndarray, float, int]] = {}
+        self._replicated: dict[tuple[int, ...], tuple[float, int]] = {}
         self.head_calls = 0
+
+    def replicated(self, state: SplitState) -> tuple[float, int]:
+        """The state's data-parallel tables: ms (kernel on the local batch + all-reduce) and bytes on every device."""
+        key = tuple(i for i, p in enumerate(state) if p == DATA_PARALLEL)
+        if key not in self._replicated:
+            tables = [self.task.tables[i] for i in key]
+            cost = data_parallel_cost(self.model, tables, self.task.num_devices) if key else None
+            self._replicated[key] = (cost.total_ms if cost else 0.0, data_parallel_bytes(tables, self.task))
+        return self._replicated[key]
 
     def piece_spec(self, i: int, pieces: int, k: int = 0) -> TableSpec:
         table = self.task.tables[i]
@@ -118,6 +139,10 @@ class _Placer:
         for j, state in enumerate(states):
             by_count.setdefault(sum(state), []).append(j)
         results: list[_Evaluated] = [_Evaluated(float("inf"), None)] * len(states)
+        for j in by_count.pop(0, []):  # every table data-parallel: nothing to place
+            ms, used = self.replicated(states[j])
+            if used <= self.task.device_memory_bytes:
+                results[j] = _Evaluated(ms, np.zeros(0, dtype=np.int64))
         for group in by_count.values():
             for j, result in zip(group, self._evaluate_lockstep([states[j] for j in group])):
                 results[j] = result
@@ -149,7 +174,12 @@ class _Placer:
         summed = np.zeros((rows, num_devices, hidden))
         compute = np.zeros((rows, num_devices))
         width = np.zeros((rows, num_devices))
-        free = np.full((rows, num_devices), task.device_memory_bytes, dtype=np.int64)
+        # data-parallel tables: the same ms and bytes on every device of a state's rows
+        replicated = [self.replicated(state) for state in states]
+        replicated_ms = np.array([ms for ms, _ in replicated])
+        replicated_bytes = np.array([used for _, used in replicated], dtype=np.int64)
+        free = np.repeat(task.device_memory_bytes - replicated_bytes, grid)[:, None] + np.zeros(
+            (1, num_devices), dtype=np.int64)
         # slices of one table go to different devices: two on one device would only add a kernel input
         holds = np.zeros((rows, len(task.tables), num_devices), dtype=bool)  # [R, table, device]: rows contiguous
         alive = np.ones(rows, dtype=bool)
@@ -217,7 +247,7 @@ class _Placer:
 
         # a row's plan cost: its slowest device under the final layout's all-to-all
         comm_now = predict_comm_ms(model, width, compute).sum(axis=2)
-        plan_cost = np.where(alive, (compute + comm_now).max(axis=1), np.inf)
+        plan_cost = np.where(alive, (compute + comm_now).max(axis=1) + replicated_ms[state_of], np.inf)
         results = []
         for j, su in enumerate(units):
             mine = np.flatnonzero(state_of == j)
@@ -259,7 +289,7 @@ class NeuroShardSearch:
         splittable = [
             i
             for i, p in enumerate(state)
-            if 2 * p <= num_devices and (placer.task.tables[i].dim // (2 * p)) % DIM_ALIGNMENT == 0
+            if p >= 1 and 2 * p <= num_devices and (placer.task.tables[i].dim // (2 * p)) % DIM_ALIGNMENT == 0
             and placer.task.tables[i].dim % (2 * p) == 0
         ]
         if not splittable:
@@ -270,6 +300,44 @@ class NeuroShardSearch:
         by_cost = sorted(splittable, key=lambda i: -costs[i][0])[:k]
         by_memory = sorted(splittable, key=lambda i: -costs[i][1])[:k]
         return list(dict.fromkeys(by_cost + by_memory))
+
+    def _data_parallel_order(self, placer: _Placer) -> list[int]:
+        """Tables in the order they are tried data-parallel: ascending rows (the fewest gradient bytes all-reduced
+        per output column taken out of the all-to-all; ties: the costliest first). Empty where none are tried."""
+        task = placer.task
+        if not self.config.data_parallel or task.num_devices < 2 or all_reduce_of(placer.model) is None:
+            return []
+        placer._fill([(i, 1) for i in range(len(task.tables))])
+        return sorted(range(len(task.tables)), key=lambda i: (task.tables[i].rows, -placer.piece_cost(i, 1)[0]))
+
+    def _data_parallel_search(self, placer: _Placer, seen: dict[SplitState, _Evaluated],
+                              order: list[int]) -> SplitState:
+        """The best root: no data-parallel table, or a prefix of `order` (1, 2, 4, ... tables, then the counts
+        halfway to the best one's neighbours), each prefix's other tables placed by the greedy grid."""
+        task = placer.task
+
+        def prefix(count: int) -> SplitState:
+            chosen = set(order[:count])
+            return tuple(DATA_PARALLEL if i in chosen else 1 for i in range(len(task.tables)))
+
+        counts, k = [0], 1
+        while order and k < len(order):
+            counts.append(k)
+            k *= 2
+        if order:
+            counts.append(len(order))
+        # a longer prefix holds more bytes on every device: stop at the first that does not fit by itself
+        fitting = [c for c in counts if placer.replicated(prefix(c))[1] <= task.device_memory_bytes]
+        counts = counts[:len(fitting)]
+        states = [prefix(c) for c in counts]
+        seen.update(zip(states, placer.evaluate(states)))
+        at = min(range(len(counts)), key=lambda j: seen[states[j]].cost_ms)
+        between = {(counts[at] + counts[j]) // 2 for j in (at - 1, at + 1) if 0 <= j < len(counts)} - set(counts)
+        if between:
+            more = [prefix(c) for c in sorted(between)]
+            seen.update(zip(more, placer.evaluate(more)))
+            states += more
+        return min(states, key=lambda state: seen[state].cost_ms)
 
     def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
         """The lowest-predicted-cost plan found; PlanError when nothing fits in memory."""
@@ -282,10 +350,11 @@ class NeuroShardSearch:
         started = time.perf_counter()
         check_memory_bounds(task, column_split=True)
         placer = _Placer(task, cost_model, self.config)
-        root: SplitState = (1,) * len(task.tables)
-        seen: dict[SplitState, _Evaluated] = {root: placer.evaluate([root])[0]}
-        best = root
-        beam = [root]
+        seen: dict[SplitState, _Evaluated] = {}
+        # the beam over column splits starts from the best set of data-parallel tables (or none)
+        best = self._data_parallel_search(placer, seen, self._data_parallel_order(placer))
+        data_parallel_sets = len(seen) - 1
+        beam = [best]
         depth_reached = 0
         for depth in range(1, self.config.max_depth + 1):
             budget = self.config.time_budget_s
@@ -318,7 +387,8 @@ class NeuroShardSearch:
             table = task.tables[i]
             width = table.dim // p
             shards.append(Shard(table=table.name, col_offset=k * width, dim=width, device=int(device)))
-        plan = Plan(num_devices=task.num_devices, shards=tuple(shards), method=self.name)
+        replicated = tuple(t.name for t, p in zip(task.tables, best) if p == DATA_PARALLEL)
+        plan = Plan(num_devices=task.num_devices, shards=tuple(shards), data_parallel=replicated, method=self.name)
         plan = plan.model_copy(
             update={
                 "extra": {
@@ -328,6 +398,7 @@ class NeuroShardSearch:
                         "split_tables": {
                             task.tables[i].name: p for i, p in enumerate(best) if p > 1
                         },
+                        "data_parallel_sets_tried": data_parallel_sets,
                         "predicted_max_cost_ms": round(result.cost_ms, 4),
                     }
                 }
@@ -360,6 +431,8 @@ class NeuroShardOptions(MethodOptions):
                                    description="least-loaded devices each shard is priced on")
     time_budget_s: float | None = Field(default=_DEFAULT.time_budget_s, gt=0,
                                         description="stop widening the beam after this many seconds")
+    data_parallel: bool = Field(default=_DEFAULT.data_parallel,
+                                description="try data-parallel tables (a cost model with a measured all-reduce)")
 
 
 register_method(MethodSpec(
