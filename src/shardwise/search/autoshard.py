@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from shardwise.costmodel.networks import load_checked_state
 from shardwise.costmodel.types import CostModel
@@ -261,6 +260,8 @@ def _train_autoshard(
     optimizer = torch.optim.Adam(policy.network.parameters(), lr=config.lr)
     history: list[dict[str, float]] = []
     policy.network.train()
+    from tqdm.auto import tqdm  # training only: planning with a trained policy shows no bar
+
     for episode in tqdm(range(config.episodes), desc="autoshard", disable=not progress):
         i = int(rng.integers(len(prepared)))
         ep = policy.rollout(cost_model, prepared[i], config.rollouts, greedy=False, generator=generator)

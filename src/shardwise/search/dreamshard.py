@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from shardwise.costmodel.networks import load_checked_state
 from shardwise.costmodel.types import CostModel
@@ -353,6 +352,8 @@ def _train_dreamshard(
     cost_opt = torch.optim.Adam(policy.cost_net.parameters(), lr=config.lr_cost)
     policy_opt = torch.optim.Adam(policy.policy_net.parameters(), lr=config.lr_policy)
     history: list[dict[str, float]] = []
+    from tqdm.auto import tqdm  # training only: planning with a trained policy shows no bar
+
     bar = tqdm(total=config.iterations * config.episodes_per_iteration, desc="dreamshard", disable=not progress)
     for iteration in range(config.iterations):
         cost_loss = _fit_cost_net(policy, cost_opt, data, config.cost_steps, rng, dev)

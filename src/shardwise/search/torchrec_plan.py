@@ -15,8 +15,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import torch
-from torch.distributed._shard.metadata import ShardMetadata
-from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
 
 from shardwise.workload import Optimizer, ShardingTask
 
@@ -36,7 +34,10 @@ def parameter_sharding(
     shards: Sequence[Shard], rows: int, *, device_type: str = "cuda", local_world_size: int | None = None
 ) -> ParameterSharding:
     """One table's shards as a TorchRec `ParameterSharding` (table-wise, or column-wise for slices)."""
-    # torchrec: heavy, optional for most commands (see the module docstring)
+    # torchrec: heavy, optional for most commands (see the module docstring); torch.distributed's sharding specs
+    # only where a plan is exported (they took 14 ms of `shardwise plan`, which never exports)
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
     from torchrec.distributed.sharding_plan import placement
     from torchrec.distributed.types import ParameterSharding
 
@@ -100,6 +101,8 @@ def row_wise_sharding(
     rows: int, dim: int, world_size: int, *, device_type: str = "cuda", local_world_size: int | None = None
 ) -> ParameterSharding:
     """A table split by rows over every rank as TorchRec's row-wise sharding lays it out (fused kernel)."""
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
     from torchrec.distributed.sharding_plan import placement  # torchrec: heavy, optional
     from torchrec.distributed.types import ParameterSharding
 
