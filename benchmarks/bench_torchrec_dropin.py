@@ -90,7 +90,9 @@ def main() -> None:
     need = shard_memory_bytes(tables, 2048)
 
     def dcnv2_planner(cost_model: Any, adapt: float) -> ShardwisePlanner:
-        return ShardwisePlanner(world_size=args.devices, batch_size=2048, constraints=constraints, device_type="cpu",
+        # 2048 samples a step over the ranks, the batch `make run`'s model was profiled at (TorchRec's is per rank)
+        return ShardwisePlanner(world_size=args.devices, batch_size=2048 // args.devices, constraints=constraints,
+                                device_type="cpu",
                                 device_memory_bytes=int(args.memory_slack * need / args.devices),
                                 storage_reservation=0.0, cost_model=cost_model, adapt=adapt)
 

@@ -52,7 +52,7 @@ def _constraints():  # noqa: ANN202 - TorchRec's ParameterConstraints: each tabl
 def _planner(topology, cost_model: str):  # noqa: ANN001, ANN202 - as a TorchRec user writes it
     from shardwise.integrations.torchrec import ShardwisePlanner
 
-    return ShardwisePlanner(topology, batch_size=BATCH * WORLD_SIZE, constraints=_constraints(), cost_model=cost_model)
+    return ShardwisePlanner(topology, batch_size=BATCH, constraints=_constraints(), cost_model=cost_model)
 
 
 def _batch(rank: int, step: int):  # noqa: ANN202 - (dense, KeyedJaggedTensor, labels) with each table's hotness

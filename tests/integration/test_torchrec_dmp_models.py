@@ -103,7 +103,7 @@ def _planner(world_size: int):  # noqa: ANN202 - a ShardwisePlanner whose memory
     largest = shard_memory_bytes(everything[:1], batch)
     # t0 alone is over a rank's memory; everything spread evenly fits with room to spare
     memory = min(int(0.9 * largest), 2 * shard_memory_bytes(everything, batch) // world_size)
-    return ShardwisePlanner(world_size=world_size, batch_size=batch, device_memory_bytes=memory,
+    return ShardwisePlanner(world_size=world_size, batch_size=BATCH, device_memory_bytes=memory,
                             storage_reservation=0.0, device_type="cpu", constraints=constraints,
                             cost_model=FeatureCostModel())
 

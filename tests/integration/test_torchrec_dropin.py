@@ -161,8 +161,9 @@ def test_tables_restricted_to_row_wise_or_data_parallel_are_emitted_so_and_their
     assert (replicated.sharding_type, replicated.compute_kernel, replicated.ranks) == ("data_parallel", "dense",
                                                                                        [0, 1, 2, 3])
     assert {s.table for s in planner.last_plan.shards} == {f"t{i}" for i in (0, 1, 3, 4, 6, 7)}
+    # outputs: the row-wise table's partial sums for the step's samples (512 a rank x 4), the replica's for its rank's
     reserved = (table_memory_bytes(20000, 128) + table_memory_bytes(40000, 64)
-                + activation_buffer_bytes(512, 128 + 64))
+                + activation_buffer_bytes(512 * 4, 128) + activation_buffer_bytes(512, 64))
     assert planner.last_task.device_memory_bytes == int(GIB * (1 - DEFAULT_STORAGE_RESERVATION)) - reserved
     assert "row-wise over every rank, not costed by the cost model" in planner.last_stats
     assert "data-parallel on every rank, not costed by the cost model (it knows table-wise and column-wise shards): t5" \
@@ -190,8 +191,9 @@ def test_sequence_tables_are_planned_with_their_outputs_reserved_and_shared_name
     assert set(sharding_plan.plan) == {"sparse", "sequence"}
     assert sharding_plan.plan["sequence"]["s0"].sharding_type == "table_wise"
     assert planner.last_task.table("s0").pooling_factor == 5.0
-    # a sequence table outputs one vector per id, not one per sample: the four extra vectors are reserved
-    expected = int(GIB * (1 - DEFAULT_STORAGE_RESERVATION)) - activation_buffer_bytes(512, 4 * 16)
+    # a sequence table outputs one vector per id, not one per sample: the four extra vectors of each of the step's
+    # samples (512 a rank x 2) are reserved
+    expected = int(GIB * (1 - DEFAULT_STORAGE_RESERVATION)) - activation_buffer_bytes(512 * 2, 4 * 16)
     assert planner.last_task.device_memory_bytes == expected
     assert "sequence tables (EmbeddingCollection), costed as pooled lookups: s0" in planner.last_stats
 

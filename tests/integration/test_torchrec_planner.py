@@ -14,6 +14,7 @@ from shardwise.search import PlanError, TorchRecPlannerSearch, make_searcher, va
 from shardwise.search import torchrec_plan as export
 from shardwise.search.plan import shard_state_bytes
 from shardwise.search.torchrec_plan import (
+    ebc_on_meta,
     plan_from_module_sharding,
     to_module_sharding_plan,
     to_sharding_plan,
@@ -97,3 +98,35 @@ def test_shardwise_planner_has_torchrecs_call_shape():
 
     with pytest.raises(PlanError, match="needs world_size"):
         ShardwisePlanner(device_memory_bytes=2**30, batch_size=8, method="size_greedy").plan(model)
+
+
+def test_torchrecs_planner_is_given_the_tasks_batch_per_rank(monkeypatch):
+    """A task's batch is the step's, over every rank; TorchRec's planners take samples per rank (a table-wise
+    shard's inputs are its batch x world size), so the baseline plans the task's batch, not world-size times it."""
+    import torchrec.distributed.planner as torchrec_planner
+
+    seen = []
+    real = torchrec_planner.EmbeddingShardingPlanner
+
+    def recording(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - TorchRec's signature, passed through
+        seen.append(kwargs["batch_size"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torchrec_planner, "EmbeddingShardingPlanner", recording)
+    task = random_task(3, 12, 4, memory_slack=4.0)
+    TorchRecPlannerSearch().search(task, None, 0)
+    assert seen == [-(-task.batch_size // 4)]
+
+
+def test_the_drop_in_takes_torchrecs_batch_per_rank_and_plans_the_steps_batch():
+    tables = [TableSpec(name=f"t{i}", rows=1000 + 100 * i, dim=16, pooling_factor=2.0) for i in range(6)]
+    module = ebc_on_meta(ShardingTask(num_devices=4, device_memory_bytes=2**30, batch_size=64, tables=tuple(tables)))
+    per_rank = ShardwisePlanner(world_size=4, device_memory_bytes=2**30, batch_size=64, method="size_greedy",
+                                device_type="cpu", storage_reservation=0.0)
+    per_rank.plan(module)
+    assert per_rank.last_task.batch_size == 64 * 4
+    # a shardwise task keeps its own (global) batch
+    task = per_rank.last_task
+    given = ShardwisePlanner(task=task, method="size_greedy", device_type="cpu")
+    given.plan(module)
+    assert given.last_task.batch_size == task.batch_size and given.batch_size == 64

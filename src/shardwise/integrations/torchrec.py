@@ -205,7 +205,11 @@ class ShardwisePlanner(ShardingPlanner):
         #: each device's memory before the reservation (a task's budget is taken as it is)
         self.device_memory_bytes = device_memory_bytes or topology_memory
         self.storage_reservation = storage_reservation
-        self.batch_size = batch_size or (task.batch_size if task else None)
+        if batch_size is not None and batch_size < 1:
+            raise PlannerError(f"batch_size {batch_size}: samples per rank, >= 1")
+        #: samples per rank, as TorchRec's planners take `batch_size` (a shardwise task's batch is global: its
+        #: batch over the ranks, rounded up)
+        self.batch_size = batch_size or (math.ceil(task.batch_size / task.num_devices) if task else None)
         self.method = method
         self.cost_model = cost_model
         self.tracking_uri = tracking_uri
@@ -372,20 +376,30 @@ class ShardwisePlanner(ShardingPlanner):
         (the largest rank's), and the output of sequence tables beyond one vector per sample (wherever they land,
         so counted on every rank: never over memory)."""
         assert self.batch_size is not None  # checked by the caller
+        batch = self._global_batch(world_size)
         reserved = 0
         for table in tables:
             # a sequence table outputs one vector per id; at least one per sample is what the planner counts
             lookups = max(1.0, self._pooling_factor(table.name)) if table.sequence else 1.0
-            outputs = activation_buffer_bytes(self.batch_size, math.ceil(lookups * table.dim))
+            # a replica pools its rank's own samples; a row-wise block (and a shard placed by the search) the step's
+            samples = self.batch_size if table.sharding == "data_parallel" else batch
+            outputs = activation_buffer_bytes(samples, math.ceil(lookups * table.dim))
             if table.sharding == "row_wise":
                 reserved += table_memory_bytes(row_wise_rows(table.rows, world_size)[0], table.dim, self.optimizer,
                                                self.weights_precision)
             elif table.sharding == "data_parallel":
                 reserved += table_memory_bytes(table.rows, table.dim, self.optimizer, self.weights_precision)
             else:
-                outputs -= activation_buffer_bytes(self.batch_size, table.dim)  # the planner counts one vector
+                outputs -= activation_buffer_bytes(batch, table.dim)  # the planner counts one vector
             reserved += outputs
         return reserved
+
+    def _global_batch(self, world_size: int) -> int:
+        """The samples of one step over every rank: a shardwise task's batch (a given task's own)."""
+        assert self.batch_size is not None  # checked by the caller
+        if self.task is not None and self.task.num_devices == world_size:
+            return self.task.batch_size
+        return self.batch_size * world_size
 
     def task_for(self, tables: Sequence[ModuleTable]) -> tuple[ShardingTask, int]:
         """The sharding task of the tables the search places, on each rank's memory left by the rest; and the
@@ -422,7 +436,7 @@ class ShardwisePlanner(ShardingPlanner):
         return ShardingTask(
             num_devices=world_size,
             device_memory_bytes=budget - reserved,
-            batch_size=self.batch_size,
+            batch_size=self._global_batch(world_size),
             tables=tuple(self._table_spec(t) for t in planned),
             optimizer=self.optimizer,
             weights_precision=self.weights_precision,

@@ -8,6 +8,7 @@ column-wise with `min_partition` (TorchRec's default never splits tables of dim 
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 from shardwise.costmodel.types import CostModel
@@ -61,7 +62,7 @@ class TorchRecPlannerSearch:
             types_logger.setLevel(level)
         planner = EmbeddingShardingPlanner(
             topology=topology,
-            batch_size=task.batch_size,
+            batch_size=math.ceil(task.batch_size / task.num_devices),  # TorchRec's is per rank, a task's global
             storage_reservation=FixedPercentageStorageReservation(0.0),
             constraints=constraints,
             debug=False,
