@@ -271,9 +271,19 @@ class ShardwisePlanner(ShardingPlanner):
         return sharding
 
     def _check_plan_constraints(self, plan: Plan, tables: Sequence[ModuleTable]) -> None:
-        """Column splits the constraints forbid (no column_wise, or narrower than min_partition) are refused."""
+        """Column splits the constraints forbid (no column_wise, or narrower than min_partition) and data-parallel
+        tables they forbid (no data_parallel, or no dense kernel) are refused."""
         for table in tables:
             constraint = self.constraints.get(table.name)
+            if table.key in plan.data_parallel and constraint is not None:
+                types = getattr(constraint, "sharding_types", None)
+                kernels = getattr(constraint, "compute_kernels", None)
+                if (types and "data_parallel" not in types) or (kernels and DATA_PARALLEL_KERNEL not in kernels):
+                    raise PlannerError(
+                        f"table {table.name!r}: the {plan.method} plan makes it data-parallel, which its constraints "
+                        f"(sharding_types {list(types or [])}, compute_kernels {list(kernels or [])}) forbid; allow "
+                        "data_parallel with the dense kernel, or pass searcher=NeuroShardSearch(data_parallel=False)"
+                    )
             widths = [s.dim for s in plan.shards if s.table == table.key]
             if constraint is None or len(widths) < 2:
                 continue
@@ -450,8 +460,8 @@ class ShardwisePlanner(ShardingPlanner):
         for sharding, how in (("row_wise", "row-wise over every rank"), ("data_parallel", "data-parallel on every rank")):
             names = [t.name for t in tables if t.sharding == sharding]
             if names:
-                lines.append(f"{how}, not costed by the cost model (it knows table-wise and column-wise shards): "
-                             f"{', '.join(names)}")
+                lines.append(f"{how}, not costed by the cost model (their constraints allow nothing else; it costs "
+                             f"table-wise, column-wise and the data-parallel tables search chooses): {', '.join(names)}")
         sequence = [t.name for t in tables if t.sequence]
         if sequence:
             lines.append(f"sequence tables (EmbeddingCollection), costed as pooled lookups: {', '.join(sequence)}")
