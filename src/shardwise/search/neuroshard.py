@@ -186,7 +186,7 @@ class _Placer:
         chosen = np.full((rows, emb.shape[1]), -1)
         row_idx = np.arange(rows)
         # rows that have placed every shard alike so far hold the same layout (the grid's caps bind late), so the
-        # networks price each (layout, device) once: `same[r]` is the first row of r's layout
+        # networks price each (layout, device) once: `same[r]` is one row of r's layout
         same = state_of * grid
         comm_now = predict_comm_ms(model, width, compute).sum(axis=2)
         near_count = min(num_devices, config.device_candidates)
@@ -238,11 +238,12 @@ class _Placer:
             # totals and are re-priced every few steps (all of them each step is the slowest part at scale)
             comm_now[live, d] = own_comm[live, pick[live]]
             # rows of one layout that chose the same device still share one
-            _, first, inverse = np.unique(same[live] * num_devices + d, return_index=True, return_inverse=True)
-            same[live] = live[first][inverse.reshape(-1)]
+            one, at = _representatives(same[live] * num_devices + d, rows * num_devices)
+            same[live] = live[one][at]
             if step % refresh == refresh - 1:
-                layouts, inverse = np.unique(same[live], return_inverse=True)
-                comm_now[live] = predict_comm_ms(model, width[layouts], compute[layouts]).sum(axis=2)[inverse.reshape(-1)]
+                one, at = _representatives(same[live], rows)
+                layouts = same[live][one]
+                comm_now[live] = predict_comm_ms(model, width[layouts], compute[layouts]).sum(axis=2)[at]
             self.head_calls += 2
 
         # a row's plan cost: its slowest device under the final layout's all-to-all
@@ -263,8 +264,20 @@ def _distinct_pairs(same: np.ndarray, devices: np.ndarray, num_devices: int) -> 
     """The distinct (layout, device) pairs of [R, C] `devices` (row r's layout is `same[r]`): flat positions in
     `devices` of one occurrence of each, and [R, C] which of them each position is."""
     key = (same[:, None] * num_devices + devices).reshape(-1)
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    return first, inverse.reshape(devices.shape)
+    one, at = _representatives(key, same.size * num_devices)
+    return one, at.reshape(devices.shape)
+
+
+def _representatives(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """For integer keys in [0, size): the positions of one occurrence of each distinct key, and for each position
+    which of them holds its key. A scatter and a gather: np.unique's sort cost more than the networks it saved."""
+    slot = np.empty(size, dtype=np.int64)
+    slot[key] = np.arange(key.size)  # of a repeated key one position wins: any one will do
+    rep = slot[key]
+    one = np.flatnonzero(rep == np.arange(key.size))
+    index = np.empty(key.size, dtype=np.int64)
+    index[one] = np.arange(one.size)
+    return one, index[rep]
 
 
 def _lowest(values: np.ndarray, count: int) -> np.ndarray:
