@@ -130,3 +130,24 @@ def test_the_drop_in_takes_torchrecs_batch_per_rank_and_plans_the_steps_batch():
     given = ShardwisePlanner(task=task, method="size_greedy", device_type="cpu")
     given.plan(module)
     assert given.last_task.batch_size == task.batch_size and given.batch_size == 64
+
+
+def test_a_torchrec_plan_over_shardwises_memory_accounting_is_planned_again_with_less(monkeypatch):
+    """TorchRec estimates a shard's buffers its own way; where its plan is over shardwise's accounting (which every
+    method's plan must fit), it plans again with the overshoot taken off its memory, and the plan fits."""
+    from shardwise.search import torchrec_planner
+
+    caps = []
+    real = torchrec_planner._torchrec_planner
+
+    def recording(task, hbm_cap, constraints, timeout_s):  # noqa: ANN001, ANN202 - the module's signature
+        caps.append(hbm_cap)
+        # the first time, TorchRec is told of twice the memory the task has: its plan does not fit the task
+        return real(task, 2 * hbm_cap if len(caps) == 1 else hbm_cap, constraints, timeout_s)
+
+    monkeypatch.setattr(torchrec_planner, "_torchrec_planner", recording)
+    task = random_task(5, 16, 4, memory_slack=1.3)
+    plan = TorchRecPlannerSearch().search(task, None, 0)
+    validate_plan(plan, task)
+    assert caps[0] == task.device_memory_bytes and len(caps) >= 2, caps  # planned again below the task's cap
+    assert caps[-1] < task.device_memory_bytes and plan.extra["provenance"]["torchrec_hbm_cap"] == caps[-1]

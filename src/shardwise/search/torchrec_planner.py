@@ -2,7 +2,9 @@
 
 Fair configuration (see ENVIRONMENT.md): the fused kernel only, the task's pooling factors, the task's memory
 cap as HBM with no storage reservation, the optimizer's state counted; table-wise, or table-wise and
-column-wise with `min_partition` (TorchRec's default never splits tables of dim <= 128).
+column-wise with `min_partition` (TorchRec's default never splits tables of dim <= 128). TorchRec's batch is per
+rank (a task's is the step's), and its estimate of a shard's buffers is not shardwise's: a plan over shardwise's
+accounting of a device's memory is planned again with that much less (`ACCOUNTING_REPLANS` times at most).
 """
 
 from __future__ import annotations
@@ -10,14 +12,18 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import Any
 
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import ShardingTask
 
-from .plan import Plan, PlanError, check_memory_bounds
+from .plan import Plan, PlanError, check_memory_bounds, plan_memory_bytes
 from .registry import MethodSpec, NoOptions, register_method
 from .report import finish_plan
 from .torchrec_plan import ebc_on_meta, plan_from_module_sharding
+
+#: replans at a lower memory cap where TorchRec's plan is over shardwise's accounting of a device's memory
+ACCOUNTING_REPLANS = 4
 
 
 class TorchRecPlannerSearch:
@@ -33,8 +39,7 @@ class TorchRecPlannerSearch:
         """TorchRec's plan for `task`; PlanError when it finds none or it breaks shardwise's memory cap."""
         # torchrec: heavy (seconds to import), and only this baseline plans with it
         from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-        from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+        from torchrec.distributed.planner import ParameterConstraints
         from torchrec.distributed.planner.types import PlannerError
 
         started = time.perf_counter()
@@ -49,32 +54,25 @@ class TorchRecPlannerSearch:
             )
             for t in task.tables
         }
-        # "cuda": a "cpu" topology drops HBM and the sharding options compared here; the explicit
-        # constructor is the documented way to set hbm_cap, so its advisory warning is silenced
-        types_logger = logging.getLogger("torchrec.distributed.planner.types")
-        level = types_logger.level
-        types_logger.setLevel(logging.ERROR)
-        try:
-            topology = Topology(
-                world_size=task.num_devices, compute_device="cuda", hbm_cap=task.device_memory_bytes
-            )
-        finally:
-            types_logger.setLevel(level)
-        planner = EmbeddingShardingPlanner(
-            topology=topology,
-            batch_size=math.ceil(task.batch_size / task.num_devices),  # TorchRec's is per rank, a task's global
-            storage_reservation=FixedPercentageStorageReservation(0.0),
-            constraints=constraints,
-            debug=False,
-            timeout_seconds=self.timeout_s,
-        )
-        try:
-            sharding_plan = planner.plan(ebc_on_meta(task), [EmbeddingBagCollectionSharder()])
-        except PlannerError as err:
-            raise PlanError(f"{self.name}: TorchRec's planner found no plan: {str(err).splitlines()[0]}") from None
+        # TorchRec's estimate of a shard's buffers is not shardwise's, and every method's plan is held to
+        # shardwise's: where TorchRec's plan is over it, TorchRec plans again with that much less memory
+        cap = task.device_memory_bytes
+        for attempt in range(ACCOUNTING_REPLANS + 1):
+            try:
+                sharding_plan = _torchrec_planner(task, cap, constraints, self.timeout_s).plan(
+                    ebc_on_meta(task), [EmbeddingBagCollectionSharder()])
+            except PlannerError as err:
+                raise PlanError(f"{self.name}: TorchRec's planner found no plan: {str(err).splitlines()[0]}"
+                                + (f" (at {cap / 2**30:.3f} GiB a device, planning again within shardwise's memory "
+                                   "accounting)" if attempt else "")) from None
+            plan = plan_from_module_sharding(sharding_plan.plan[""], task.num_devices, self.name)
+            over = max(plan_memory_bytes(plan, task)) - task.device_memory_bytes
+            if over <= 0 or attempt == ACCOUNTING_REPLANS:
+                break
+            cap -= over + task.device_memory_bytes // 1000
         planner_s = time.perf_counter() - started
-        plan = plan_from_module_sharding(sharding_plan.plan[""], task.num_devices, self.name)
-        plan = plan.model_copy(update={"extra": {"provenance": {"torchrec_planner_s": round(planner_s, 4)}}})
+        plan = plan.model_copy(update={"extra": {"provenance": {"torchrec_planner_s": round(planner_s, 4),
+                                                                "torchrec_hbm_cap": cap}}})
         try:
             return finish_plan(
                 plan, task, cost_model, planning_time_s=planner_s, seed=seed,
@@ -82,6 +80,30 @@ class TorchRecPlannerSearch:
             )
         except PlanError as err:
             raise PlanError(f"{self.name}: TorchRec's plan is invalid under shardwise's accounting: {err}") from None
+
+
+def _torchrec_planner(task: ShardingTask, hbm_cap: int, constraints: dict[str, Any], timeout_s: int | None) -> Any:
+    """TorchRec's EmbeddingShardingPlanner for `task`'s devices with `hbm_cap` each, no storage reserved."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+
+    # "cuda": a "cpu" topology drops HBM and the sharding options compared here; the explicit constructor is the
+    # documented way to set hbm_cap, so its advisory warning is silenced
+    types_logger = logging.getLogger("torchrec.distributed.planner.types")
+    level = types_logger.level
+    types_logger.setLevel(logging.ERROR)
+    try:
+        topology = Topology(world_size=task.num_devices, compute_device="cuda", hbm_cap=hbm_cap)
+    finally:
+        types_logger.setLevel(level)
+    return EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=math.ceil(task.batch_size / task.num_devices),  # TorchRec's is per rank, a task's global
+        storage_reservation=FixedPercentageStorageReservation(0.0),
+        constraints=constraints,
+        debug=False,
+        timeout_seconds=timeout_s,
+    )
 
 
 register_method(MethodSpec(
