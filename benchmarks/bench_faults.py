@@ -63,10 +63,17 @@ def _fault_free_costs() -> Any:
         return pipeline_costs(Path(tmp) / "run")
 
 
+#: SIGKILL in a profiling worker, pre-training while it makes the MLflow store (1 s into MLflow's tables and
+#: migrations), the policies' training, the all-to-alls, the evaluation, pre-training 2 s in
+_PIPELINE_KILLS = (("profile-costs", 2.0, False), ("pretrain-cost-model", 1.0, True), ("train-policies", 2.0, False),
+                   ("profile-all-to-alls", 2.0, False), ("evaluate-plans", 2.0, False),
+                   ("pretrain-cost-model", 2.0, False))
+
+
 def _pipeline(tmp: Path, k: int) -> FaultOutcome:
-    # SIGKILL in a profiling worker, the all-to-alls, pre-training, the policies' training, the evaluation
-    step = ("profile-costs", "pretrain-cost-model", "train-policies", "profile-all-to-alls", "evaluate-plans")[k % 5]
-    return pipeline_killed(tmp, step=step, delay_s=2.0, expected=_fault_free_costs())
+    step, delay_s, at_store_creation = _PIPELINE_KILLS[k % len(_PIPELINE_KILLS)]
+    return pipeline_killed(tmp, step=step, delay_s=delay_s, expected=_fault_free_costs(),
+                           at_store_creation=at_store_creation)
 
 
 FAULTS: dict[str, Callable[[Path, int], FaultOutcome]] = {
@@ -76,7 +83,7 @@ LABELS = {
     "store": "object store stopped during profile --out s3://",
     "registration": "tracking server SIGKILLed during pretrain / train-policy registration",
     "concurrent": "two runs registering to one registry at once",
-    "pipeline": "pipeline run --local SIGKILLed in a step, rerun",
+    "pipeline": "pipeline run --local SIGKILLed in a step (one try: while it makes the MLflow store), rerun",
 }
 
 

@@ -372,6 +372,58 @@ def concurrent_registration(tmp: Path, *, costs: tuple[float, float] = (5.0, 3.0
         server.kill()
 
 
+# -- a process SIGKILLed while it makes a new embedded MLflow store ----------------------------------------------
+
+#: a process that opens a new sqlite store and stops inside one of MLflow's migrations, the one that makes the
+#: `latest_metrics` table, once the table is made (sqlite commits a CREATE TABLE at once) and before the migration
+#: is recorded as done: where a SIGKILLed step was found to leave a store no later run could open. It writes the
+#: marker file and waits there to be killed.
+_STALLED_CREATION = """
+import sys, time
+from pathlib import Path
+from alembic.operations import Operations
+create_table = Operations.create_table
+def stalled(self, name, *columns, **kwargs):
+    made = create_table(self, name, *columns, **kwargs)
+    if name == "latest_metrics":
+        Path(sys.argv[2]).touch()
+        time.sleep(600)
+    return made
+Operations.create_table = stalled
+from shardwise.integrations.mlflow import MlflowService
+MlflowService(sys.argv[1]).log_run(experiment="never", run_name="never", params={}, metrics={})
+"""
+_LOG_RUN = """
+import sys
+from shardwise.integrations.mlflow import MlflowService
+print(MlflowService(sys.argv[1]).log_run(experiment="after", run_name="after", params={"a": 1}, metrics={"m": 1.0}))
+"""
+
+
+def store_creation_killed(tmp: Path) -> FaultOutcome:
+    """A process SIGKILLed while it makes a new sqlite MLflow store (in MLflow's migrations, deterministically: they
+    are stalled), then a run logged to the same URI by a fresh process: what a pipeline step killed in its first
+    seconds leaves for the rerun. notes: the store's files after the kill, and the second process's exit."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    uri, marker = f"sqlite:///{tmp / 'mlflow.db'}", tmp / "migrating"
+    outcome = FaultOutcome("a process SIGKILLed while making a new sqlite store")
+    proc = subprocess.Popen([sys.executable, "-c", _STALLED_CREATION, uri, str(marker)], cwd=tmp,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        if not _wait_for(lambda: marker.exists() or proc.poll() is not None, 120, 0.05) or not marker.exists():
+            raise RuntimeError(f"the store's migrations never started: {proc.communicate(timeout=60)[0][-2000:]}")
+    finally:
+        proc.kill()
+        proc.wait(60)
+    outcome.notes["store_after_kill"] = _store_files(tmp)
+    rerun = subprocess.run([sys.executable, "-c", _LOG_RUN, uri], cwd=tmp, capture_output=True, text=True,
+                           timeout=300)
+    outcome.notes["rerun_exit"] = rerun.returncode
+    if rerun.returncode != 0:
+        outcome.error = (rerun.stderr.strip().splitlines() or [""])[-1]
+    return outcome
+
+
 # -- `shardwise pipeline run --local` SIGKILLed in a step ----------------------------------------------------------
 
 #: the smoke preset, smaller still: the fault is in the steps' order, not their sizes
@@ -381,6 +433,13 @@ PIPELINE_ARGS = ["--preset", "smoke", "--num-tables", "40", "--task-num-tables",
 _EXECUTING = re.compile(r"Executing task .?\[?\d*m?'([\w-]+)'")
 _FINISHED = re.compile(r"Task .?\[?\d*m?'([\w-]+)'.*finished with status .?\[?\d*m?SUCCESS")
 _INSTANCES = {"profile-costs": 2}  # the smoke preset's profiling workers
+
+
+def _failed_step_tail(log: str) -> str:
+    """The last lines of a run's log up to its first failed step (the step's traceback): what the rerun's one-line
+    error points at."""
+    end = re.search(r"finished with status .?\[?\d*m?FAILURE", log)
+    return "\n".join(log[: end.end() if end else len(log)].splitlines()[-12:])
 
 
 def pipeline_costs(workdir: Path) -> Counter[tuple[str, str, int, int]]:
@@ -402,25 +461,39 @@ def pipeline_run(tmp: Path) -> list[str]:
             f"sqlite:///{tmp / 'mlflow.db'}", *PIPELINE_ARGS]
 
 
+def _store_files(tmp: Path) -> list[str]:
+    """The MLflow store of `pipeline_run(tmp)` as it is on disk: the sqlite file, or the temporary file shardwise
+    makes its schema in (`.mlflow.db.<pid>-<ns>.creating`), with any journal."""
+    return sorted(p.name for p in tmp.glob("*mlflow.db*"))
+
+
 def pipeline_killed(tmp: Path, *, step: str = "pretrain-cost-model", delay_s: float = 1.0,
-                    expected: Counter[tuple[str, str, int, int]] | None = None) -> FaultOutcome:
+                    expected: Counter[tuple[str, str, int, int]] | None = None,
+                    at_store_creation: bool = False) -> FaultOutcome:
     """`shardwise pipeline run --local` (smaller than the smoke preset) SIGKILLed, with every step process,
-    `delay_s` after `step` starts, then run again with the same arguments. Rows lost / duplicated: the cost rows
-    the rerun's pretrain step read (`pipeline_costs`) against `expected` (a fault-free run's); steps that
-    finished before the kill and ran again (not taken from the cache) are in notes["ran_again"]."""
+    `delay_s` after `step` starts (with `at_store_creation`: after `step` begins making the MLflow store, MLflow's
+    tables and migrations, 2-3 s on a 2-core machine in the first step that logs), then run again with the
+    same arguments. Rows lost / duplicated: the cost rows the rerun's pretrain step read (`pipeline_costs`)
+    against `expected` (a fault-free run's); steps that finished before the kill and ran again (not taken from
+    the cache) are in notes["ran_again"]; the rerun's last lines in notes["rerun_tail"] when it failed."""
     import signal
 
     tmp.mkdir(parents=True, exist_ok=True)
     argv = pipeline_run(tmp)
     log = tmp / "run" / "pipeline.log"
-    outcome = FaultOutcome(f"pipeline run --local SIGKILLed in {step}")
+    outcome = FaultOutcome(f"pipeline run --local SIGKILLed in {step}" + " making the store" * at_store_creation)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         started = _wait_for(lambda: proc.poll() is not None or (log.exists() and step in _EXECUTING.findall(
             log.read_text(errors="replace"))), 1200, 0.2)
         if not started or proc.poll() is not None:
             raise RuntimeError(f"the run ended before {step} started: {proc.communicate()[0][-2000:]}")
+        if at_store_creation and not _wait_for(lambda: proc.poll() is not None or bool(_store_files(tmp)), 600,
+                                               0.005):
+            raise RuntimeError(f"{step} made no MLflow store in 600 s")
         time.sleep(delay_s)
+        if at_store_creation:
+            outcome.notes["store_at_kill"] = _store_files(tmp)
         before = log.read_text(errors="replace")
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
@@ -431,8 +504,12 @@ def pipeline_killed(tmp: Path, *, step: str = "pretrain-cost-model", delay_s: fl
     outcome.notes["finished_before_kill"] = sorted(finished.elements())
     rerun = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     outcome.notes["rerun_exit"] = rerun.returncode
+    # a step cache per version of shardwise's source: two, and the rerun ran other code (the checkout edited
+    # meanwhile), which reuses nothing the killed run finished
+    outcome.notes["code_versions"] = len(list((tmp / "run" / "step_cache").glob("*")))
     if rerun.returncode != 0:
         outcome.error = _error_line(rerun.stderr + rerun.stdout)
+        outcome.notes["rerun_tail"] = _failed_step_tail(log.read_text(errors="replace")[len(before):])
         return outcome
     ran = Counter(_EXECUTING.findall(log.read_text(errors="replace")[len(before):]))  # the log goes on
     outcome.notes["rerun_ran"] = sorted(ran.elements())

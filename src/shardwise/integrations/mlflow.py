@@ -25,7 +25,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import wraps
 from pathlib import Path
@@ -177,6 +177,36 @@ def _local_store_missing(uri: str) -> bool:
     return not (path.is_file() if urlparse(uri).scheme == "sqlite" else path.is_dir())
 
 
+def _create_sqlite_store(uri: str) -> None:
+    """An embedded sqlite store that does not exist yet, made whole or not at all. MLflow makes its tables and runs
+    its migrations in the file itself, and a process killed meanwhile (a pipeline step SIGKILLed in its first
+    seconds) left a half-made schema that every later open refused ("table latest_metrics already exists"): the
+    schema is made in a temporary file beside the store and linked into place, never over a store that another
+    process made meanwhile."""
+    path = local_store_path(uri) if urlparse(uri).scheme == "sqlite" else None
+    if path is None or path.exists():
+        return
+    from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore  # makes all of MLflow's tables
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.creating"):  # left by a process killed while making it
+        with suppress(FileNotFoundError):  # another process's, gone meanwhile
+            if time.time() - stale.stat().st_mtime > 3600:
+                stale.unlink()
+    temporary = path.with_name(f".{path.name}.{os.getpid()}-{time.monotonic_ns()}.creating")
+    try:
+        SqlAlchemyStore(f"sqlite:///{temporary.resolve()}").engine.dispose()
+        try:
+            os.link(temporary, path)  # never over a store another process made first: that fails
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links
+            if not path.exists():
+                os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 @contextmanager
 def _process_uris(tracking_uri: str, registry_uri: str) -> Iterator[None]:
     """Point mlflow's process-wide tracking and registry URIs at these stores for the block, then put back
@@ -301,6 +331,8 @@ class MlflowService:
         from mlflow import MlflowClient  # heavy: only when talking to a store
 
         try:
+            for uri in {self.tracking_uri, self.registry_uri}:
+                _create_sqlite_store(uri)
             return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
         except ModuleNotFoundError as err:  # a database store whose driver is not installed
             raise StoreError(
