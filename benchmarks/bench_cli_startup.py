@@ -11,6 +11,12 @@ temporary sqlite store. The drop-in: `ShardwisePlanner(tracking_uri=store, adapt
 TorchRec's `EmbeddingShardingPlanner` on the same tables, both the first call in a fresh process (adapt=0: that
 small champion never saw dim-128 tables, and adapting it, kernels timed for up to 120 s, is not planning).
 
+Python caches the bytecode of what it imports (__pycache__), as it does on a user's machine: where the
+environment says PYTHONDONTWRITEBYTECODE (this project's sandboxes do), shardwise's own modules, which an
+editable install does not precompile, are compiled again on every run (about 0.07 CPU s here) while torch's
+come precompiled from its wheel. The timed commands run without it, after one untimed run that writes the cache;
+the warm-cache plan is also timed with it, in its own row.
+
 Timed with a CPU-bound process beside the benchmark, as on a laptop with a browser open, the commands taking turns
 run by run; the figures to read are the ratio to `python -c pass` and the seconds over `python -c "import torch"`,
 in wall time and in CPU time (user + system of the process, which moves less when others share the machine).
@@ -148,6 +154,7 @@ def main() -> None:
         store = _register_champion(tmp)
         cache = tmp / "cache"
         env = {**os.environ, "SHARDWISE_CACHE": str(cache)}
+        no_bytecode_cache = env.pop("PYTHONDONTWRITEBYTECODE", None)  # see the module docstring
         shardwise = [sys.executable, "-m", "shardwise.cli"]
         plan = [*shardwise, "plan", "--task", str(task100), "--device", "cpu", "--tracking-uri", store,
                 "--out", str(tmp / "plan.json")]
@@ -161,13 +168,17 @@ def main() -> None:
         if load:
             load.start()
         try:
-            medians = _medians_s(quick, args.repeats)
+            _run_s(plan, env)  # untimed: writes the bytecode cache and the registry cache
+            medians = _medians_s(quick, args.repeats, env)
             slow = {
                 "python -c 'import torch'": [sys.executable, "-c", "import torch"],
                 "shardwise plan --help (loads torch)": [*shardwise, "plan", "--help"],
                 "shardwise plan, 100 tables, champion, cold cache": plan,
                 "shardwise plan, 100 tables, champion, warm cache": plan,
             }
+            if no_bytecode_cache:
+                slow["shardwise plan, warm cache, PYTHONDONTWRITEBYTECODE=1"] = [
+                    "env", f"PYTHONDONTWRITEBYTECODE={no_bytecode_cache}", *plan]
             # the cold run empties the cache first; the warm run after it finds the version there
             medians |= _medians_s(slow, args.plan_repeats, env,
                                   {"shardwise plan, 100 tables, champion, cold cache": lambda: shutil.rmtree(cache, True)})
@@ -193,6 +204,7 @@ def main() -> None:
                  **empty, "ratio_to_torchrec_planner": 1.0})
     if args.record:
         load_note = "no other load" if args.no_load else "one CPU-bound process beside it"
+        load_note += "; bytecode cached (PYTHONDONTWRITEBYTECODE unset for the timed commands)"
         load_note += f"; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (2 cores: others' jobs too)"
         record("cli_startup", "CLI start-up and `plan` with the registered champion", rows,
                notes=f"median of {args.repeats} runs each ({args.plan_repeats} for the commands that load torch and "
