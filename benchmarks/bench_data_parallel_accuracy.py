@@ -4,7 +4,8 @@ model's error on a table's kernel at the local batch.
 1. All-reduces of fp32 gradients measured on this machine (gloo on CPU, NCCL on GPUs) over 2 and 4 processes at
    sizes from 4 KiB to 16 MiB (`AllToAllSession.measure_all_reduce`, the median of --iters each); the latency +
    bandwidth line (`fit_all_reduce`) fitted with each size left out in turn predicts that size: its MAPE is the
-   held-out error. The line fitted to every size is printed (what a cost model stores as `all_reduce`).
+   held-out error, for one line per device count (what `pretrain` stores as a cost model's `all_reduce`) and for
+   one line over every device count. The lines fitted to every size are printed.
 2. With --model DIR: --tables synthetic tables timed alone on the kernel at the local batch (batch / devices) and
    predicted as the model prices them (`local_batch_table`: pooling factor / devices at the model's batch); MAPE,
    beside the naive price (the table at the full batch, divided by the devices).
@@ -66,11 +67,18 @@ def main() -> None:
     points = all_reduce_points(args.devices, args.iters)
     for count, size, ms in points:
         print(f"all-reduce {count} devices {size / 2**20:8.3f} MiB: {ms:8.3f} ms")
-    errors = heldout_all_reduce_errors(points)
-    mape = 100 * float(np.mean([abs(pred - ms) / ms for _, _, ms, pred in errors]))
     fitted = fit_all_reduce(points)
-    print(f"line: {fitted.latency_ms:.4f} ms + {fitted.hop_ms:.4f} ms x (D - 1) + {fitted.ms_per_mib:.4f} ms/MiB x "
-          f"2 (D-1)/D x MiB; held-out MAPE (each size left out) {mape:.1f}%")
+    print(f"line over every device count: {fitted.latency_ms:.4f} ms + {fitted.hop_ms:.4f} ms x (D - 1) + "
+          f"{fitted.ms_per_mib:.4f} ms/MiB x 2 (D-1)/D x MiB")
+    for count, latency_ms, ms_per_mib in fitted.by_devices:
+        print(f"line of {count} devices: {latency_ms:.4f} ms + {ms_per_mib:.4f} ms/MiB x 2 (D-1)/D x MiB")
+    # held out (each size left out): what the model stores (one line per device count) and one line over all
+    for label, per_count in (("per device count", True), ("one line over every count", False)):
+        errors = heldout_all_reduce_errors(points, per_device_count=per_count)
+        by_count = {c: 100 * float(np.mean([abs(p - ms) / ms for d, _, ms, p in errors if d == c]))
+                    for c in args.devices}
+        print(f"held-out MAPE, {label}: " + ", ".join(f"{c} devices {v:.1f}%" for c, v in by_count.items())
+              + f"; all {100 * float(np.mean([abs(p - ms) / ms for *_, ms, p in errors])):.1f}%")
     if args.model:
         for count in args.devices:
             local, naive = kernel_errors(args.model, args.tables, count, args.seed)

@@ -113,24 +113,33 @@ def test_interrupted_all_to_alls_keep_every_measured_group(tmp_path: Path, monke
                                max_devices=8, device="cpu")
     groups: list[int] = []
 
-    def all_to_all(layouts, batch_size, **kwargs):  # type: ignore[no-untyped-def]
+    def all_to_all(num_devices, layouts, batch_size, all_reduce_sizes, **kwargs):  # type: ignore[no-untyped-def]
         if len(groups) == 1:
             raise KeyboardInterrupt  # during the second device count's group
-        groups.append(len(layouts[0]))
-        return [[CommTiming(1.0, 2.0, 0, None)] * len(widths) for widths in layouts]
+        groups.append(num_devices)
+        return ([[CommTiming(1.0, 2.0, 0, None)] * len(widths) for widths in layouts],
+                [(0.5, 0.7, 0.6)] * len(all_reduce_sizes))
 
-    monkeypatch.setattr(runner, "measure_all_to_all_many", all_to_all)
+    monkeypatch.setattr(runner, "measure_comm_group", all_to_all)
     with pytest.raises(KeyboardInterrupt):
         profile(TABLES, out, settings, progress=False)
     df = load_costs(out)
     comm = df[df["kind"] == "comm"]
+    reduced = df[df["kind"] == "all_reduce"]
     assert (df["kind"] == "compute").sum() == 2  # the compute rows pending in the buffer were flushed
     assert set(comm["num_devices"]) == {groups[0]} and len(comm) > 0  # the first group's rows, as measured
+    # the group's all-reduces beside its layouts: 4 KiB .. 16 MiB, the median of the timed ones
+    assert set(reduced["num_devices"]) == {groups[0]} and sorted(reduced["size_bytes"]) == [4096 * 4**k for k in range(7)]
+    assert (reduced["bwd_ms"] == 0.6).all() and (reduced["fwd_ms"] == 0.0).all()
 
     groups.append(0)  # no more interruptions
     summary = profile(TABLES, out, settings, progress=False)
-    assert summary.skipped == 2 + comm["config_id"].nunique() and summary.total_rows == len(load_costs(out))
+    stored = comm["config_id"].nunique() + len(reduced)
+    assert summary.skipped == 2 + stored and summary.total_rows == len(load_costs(out))
     assert groups[0] not in groups[2:]  # the stored group was not measured again
+    # every device count the layouts span (2, 4, 8) all-reduced each size once
+    reduced = load_costs(out).query("kind == 'all_reduce'")
+    assert reduced.groupby("num_devices").size().to_dict() == {2: 7, 4: 7, 8: 7}
 
 
 #: a profiling process to signal: measures many tiny shards, one part file per shard

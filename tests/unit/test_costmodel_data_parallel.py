@@ -98,3 +98,32 @@ def test_data_parallel_cost_is_the_local_kernel_plus_the_gradient_all_reduce():
     assert cost.all_reduce_ms == pytest.approx(float(TRUE.predict_ms(gradient_bytes(tables), 4)))
     assert gradient_bytes(tables) == 4 * 16 * 600
     assert data_parallel_cost(model, [], 4).total_ms == 0.0
+
+
+def test_each_measured_device_count_gets_its_own_line_and_others_the_line_over_all():
+    # 4 processes on 2 cores: dearer per byte than any hop term over 2 processes predicts
+    two = AllReduceCost(latency_ms=0.1, hop_ms=0.0, ms_per_mib=1.0)
+    four = AllReduceCost(latency_ms=0.5, hop_ms=0.0, ms_per_mib=6.0)
+    points = [(d, size, float((two if d == 2 else four).predict_ms(size, d)))
+              for d in (2, 4) for size in (4096, 2**16, 2**20, 2**22, 2**24)]
+    fitted = fit_all_reduce(points)
+    assert [d for d, *_ in fitted.by_devices] == [2, 4]
+    for d, truth in ((2, two), (4, four)):
+        for size in (8192, 2**21, 2**25):  # sizes it never saw
+            assert float(fitted.predict_ms(size, d)) == pytest.approx(float(truth.predict_ms(size, d)), rel=1e-6)
+    one_line = fit_all_reduce(points, per_device_count=False)
+    assert one_line.by_devices == ()
+    assert float(fitted.predict_ms(2**22, 8)) == pytest.approx(float(one_line.predict_ms(2**22, 8)))  # unmeasured
+    # held out, the per-count lines predict each size from the rest far better than one line over both
+    own = heldout_all_reduce_errors(points)
+    shared = heldout_all_reduce_errors(points, per_device_count=False)
+    assert max(abs(p - m) / m for *_, m, p in own) < 1e-6 < min(
+        max(abs(p - m) / m for *_, m, p in shared), 1.0)
+
+
+def test_a_stored_line_from_before_the_per_device_lines_still_loads():
+    doc = {"latency_ms": 0.2, "hop_ms": 0.05, "ms_per_mib": 1.5, "backend": "gloo", "points": [[2, 4096, 0.3]]}
+    cost = AllReduceCost.from_json(doc)
+    assert cost.by_devices == () and float(cost.predict_ms(2**20, 4)) == pytest.approx(float(TRUE.predict_ms(2**20, 4)))
+    with pytest.raises(ValueError, match="by_devices"):
+        AllReduceCost.from_json({**doc, "by_devices": [{"num_devices": 2, "latency_ms": 0.1, "ms_per_mib": -1}]})

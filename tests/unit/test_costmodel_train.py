@@ -125,3 +125,30 @@ def test_device_timers_mix_and_cpu_rows_from_before_the_timer_column_still_train
     assert check_cost_frame(gpu)[0] == "cuda-nvidia-h100"
     cpu = frame.assign(timer=np.where(np.arange(len(frame)) % 2, "thread", None))  # older CPU rows: no timer
     assert check_cost_frame(cpu)[1] == int(frame["batch_size"].iloc[0])
+
+
+def test_profiled_all_reduces_are_fitted_per_device_count_and_evaluated_held_out(tmp_path):
+    from shardwise.costmodel import NeuralCostModel
+    from shardwise.costmodel.data_parallel import AllReduceCost
+
+    truth = {2: AllReduceCost(0.1, 0.0, 1.0), 4: AllReduceCost(0.4, 0.0, 5.0)}
+    sizes = [4096 * 4**k for k in range(5)]
+    reduces = pd.DataFrame([
+        {"kind": "all_reduce", "config_id": f"ar{d}-{size}", "repeat": 0, "fwd_ms": 0.0,
+         "bwd_ms": float(truth[d].predict_ms(size, d)), "batch_size": 512, "hardware_kind": "cpu-test",
+         "num_devices": d, "size_bytes": size, "backend": "gloo"}
+        for d in (2, 4) for size in sizes])
+    df = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), reduces], ignore_index=True)
+    model, report = train_cost_model(df, 0, TrainConfig(epochs=5, progress=False))
+    assert model.all_reduce is not None and model.all_reduce.backend == "gloo"
+    assert [d for d, *_ in model.all_reduce.by_devices] == [2, 4]
+    assert float(model.all_reduce.predict_ms(2**21, 4)) == pytest.approx(float(truth[4].predict_ms(2**21, 4)))
+    assert report.sizes["all_reduce_points"] == 10
+    rows = report.evaluation[report.evaluation["split"] == "held-out sizes"]
+    lines = rows[rows["method"] == "all_reduce_lines"].set_index("target")
+    assert list(lines.index) == ["2_devices", "4_devices"] and (lines["mape_pct"] < 1e-3).all()
+    assert (rows[rows["method"] == "all_reduce_one_line"]["mape_pct"] > 1).any()  # one line over both: worse
+    assert "all_reduce_lines_heldout_sizes_4_devices_mape_pct" in report.metrics
+    assert NeuralCostModel.load(model.save(tmp_path / "m")).all_reduce == model.all_reduce
+    # a dataset from before all-reduces were profiled trains a model that prices no data-parallel table
+    assert train_cost_model(df[df["kind"] != "all_reduce"], 0, TrainConfig(epochs=2, progress=False))[0].all_reduce is None

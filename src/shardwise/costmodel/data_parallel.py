@@ -49,8 +49,12 @@ def _ring_terms(num_devices: np.ndarray, size_bytes: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class AllReduceCost:
-    """ms of an fp32 sum all-reduce: latency_ms + hop_ms x (D - 1) + ms_per_mib x 2 (D - 1) / D x MiB, fitted to
-    measured all-reduces on one hardware kind and backend (`fit_all_reduce`); `points` are what it was fitted on."""
+    """ms of an fp32 sum all-reduce over D devices: where D's all-reduces were measured at two sizes or more, D's own
+    line, latency_ms + ms_per_mib x 2 (D - 1) / D x MiB (`by_devices`); at any other D, the line over every device
+    count, latency_ms + hop_ms x (D - 1) + ms_per_mib x 2 (D - 1) / D x MiB. Fitted to measured all-reduces on one
+    hardware kind and backend (`fit_all_reduce`); `points` are what it was fitted on. One line per device count:
+    on a 2-core CPU, 4 processes' all-reduces follow no hop term that 2 processes' do (one line over 2 and 4
+    processes: 48% held-out error, per device count 17-19%, bench_data_parallel_accuracy.py)."""
 
     latency_ms: float
     hop_ms: float
@@ -59,35 +63,60 @@ class AllReduceCost:
     hardware_kind: str = ""
     #: (num_devices, size_bytes, ms) of every measured all-reduce (medians) the line was fitted to
     points: tuple[tuple[int, int, float], ...] = field(default_factory=tuple)
+    #: (num_devices, latency_ms, ms_per_mib): each measured device count's own line
+    by_devices: tuple[tuple[int, float, float], ...] = field(default_factory=tuple)
 
     def predict_ms(self, size_bytes: float | np.ndarray, num_devices: int | np.ndarray) -> np.ndarray:
         """Predicted ms of all-reducing `size_bytes` over `num_devices` (0 for nothing or one device)."""
         size = np.asarray(size_bytes, dtype=np.float64)
         d = np.broadcast_to(np.asarray(num_devices, dtype=np.float64), size.shape)
-        coef = np.array([self.latency_ms, self.hop_ms, self.ms_per_mib])
-        ms = _ring_terms(d, size) @ coef
+        terms = _ring_terms(d, size)
+        ms = terms @ np.array([self.latency_ms, self.hop_ms, self.ms_per_mib])
+        for devices, latency_ms, ms_per_mib in self.by_devices:
+            ms = np.where(d == devices, terms @ np.array([latency_ms, 0.0, ms_per_mib]), ms)
         return np.where((size > 0) & (d > 1), ms, 0.0)
 
     def to_json(self) -> dict[str, Any]:
         """The coefficients, provenance and points, as stored in a cost model's `cost_model.json`."""
-        return {**asdict(self), "points": [list(p) for p in self.points]}
+        return {**asdict(self), "points": [list(p) for p in self.points],
+                "by_devices": [{"num_devices": d, "latency_ms": lat, "ms_per_mib": bw} for d, lat, bw in self.by_devices]}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> AllReduceCost:
-        """Read `to_json`'s document; coefficients must be finite and not negative."""
+        """Read `to_json`'s document (one without `by_devices`, from before, prices every device count with the one
+        line); coefficients must be finite and not negative."""
         coef = {k: float(doc[k]) for k in ("latency_ms", "hop_ms", "ms_per_mib")}
-        if not all(math.isfinite(v) and v >= 0 for v in coef.values()):
-            raise ValueError(f"all_reduce: latency_ms, hop_ms and ms_per_mib must be finite and >= 0, got {coef}")
+        lines = tuple((int(line["num_devices"]), float(line["latency_ms"]), float(line["ms_per_mib"]))
+                      for line in doc.get("by_devices") or ())
+        values = [*coef.values(), *(v for _, lat, bw in lines for v in (lat, bw))]
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ValueError(f"all_reduce: latency_ms, hop_ms and ms_per_mib must be finite and >= 0, got {coef}"
+                             + (f" and by_devices {list(lines)}" if lines else ""))
         points = tuple((int(d), int(b), float(ms)) for d, b, ms in doc.get("points", ()))
         return cls(**coef, backend=str(doc.get("backend", "")), hardware_kind=str(doc.get("hardware_kind", "")),
-                   points=points)
+                   points=points, by_devices=lines)
 
 
-def fit_all_reduce(points: Sequence[tuple[int, int, float]], *, backend: str = "",
-                   hardware_kind: str = "") -> AllReduceCost:
-    """The line through measured (num_devices, size_bytes, ms) all-reduces, least squares on relative error (a
+def _non_negative_fit(terms: np.ndarray, active: list[int]) -> np.ndarray:
+    """Least squares of `terms` @ coef = 1 (rows already scaled to relative error) over the `active` columns, a
+    negative coefficient dropped and the rest refitted; zeros elsewhere."""
+    coef = np.zeros(terms.shape[1])
+    active = list(active)
+    while active:
+        solution, *_ = np.linalg.lstsq(terms[:, active], np.ones(len(terms)), rcond=None)
+        if (solution >= 0).all():
+            coef[active] = solution
+            break
+        active.remove(active[int(np.argmin(solution))])
+    return coef
+
+
+def fit_all_reduce(points: Sequence[tuple[int, int, float]], *, backend: str = "", hardware_kind: str = "",
+                   per_device_count: bool = True) -> AllReduceCost:
+    """The lines through measured (num_devices, size_bytes, ms) all-reduces, least squares on relative error (a
     10 us latency and a 100 ms transfer both matter), coefficients kept >= 0 (a negative one is dropped and the
-    rest refitted); hop_ms is 0 where every point has one device count (it cannot be told from the latency)."""
+    rest refitted): one over every point (hop_ms is 0 where every point has one device count: it cannot be told
+    from the latency) and, with `per_device_count`, one for each device count measured at two sizes or more."""
     if len(points) < 2:
         raise ValueError(f"fit_all_reduce needs at least 2 measured all-reduces, got {len(points)}")
     d = np.array([p[0] for p in points], dtype=np.float64)
@@ -96,26 +125,26 @@ def fit_all_reduce(points: Sequence[tuple[int, int, float]], *, backend: str = "
     if (d < 2).any() or (ms <= 0).any():
         raise ValueError("fit_all_reduce: every point needs num_devices >= 2 and ms > 0")
     terms = _ring_terms(d, size) / ms[:, None]  # rows scaled by 1 / ms: relative error
-    active = [0, 2] if np.ptp(d) == 0 else [0, 1, 2]
-    coef = np.zeros(3)
-    while active:
-        solution, *_ = np.linalg.lstsq(terms[:, active], np.ones(len(ms)), rcond=None)
-        if (solution >= 0).all():
-            coef[active] = solution
-            break
-        active.remove(active[int(np.argmin(solution))])
+    coef = _non_negative_fit(terms, [0, 2] if np.ptp(d) == 0 else [0, 1, 2])
+    lines = []
+    for devices in sorted(set(d.tolist())) if per_device_count else ():
+        mine = d == devices
+        if len(set(size[mine].tolist())) >= 2:
+            own = _non_negative_fit(terms[mine], [0, 2])
+            lines.append((int(devices), float(own[0]), float(own[2])))
     return AllReduceCost(latency_ms=float(coef[0]), hop_ms=float(coef[1]), ms_per_mib=float(coef[2]), backend=backend,
                          hardware_kind=hardware_kind,
-                         points=tuple((int(a), int(b), float(c)) for a, b, c in points))
+                         points=tuple((int(a), int(b), float(c)) for a, b, c in points), by_devices=tuple(lines))
 
 
-def heldout_all_reduce_errors(points: Sequence[tuple[int, int, float]]) -> list[tuple[int, int, float, float]]:
-    """Leave one size out: each distinct size's all-reduces predicted by the line fitted to the other sizes;
+def heldout_all_reduce_errors(points: Sequence[tuple[int, int, float]], *,
+                              per_device_count: bool = True) -> list[tuple[int, int, float, float]]:
+    """Leave one size out: each distinct size's all-reduces predicted by the lines fitted to the other sizes;
     (num_devices, size_bytes, measured ms, predicted ms) per point. The held-out accuracy of `fit_all_reduce`."""
     sizes = sorted({p[1] for p in points})
     out = []
     for size in sizes:
-        fitted = fit_all_reduce([p for p in points if p[1] != size])
+        fitted = fit_all_reduce([p for p in points if p[1] != size], per_device_count=per_device_count)
         for d, b, ms in (p for p in points if p[1] == size):
             out.append((d, b, ms, float(fitted.predict_ms(b, d))))
     return out

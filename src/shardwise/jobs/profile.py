@@ -1,4 +1,4 @@
-"""`shardwise profile`: measure sampled shards and all-to-all layouts into a cost dataset (resumable)."""
+"""`shardwise profile`: measure sampled shards, all-to-all layouts and all-reduces into a cost dataset (resumable)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ class ProfileJobSettings(JobSettings):
     indices: str | None = Field(default=None, description="index data in the DLRM dataset format (default: sampled)")
     num_shards: int = Field(default=100, ge=0, description="shard configurations to measure")
     comm_layouts: int = Field(default=_PROFILER["comm_layouts"].default, ge=0, description="all-to-all layouts to measure")
+    all_reduce_max_bytes: int = Field(
+        default=_PROFILER["all_reduce_max_bytes"].default, ge=0,
+        description="with --comm-layouts: all-reduces of 4 KiB, 16 KiB, ... up to this many bytes over each device "
+                    "count (data-parallel tables' gradients; 0: none)")
     max_tables: int = Field(default=_PROFILER["max_tables"].default, ge=1, description="most tables in one shard")
     repeats: int = Field(default=_PROFILER["repeats"].default, ge=0,
                          description="re-measure some shards this many more times")
@@ -104,6 +108,7 @@ def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult
     profiler = ProfileSettings(
         num_shards=settings.num_shards,
         comm_layouts=settings.comm_layouts,
+        all_reduce_max_bytes=settings.all_reduce_max_bytes,
         max_tables=settings.max_tables,
         repeats=settings.repeats,
         repeat_shards=settings.repeat_shards,

@@ -357,6 +357,27 @@ def measure_all_to_all_many(
         return session.measure(layouts, batch_size, warmup_iters=warmup_iters, iters=iters, check=check)
 
 
+def measure_comm_group(
+    num_devices: int,
+    layouts: Sequence[Sequence[int]],
+    batch_size: int,
+    all_reduce_sizes: Sequence[int] = (),
+    *,
+    backend: str | None = None,
+    warmup_iters: int = 3,
+    iters: int = 10,
+) -> tuple[list[list[CommTiming]], list[tuple[float, ...]]]:
+    """All-to-all layouts and all-reduce sizes over `num_devices` processes in one group (spawning one costs
+    seconds): the layouts' per-device timings and each size's timed all-reduce ms."""
+    _check_layouts(layouts, num_devices, batch_size)
+    if not layouts and not all_reduce_sizes:
+        return [], []
+    with AllToAllSession(num_devices, backend=backend) as session:
+        timings = session.measure(layouts, batch_size, warmup_iters=warmup_iters, iters=iters) if layouts else []
+        reduced = (session.measure_all_reduce(all_reduce_sizes, warmup_iters=warmup_iters, iters=iters)
+                   if all_reduce_sizes else [])
+    return timings, reduced
+
 def _timings(ranks: Sequence[dict]) -> list[CommTiming]:
     """Per-rank medians of one layout, each exchange timed from the last rank's start to this rank's end."""
     stamps = [r["stamps"] for r in ranks]

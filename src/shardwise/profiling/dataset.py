@@ -45,6 +45,7 @@ from shardwise.errors import (
 )
 
 from .schema import (
+    ALL_REDUCE_COLUMNS,
     COMM_COLUMNS,
     COMMON_COLUMNS,
     COMPUTE_COLUMNS,
@@ -73,8 +74,10 @@ _TYPES: dict[str, pa.DataType] = {
     "num_tables": _INT,
     "num_devices": _INT,
     "device": _INT,
+    "size_bytes": _INT,
 }
-ALL_COLUMNS: tuple[str, ...] = COMMON_COLUMNS + COMPUTE_COLUMNS + COMM_COLUMNS + PROVENANCE_COLUMNS + TIMER_COLUMNS
+ALL_COLUMNS: tuple[str, ...] = (COMMON_COLUMNS + COMPUTE_COLUMNS + COMM_COLUMNS + PROVENANCE_COLUMNS + TIMER_COLUMNS
+                                 + ALL_REDUCE_COLUMNS)
 #: every part file has every column with these types (None where a column does not apply to a row's kind)
 SCHEMA = pa.schema(
     [pa.field(name, _TYPES.get(name, _STR)) for name in ALL_COLUMNS],

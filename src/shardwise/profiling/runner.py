@@ -1,4 +1,5 @@
-"""`shardwise profile`: sample shard configurations and all-to-all layouts, measure them, append to a dataset.
+"""`shardwise profile`: sample shard configurations and all-to-all layouts, measure them (and, beside the
+layouts, all-reduces of a range of sizes over each device count), append to a dataset.
 
 Resumable: every measurement has a stable key (config id, repeat); rows are flushed every `chunk_size` rows,
 after each all-to-all group and on an interrupt, each flush one new part file of the dataset directory (see
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -27,7 +29,7 @@ from shardwise.errors import ServiceError, redacted
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision
 
 from .batches import IndexData
-from .comm import CommTiming, default_backend, measure_all_to_all_many
+from .comm import CommTiming, default_backend, measure_comm_group
 from .dataset import (
     count_rows,
     interrupts_deferred,
@@ -39,7 +41,10 @@ from .dataset import (
 from .hardware import hardware_info, resolve_device
 from .kernel import ShardTiming, TimingProtocol, calibrate_reference, measure_shard
 from .sampling import (
+    all_reduce_config_id,
+    all_reduce_sizes,
     comm_config_id,
+    comm_device_counts,
     default_max_devices,
     sample_comm_layouts,
     sample_shard_configs,
@@ -71,6 +76,10 @@ class ProfileSettings(BaseModel):
     protocol: TimingProtocol = TimingProtocol()
     comm_warmup_iters: int = Field(default=3, ge=0)
     comm_iters: int = Field(default=10, ge=1)
+    #: with comm_layouts: fp32 sum all-reduces (a data-parallel table's gradient) of 4 KiB, 16 KiB, ... up to this
+    #: many bytes over each device count the layouts span, in the layouts' process groups (0: none). 16 MiB: 4
+    #: processes on 2 cores all-reduced the 7 sizes 13 times each in about a second (gloo, 2026-11-27)
+    all_reduce_max_bytes: int = Field(default=16 * 2**20, ge=0)
     max_devices: int | None = Field(default=None, ge=2)  # None: GPU count, or max(4, cores) on CPU
     chunk_size: int = Field(default=25, ge=1)  # rows per flush to disk
     #: this worker's slice of the run (shard configs and all-to-all layouts i with i % workers == worker): K
@@ -282,17 +291,23 @@ def profile(
     layout_ids = [comm_config_id(w, settings.batch_size, backend, kind) for w in layouts]
     comm_mine = [k for k in range(len(layout_ids)) if k % settings.workers == settings.worker]
     comm_todo = [k for k in comm_mine if (layout_ids[k], 0) not in done]
+    reduces = [(count, size) for count in (comm_device_counts(max_devices) if settings.comm_layouts else [])
+               for size in all_reduce_sizes(settings.all_reduce_max_bytes)]
+    reduce_ids = [all_reduce_config_id(size, count, backend, kind) for count, size in reduces]
+    reduce_mine = [k for k in range(len(reduces)) if k % settings.workers == settings.worker]
+    reduce_todo = [k for k in reduce_mine if (reduce_ids[k], 0) not in done]
 
     if protocol.reference_normalised and protocol.reference_ms is None and todo:
         reused = _reuse_reference_ms(stored, kind, timing)
         protocol = protocol.model_copy(update={"reference_ms": reused or calibrate_reference(device, protocol)})
 
-    if todo or comm_todo:
+    if todo or comm_todo or reduce_todo:
         prepare_dataset(out)  # before measuring: a path that cannot hold the dataset fails now, not at the end
     common = {**info, "batch_size": settings.batch_size}
     buffer = _RowBuffer(out, settings.chunk_size, 0 if stored is None else len(stored))
     measured = 0
-    bar = tqdm(total=len(todo) + len(comm_todo), desc="profile", unit="config", disable=not progress)
+    bar = tqdm(total=len(todo) + len(comm_todo) + len(reduce_todo), desc="profile", unit="config",
+               disable=not progress)
     try:
         with _sigterm_as_interrupt():
             for job in todo:
@@ -312,14 +327,15 @@ def profile(
                 measured += 1
                 bar.update()
             measured += _profile_comm(
-                layouts, layout_ids, comm_todo, settings, backend, common, buffer, bar
+                layouts, layout_ids, comm_todo, [(*reduces[k], reduce_ids[k]) for k in reduce_todo], settings,
+                backend, common, buffer, bar
             )
     finally:
         bar.close()
         buffer.flush()
     return ProfileSummary(
         measured=measured,
-        skipped=len(jobs) - len(todo) + len(comm_mine) - len(comm_todo),
+        skipped=len(jobs) - len(todo) + len(comm_mine) - len(comm_todo) + len(reduce_mine) - len(reduce_todo),
         total_rows=count_rows(out),
         hardware_kind=kind,
         reference_ms=protocol.reference_ms,
@@ -330,28 +346,34 @@ def _profile_comm(
     layouts: list[list[int]],
     layout_ids: list[str],
     todo: list[int],
+    reduces: list[tuple[int, int, str]],
     settings: ProfileSettings,
     backend: str,
     common: dict[str, Any],
     buffer: _RowBuffer,
     bar: tqdm,
 ) -> int:
-    """Measure the layouts in `todo`, one process group per device count (spawning costs seconds)."""
+    """Measure the layouts in `todo` and the all-reduces `reduces` ((num_devices, size_bytes, config id)), one
+    process group per device count (spawning costs seconds)."""
     timing = json.dumps(
         {"warmup_iters": settings.comm_warmup_iters, "iters": settings.comm_iters, "barrier": True},
         sort_keys=True,
     )
     measured = 0
-    for num_devices in sorted({len(layouts[k]) for k in todo}):
+    for num_devices in sorted({len(layouts[k]) for k in todo} | {count for count, _, _ in reduces}):
         group = [k for k in todo if len(layouts[k]) == num_devices]
+        sizes = [(size, cid) for count, size, cid in reduces if count == num_devices]
         # a group cannot be cut: interrupted while spawning, the parent would leave ranks waiting for a peer
         # that never comes (and wait for them at exit); so an interrupt waits for the group, whose rows are kept
-        note = f"interrupted: waiting for the {len(group)} all-to-all layout(s) in flight (ranks cannot be cut)"
+        note = (f"interrupted: waiting for the {len(group)} all-to-all layout(s) and {len(sizes)} all-reduce(s) in "
+                "flight (ranks cannot be cut)")
         with interrupts_deferred(note) as held:
             try:
-                results = measure_all_to_all_many(
+                results, reduced = measure_comm_group(
+                    num_devices,
                     [layouts[k] for k in group],
                     settings.batch_size,
+                    [size for size, _ in sizes],
                     backend=backend,
                     warmup_iters=settings.comm_warmup_iters,
                     iters=settings.comm_iters,
@@ -364,10 +386,25 @@ def _profile_comm(
             for k, per_device in zip(group, results):
                 rows = _comm_rows(layouts[k], layout_ids[k], per_device, backend, common, timing, measured_at)
                 buffer.add(rows)
+            buffer.add([_all_reduce_row(num_devices, size, cid, samples, backend, common, timing, measured_at)
+                        for (size, cid), samples in zip(sizes, reduced, strict=True)])
             buffer.flush()  # a group's rows are stored once measured: spawning the next group takes seconds
-        measured += len(group)
-        bar.update(len(group))
+        measured += len(group) + len(sizes)
+        bar.update(len(group) + len(sizes))
     return measured
+
+
+def _all_reduce_row(num_devices: int, size_bytes: int, config_id: str, samples_ms: Sequence[float], backend: str,
+                    common: dict[str, Any], timing: str, measured_at: float) -> dict[str, Any]:
+    """The row of one measured all-reduce size: the median of its timed all-reduces (each from the last rank's start
+    to the last rank's end) as bwd_ms, where a training step runs a gradient's all-reduce."""
+    ms = statistics.median(samples_ms)
+    return {
+        **common, "num_threads": 1, "kind": "all_reduce", "config_id": config_id, "repeat": 0,
+        "fwd_ms": 0.0, "bwd_ms": ms, "raw_fwd_ms": 0.0, "raw_bwd_ms": ms, "measured_at": measured_at,
+        "timing": timing, "num_devices": num_devices, "size_bytes": int(size_bytes), "backend": backend,
+        "provenance": "profile",
+    }
 
 
 def _comm_rows(

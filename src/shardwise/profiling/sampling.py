@@ -37,6 +37,30 @@ def comm_config_id(widths: Sequence[int], batch_size: int, backend: str, hardwar
     return config_id("comm", [int(w) for w in widths], batch_size, backend, hardware_kind)
 
 
+def all_reduce_config_id(size_bytes: int, num_devices: int, backend: str, hardware_kind: str) -> str:
+    """The resume key of one all-reduce measurement (a size over a device count)."""
+    return config_id("all_reduce", int(size_bytes), int(num_devices), backend, hardware_kind)
+
+
+#: the smallest all-reduce profiled: a data-parallel table of 1,000 rows x dim 1 in fp32
+MIN_ALL_REDUCE_BYTES = 4096
+
+
+def all_reduce_sizes(max_bytes: int) -> list[int]:
+    """The all-reduce sizes to profile: 4 KiB, 16 KiB, ... (x4) up to `max_bytes` (none below 4 KiB)."""
+    sizes = []
+    size = MIN_ALL_REDUCE_BYTES
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= 4
+    return sizes
+
+
+def comm_device_counts(max_devices: int) -> list[int]:
+    """The device counts all-to-alls and all-reduces are profiled over: 2, 4, 8, ... up to `max_devices`."""
+    return [d for d in (2**k for k in range(1, 12)) if d <= max_devices]
+
+
 def sample_shard_configs(
     tables: Sequence[TableSpec],
     num_configs: int,
@@ -95,7 +119,7 @@ def sample_comm_layouts(
         raise ValueError(f"max_devices must be >= 2 for an all-to-all, got {max_devices}")
     if not dims:
         raise ValueError("dims: need the population's table dims to sample widths")
-    device_counts = [d for d in (2**k for k in range(1, 12)) if d <= max_devices]
+    device_counts = comm_device_counts(max_devices)
     rng = np.random.default_rng(seed)
     layouts = []
     for _ in range(num_layouts):
