@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shardwise.evaluation.refine import measure_side_by_side, refine_plan
-from shardwise.profiling import MeasurementSettings, load_costs
+from shardwise.profiling import CommTiming, MeasurementSettings, load_costs
 from shardwise.search import Plan, Shard, validate_plan
 from shardwise.workload import ShardingTask, TableSpec
 
@@ -25,6 +25,30 @@ pytestmark = pytest.mark.integration
 MEASUREMENT = MeasurementSettings(device="cpu", warmup_iters=2, timing_iters=5, timing_rounds=3, flush_mib=FLUSH_MIB)
 
 
+class _FixedAllToAll:
+    """Refinement's process group where a test checks what refinement does with the kernels' timings: every
+    device's exchange 0.1 ms, no gloo ranks (starting and stopping them took about 6 s of each such test here).
+    The real group: test_the_all_to_all_is_measured_not_taken_from_the_model, test_plans_measured_as_refinement_..."""
+
+    def __init__(self, num_devices: int, backend: str | None = None) -> None:
+        self.num_devices, self.backend = num_devices, backend or "gloo"
+
+    def __enter__(self) -> _FixedAllToAll:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def measure(self, layouts, batch_size, iters=10, **_):  # type: ignore[no-untyped-def]
+        return [[CommTiming(fwd_ms=0.05, bwd_ms=0.05, received_bytes=0, correct=None) for _ in layout]
+                for layout in layouts]
+
+
+@pytest.fixture
+def fixed_all_to_all(monkeypatch):
+    monkeypatch.setattr("shardwise.evaluation.refine.AllToAllSession", _FixedAllToAll)
+
+
 def _task() -> ShardingTask:
     heavy = [TableSpec(name=f"h{i}", rows=20_000, dim=64, pooling_factor=40.0) for i in range(2)]
     light = [TableSpec(name=f"l{i}", rows=500, dim=16, pooling_factor=1.0) for i in range(4)]
@@ -32,7 +56,7 @@ def _task() -> ShardingTask:
 
 
 @pytest.mark.slow
-def test_refinement_moves_work_off_the_slowest_device_and_keeps_only_measured_gains(tmp_path):
+def test_refinement_moves_work_off_the_slowest_device_and_keeps_only_measured_gains(tmp_path, fixed_all_to_all):
     """Both heavy tables on device 0: a model that thinks every table costs about the same sees balance; the
     measurements do not, and refinement takes a heavy table off device 0."""
     task = _task()
@@ -62,7 +86,7 @@ def test_refinement_moves_work_off_the_slowest_device_and_keeps_only_measured_ga
 
 
 @pytest.mark.slow
-def test_a_round_relieves_every_device_tied_for_slowest():
+def test_a_round_relieves_every_device_tied_for_slowest(fixed_all_to_all):
     """Two heavy tables on device 0 and two on device 1, equally slow: moving one off device 0 alone cannot lower
     the plan's slowest device (device 1 stays), so one round moves one off each, and keeps both on measurement."""
     heavy = [TableSpec(name=f"h{i}", rows=20_000, dim=64, pooling_factor=40.0) for i in range(4)]
@@ -81,7 +105,7 @@ def test_a_round_relieves_every_device_tied_for_slowest():
 
 
 @pytest.mark.slow
-def test_memory_bounds_every_change_and_a_balanced_plan_is_left_alone():
+def test_memory_bounds_every_change_and_a_balanced_plan_is_left_alone(fixed_all_to_all):
     task = _task().model_copy(update={"device_memory_bytes": 8 * 2**20})  # a heavy table and a bit per device
     plan = Plan(num_devices=3, method="handmade", shards=(
         Shard(table="h0", col_offset=0, dim=64, device=0), Shard(table="h1", col_offset=0, dim=64, device=1),
@@ -108,7 +132,7 @@ def _bad_and_good() -> tuple[Plan, Plan]:
 
 
 @pytest.mark.slow
-def test_refinement_goes_on_from_the_fastest_start():
+def test_refinement_goes_on_from_the_fastest_start(fixed_all_to_all):
     """A bad searched plan and a good other start (both heavy tables apart): both are measured in one session, the
     record names each start's measured figure, and refinement goes on from the faster one, never slower than it."""
     task = _task()
@@ -150,7 +174,7 @@ def test_the_all_to_all_is_measured_not_taken_from_the_model():
 
 
 @pytest.mark.slow
-def test_a_spent_time_budget_starts_no_round_and_says_so():
+def test_a_spent_time_budget_starts_no_round_and_says_so(fixed_all_to_all):
     """With the budget spent on measuring the start, no round is tried: the plan comes back as measured, and the
     record says why refinement stopped."""
     task = _task()
