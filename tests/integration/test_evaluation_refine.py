@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from shardwise.evaluation.refine import measure_side_by_side, refine_plan
-from shardwise.profiling import CommTiming, MeasurementSettings, load_costs
+from shardwise.profiling import MeasurementSettings, load_costs
 from shardwise.search import Plan, Shard, validate_plan
 from shardwise.workload import ShardingTask, TableSpec
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+from comm_doubles import FixedAllToAllSession  # noqa: E402
 from search_doubles import FeatureCostModel  # noqa: E402
 from timing_settings import FLUSH_MIB  # noqa: E402
 
@@ -25,28 +26,11 @@ pytestmark = pytest.mark.integration
 MEASUREMENT = MeasurementSettings(device="cpu", warmup_iters=2, timing_iters=5, timing_rounds=3, flush_mib=FLUSH_MIB)
 
 
-class _FixedAllToAll:
-    """Refinement's process group where a test checks what refinement does with the kernels' timings: every
-    device's exchange 0.1 ms, no gloo ranks (starting and stopping them took about 6 s of each such test here).
-    The real group: test_the_all_to_all_is_measured_not_taken_from_the_model, test_plans_measured_as_refinement_..."""
-
-    def __init__(self, num_devices: int, backend: str | None = None) -> None:
-        self.num_devices, self.backend = num_devices, backend or "gloo"
-
-    def __enter__(self) -> _FixedAllToAll:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def measure(self, layouts, batch_size, iters=10, **_):  # type: ignore[no-untyped-def]
-        return [[CommTiming(fwd_ms=0.05, bwd_ms=0.05, received_bytes=0, correct=None) for _ in layout]
-                for layout in layouts]
-
-
 @pytest.fixture
 def fixed_all_to_all(monkeypatch):
-    monkeypatch.setattr("shardwise.evaluation.refine.AllToAllSession", _FixedAllToAll)
+    """Refinement's process group at fixed figures (comm_doubles), for the tests of what it does with the kernels'
+    timings; test_the_all_to_all_is_measured_not_taken_from_the_model and measure_side_by_side's keep gloo."""
+    monkeypatch.setattr("shardwise.evaluation.refine.AllToAllSession", FixedAllToAllSession)
 
 
 def _task() -> ShardingTask:

@@ -10,7 +10,7 @@ import pytest
 
 from shardwise.cli import main
 from shardwise.evaluation import TaskSetSpec, format_summary, make_task_set, run_benchmark
-from shardwise.profiling import CommTiming, MeasurementSettings
+from shardwise.profiling import MeasurementSettings
 from shardwise.search import (
     GreedySearch,
     RandomSearch,
@@ -23,6 +23,7 @@ from shardwise.workload import TableSpec, load_task, save_task
 from shardwise.workload.tableset import TableSet
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+from comm_doubles import fixed_all_to_all  # noqa: E402
 from search_doubles import FeatureCostModel  # noqa: E402
 from timing_settings import FLUSH_MIB  # noqa: E402
 
@@ -152,16 +153,11 @@ class _Counting:
         return self.inner.search(task, cost_model, seed)
 
 
-def _fixed_all_to_all(layouts, batch_size, **_):  # type: ignore[no-untyped-def]
-    """The all-to-all at 0.1 ms per device, where what a test checks is not the all-to-all: a gloo group for each
-    task's plans took 6 s of the 8 s a task took here (the other tests of this file measure it)."""
-    return [[CommTiming(fwd_ms=0.1, bwd_ms=0.1, received_bytes=0, correct=None) for _ in layout] for layout in layouts]
-
-
 @pytest.mark.slow
 def test_an_interrupted_benchmark_resumes_where_it_stopped_and_only_with_the_same_settings(tmp_path,
                                                                                            monkeypatch) -> None:
-    monkeypatch.setattr("shardwise.evaluation.measured.measure_all_to_all_many", _fixed_all_to_all)
+    # what is checked is which tasks are planned and measured again: the all-to-all at fixed figures (comm_doubles)
+    monkeypatch.setattr("shardwise.evaluation.measured.measure_all_to_all_many", fixed_all_to_all)
     spec = TaskSetSpec(name="2dev", num_devices=2, min_tables=3, max_tables=4, num_tasks=2)
     task_sets = {spec.name: make_task_set(POOL, spec, seed=0)}
     size = _Counting(GreedySearch("size"))
