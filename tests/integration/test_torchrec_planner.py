@@ -36,6 +36,36 @@ def test_torchrecs_plan_is_valid_and_within_memory(method):
     assert plan.extra["predicted"]["max_cost_ms"] > 0 and plan.extra["planning_time_s"] > 0
 
 
+def test_torchrec_dp_offers_torchrecs_planner_data_parallel_and_reads_its_replicas_back(monkeypatch):
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    task = random_task(2, 10, 4, memory_slack=2.0)
+    offered = []
+    real = EmbeddingShardingPlanner.__init__
+
+    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        offered.append(kwargs["constraints"])
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(EmbeddingShardingPlanner, "__init__", spy)
+    searcher = make_searcher("torchrec_dp")
+    plan = searcher.search(task, None, 0)
+    validate_plan(plan, task)
+    constraint = offered[0][task.tables[0].name]
+    assert constraint.sharding_types == ["table_wise", "column_wise", "data_parallel"]
+    assert constraint.compute_kernels == ["fused", "dense"]  # data-parallel runs only TorchRec's dense kernel
+    assert plan.extra["provenance"]["options"]["sharding_types"] == constraint.sharding_types
+    # where TorchRec replicates a table, its plan keeps it data-parallel (every type it emits has a shardwise form)
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan
+
+    module_plan = to_module_sharding_plan(plan.model_copy(update={
+        "shards": tuple(s for s in plan.shards if s.table != task.tables[0].name),
+        "data_parallel": (task.tables[0].name,)}), task)
+    assert isinstance(module_plan, EmbeddingModuleShardingPlan)
+    back = plan_from_module_sharding(module_plan, task.num_devices, "torchrec_dp")
+    assert back.data_parallel == (task.tables[0].name,)
+
+
 def test_torchrec_column_wise_splits_a_table_too_big_for_one_device():
     big = TableSpec(name="big", rows=200_000, dim=128, pooling_factor=5.0)
     tables = (big, *[TableSpec(name=f"s{i}", rows=1000, dim=16, pooling_factor=2.0) for i in range(6)])

@@ -2,7 +2,9 @@
 
 Fair configuration (see ENVIRONMENT.md): the fused kernel only, the task's pooling factors, the task's memory
 cap as HBM with no storage reservation, the optimizer's state counted; table-wise, or table-wise and
-column-wise with `min_partition` (TorchRec's default never splits tables of dim <= 128). TorchRec's batch is per
+column-wise with `min_partition` (TorchRec's default never splits tables of dim <= 128), or those and data-parallel
+(`torchrec_dp`: the sharding types NeuroShard searches; a data-parallel table runs TorchRec's dense kernel, the only
+one its data-parallel sharding takes). TorchRec's batch is per
 rank (a task's is the step's), and its estimate of a shard's buffers is not shardwise's: a plan over shardwise's
 accounting of a device's memory is planned again with that much less (`ACCOUNTING_REPLANS` times at most).
 """
@@ -14,6 +16,7 @@ import math
 import time
 from typing import Any
 
+from shardwise.costmodel.data_parallel import all_reduce_of
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import ShardingTask
 
@@ -29,11 +32,19 @@ ACCOUNTING_REPLANS = 4
 class TorchRecPlannerSearch:
     """TorchRec's `EmbeddingShardingPlanner` run on the task; its plan converted to `shardwise.plan/v1`."""
 
-    def __init__(self, column_wise: bool = False, min_partition: int = 32, timeout_s: int | None = None) -> None:
-        self.column_wise = column_wise
+    def __init__(self, column_wise: bool = False, min_partition: int = 32, timeout_s: int | None = None,
+                 data_parallel: bool = False) -> None:
+        self.column_wise = column_wise or data_parallel
+        self.data_parallel = data_parallel
         self.min_partition = min_partition
         self.timeout_s = timeout_s
-        self.name = "torchrec_cw" if column_wise else "torchrec"
+        self.name = "torchrec_dp" if data_parallel else "torchrec_cw" if column_wise else "torchrec"
+
+    @property
+    def sharding_types(self) -> list[str]:
+        """The sharding types TorchRec's planner is offered, in its words."""
+        return ["table_wise"] + (["column_wise"] if self.column_wise else []) + (
+            ["data_parallel"] if self.data_parallel else [])
 
     def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
         """TorchRec's plan for `task`; PlanError when it finds none or it breaks shardwise's memory cap."""
@@ -44,11 +55,11 @@ class TorchRecPlannerSearch:
 
         started = time.perf_counter()
         check_memory_bounds(task, column_split=self.column_wise)
-        sharding_types = ["table_wise", "column_wise"] if self.column_wise else ["table_wise"]
         constraints = {
             t.name: ParameterConstraints(
-                sharding_types=sharding_types,
-                compute_kernels=["fused"],
+                sharding_types=self.sharding_types,
+                # fused for the sharded types; TorchRec's data-parallel sharding takes only its dense kernel
+                compute_kernels=["fused", "dense"] if self.data_parallel else ["fused"],
                 pooling_factors=[t.pooling_factor],
                 min_partition=self.min_partition if self.column_wise else None,
             )
@@ -73,10 +84,12 @@ class TorchRecPlannerSearch:
         planner_s = time.perf_counter() - started
         plan = plan.model_copy(update={"extra": {"provenance": {"torchrec_planner_s": round(planner_s, 4),
                                                                 "torchrec_hbm_cap": cap}}})
+        if plan.data_parallel and cost_model is not None and all_reduce_of(cost_model) is None:
+            cost_model = None  # no measured all-reduce to price its replicas with: the plan goes out unpriced
         try:
             return finish_plan(
                 plan, task, cost_model, planning_time_s=planner_s, seed=seed,
-                options={"column_wise": self.column_wise, "min_partition": self.min_partition},
+                options={"sharding_types": self.sharding_types, "min_partition": self.min_partition},
             )
         except PlanError as err:
             raise PlanError(f"{self.name}: TorchRec's plan is invalid under shardwise's accounting: {err}") from None
@@ -113,4 +126,8 @@ register_method(MethodSpec(
 register_method(MethodSpec(
     name="torchrec_cw", factory=lambda options: TorchRecPlannerSearch(column_wise=True), options=NoOptions,
     description="TorchRec's EmbeddingShardingPlanner, table-wise and column-wise",
+))
+register_method(MethodSpec(
+    name="torchrec_dp", factory=lambda options: TorchRecPlannerSearch(data_parallel=True), options=NoOptions,
+    description="TorchRec's EmbeddingShardingPlanner, table-wise, column-wise and data-parallel (NeuroShard's types)",
 ))
