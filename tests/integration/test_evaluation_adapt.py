@@ -79,20 +79,29 @@ def test_the_drop_in_adapts_by_default_where_the_tables_are_new_and_says_so(here
     module = torch.nn.Module()
     module.sparse = ebc_on_meta(TASK)
     monkeypatch.setattr(dropin, "DEFAULT_ADAPT_S", BUDGET_S)  # the default's 120 s, shortened for the suite
+    monkeypatch.setattr(dropin, "DEFAULT_REFINE_S", BUDGET_S)  # and the refinement's 50 s
     planner = ShardwisePlanner(task=TASK, device_type="cpu", cost_model=here)
     planner.plan(module)
     record = planner.last_adaptation
     assert record is not None and record.kept and record.line() in planner.last_stats
     assert planner.cost_model is not here  # planned with the adapted model, kept for the next plan
+    # and its plan refined here: measured beside the greedy on measured tables, never slower than the faster
+    refined = planner.last_refinement
+    assert refined is not None and len(refined.starts) >= 1 and planner.last_plan.method.endswith("+refine")
+    assert refined.after_ms <= refined.before_ms
+    assert f"refined on this machine: {refined.outcome()}" in planner.last_stats
     planner.plan(module)
-    assert planner.last_adaptation is None  # the adapted model has seen these tables: nothing to adapt again
+    # the adapted model has seen these tables: nothing to adapt again, nor (by default) to refine
+    assert planner.last_adaptation is None and planner.last_refinement is None
 
     off = ShardwisePlanner(task=TASK, device_type="cpu", cost_model=here, adapt=0)
     off.plan(module)
     assert off.last_adaptation is None and "outside what the cost model was trained on" in off.last_stats
     elsewhere = ShardwisePlanner(task=TASK, device_type="cpu", cost_model=_trained("cpu-test"))
     elsewhere.plan(module)  # by default, a model for other hardware plans as it is
-    assert elsewhere.last_adaptation is None
+    assert elsewhere.last_adaptation is None and elsewhere.last_refinement is None
+    with pytest.raises(dropin.PlannerError, match=r"refine=5\): refinement times kernels on this machine"):
+        ShardwisePlanner(task=TASK, device_type="cpu", cost_model=_trained("cpu-test"), refine=5).plan(module)
 
 
 def test_shardwise_plan_adapts_and_notes_it(here, tmp_path, monkeypatch, capsys):

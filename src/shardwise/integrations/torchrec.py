@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import pickle
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ from .mlflow import MlflowService, champion_uri, cost_model_name
 
 if TYPE_CHECKING:
     from shardwise.evaluation.adapt import AdaptRecord
+    from shardwise.evaluation.refine import Refinement
 
 __all__ = [
     "COMPUTE_KERNEL",
@@ -77,6 +79,11 @@ GIB = 2**30
 #: seconds of adaptation by default, where a task is outside the cost model's training and this machine is its
 #: hardware: the 26 MLPerf DLRM-DCNv2 tables and a few hundred fused groups of them time within it on 2 CPU cores
 DEFAULT_ADAPT_S = 120.0
+#: seconds of refinement by default after adaptation ran (its plans are measured here, so they can be refined on
+#: the same kernels and all-to-alls): adaptation and refinement of the DCNv2 tables within 3 minutes on 2 CPU cores
+DEFAULT_REFINE_S = 50.0
+#: refinement's rounds at most (its time budget ends it first)
+REFINE_ROUNDS = 20
 
 
 class PlannerError(PlanError):
@@ -165,8 +172,11 @@ class ShardwisePlanner(ShardingPlanner):
     the MLflow registry. Where the task's tables lie outside what that model was trained on and this machine is
     its hardware, it is first adapted here for `adapt` seconds (default `DEFAULT_ADAPT_S`; 0: never): the tables
     timed alone and in fused groups, the model fine-tuned on them (`shardwise.evaluation.adapt`; the rows go to
-    `adapt_dataset` when given). `last_plan`, `last_task`, `last_stats` and `last_adaptation` describe the last
-    plan."""
+    `adapt_dataset` when given). A plan of an adapted model is then refined on this machine's kernels and
+    all-to-alls for `refine` seconds (default `DEFAULT_REFINE_S` after adaptation ran; 0: never; a number: also
+    without adaptation), from the fastest of it and the greedy on measured single-table costs
+    (`shardwise.evaluation.refine`). `last_plan`, `last_task`, `last_stats`, `last_adaptation` and
+    `last_refinement` describe the last plan."""
 
     def __init__(
         self,
@@ -188,9 +198,13 @@ class ShardwisePlanner(ShardingPlanner):
         device_type: str | None = None,
         adapt: float | None = None,
         adapt_dataset: str | Path | None = None,
+        refine: float | None = None,
     ) -> None:
         if not 0.0 <= storage_reservation < 1.0:
             raise PlannerError(f"storage_reservation {storage_reservation}: a share of memory in [0, 1)")
+        if refine is not None and not (0.0 <= refine < math.inf):
+            raise PlannerError(f"refine {refine}: seconds of refinement, >= 0 (0: off; None: {DEFAULT_REFINE_S:g} s "
+                               "after adaptation ran)")
         if adapt is not None and not (0.0 <= adapt < math.inf):
             raise PlannerError(f"adapt {adapt}: seconds of adaptation, >= 0 (0: off; None: {DEFAULT_ADAPT_S:g} s where "
                                "the task is outside the cost model's training and the hardware is this machine's)")
@@ -229,6 +243,10 @@ class ShardwisePlanner(ShardingPlanner):
         self.adapt_dataset = adapt_dataset
         #: what adaptation did for the last plan (None: it did not run)
         self.last_adaptation: AdaptRecord | None = None
+        #: seconds to refine the searched plan on this machine (None: after adaptation ran, 0: never)
+        self.refine = refine
+        #: what refinement did for the last plan (None: it did not run)
+        self.last_refinement: Refinement | None = None
         self._adapted_to: set[frozenset[TableSpec]] = set()  # the table sets adapted to
 
     # -- what is planned -------------------------------------------------------------------------------------
@@ -363,6 +381,29 @@ class ShardwisePlanner(ShardingPlanner):
         self._adapted_to.add(frozenset(task.tables))  # nor where fine-tuning did not help: it would not again
         return adapted
 
+    def _refined(self, task: ShardingTask, plan: Plan, model: CostModel | None) -> Plan:
+        """`plan` refined on this machine's kernels and all-to-alls for `refine` seconds (by default, where adaptation
+        ran: its plans are measured here), from the fastest of it and the greedy on measured single-table costs."""
+        budget = self.refine if self.refine is not None else DEFAULT_REFINE_S if self.last_adaptation else 0.0
+        self.last_refinement = None
+        if not budget or model is None:
+            return plan
+        # the measuring stack loads only where refinement runs
+        from shardwise.evaluation.adapt import cannot_adapt_here
+        from shardwise.evaluation.refine import measured_greedy_start, refine_plan
+
+        reason = cannot_adapt_here(model, self.device_type)  # the same condition: this machine is the model's hardware
+        if reason:
+            raise PlannerError(f"ShardwisePlanner(refine={budget:g}): {reason.replace('adaptation', 'refinement')}")
+        started = time.perf_counter()
+        measurement = MeasurementSettings(device=self.device_type).for_cost_model(
+            getattr(model, "reference_ms", None), model.batch_size)
+        starts = measured_greedy_start(task, measurement)
+        refined, self.last_refinement = refine_plan(
+            task, plan, model, measurement, rounds=REFINE_ROUNDS, starts=starts, progress=False,
+            time_budget_s=max(budget - (time.perf_counter() - started), 1.0))
+        return refined
+
     def tables_of(self, module: nn.Module, sharders: Sequence[Any] | None = None) -> list[ModuleTable]:
         """Every table of the collections to plan, with its sharding under the constraints."""
         collections = planned_modules(module, sharders)
@@ -471,6 +512,8 @@ class ShardwisePlanner(ShardingPlanner):
             lines.append(plan.extra["outside_training"])
         if self.last_adaptation is not None:
             lines.append(self.last_adaptation.line())
+        if self.last_refinement is not None:
+            lines.append(f"refined on this machine: {self.last_refinement.outcome()}")
         return "\n".join(lines)
 
     # -- TorchRec's interface ----------------------------------------------------------------------------------
@@ -479,7 +522,8 @@ class ShardwisePlanner(ShardingPlanner):
         sharder among `sharders`, as TorchRec passes them)."""
         tables = self.tables_of(module, sharders)
         task, emitted = self.task_for(tables)
-        plan = self.searcher.search(task, self._adapted_cost_model(task), self.seed)
+        model = self._adapted_cost_model(task)
+        plan = self._refined(task, self.searcher.search(task, model, self.seed), model)
         self._check_plan_constraints(plan, tables)
         self.last_plan, self.last_task = plan, task
         local = self._local_world_size(task.num_devices)
