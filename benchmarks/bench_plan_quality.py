@@ -137,6 +137,20 @@ def at_or_below(results: list[PlanResult], method: str, reference: str, value: C
             f"{max(ratios):.3f}, mean {statistics.fmean(ratios):.3f})")
 
 
+def data_parallel_chosen(results: list[PlanResult]) -> str:
+    """Which methods replicated tables (issue 35's data-parallel type): per method whose plans can, in how many of
+    its plans and how many tables ("" when no plan file says)."""
+    parts = []
+    for method in sorted({r.method for r in results}):
+        plans = [load_plan(r.plan_path) for r in results if r.method == method and r.plan_path]
+        if not plans or not (method.startswith("neuroshard") or method == "torchrec_dp"):
+            continue
+        counts = [len(p.data_parallel) for p in plans]
+        parts.append(f"{method} in {sum(c > 0 for c in counts)} of {len(counts)} plans"
+                     + (f" ({sum(counts)} tables)" if any(counts) else ""))
+    return "data-parallel tables chosen: " + ", ".join(parts) if parts else ""
+
+
 def refinement_records(results: list[PlanResult]) -> dict[int, dict[str, Any]]:
     """Each task's refinement record (rounds, starts, time), read once from its refined plan's file."""
     return {r.task_index: load_plan(r.plan_path).extra["refinement"]
@@ -266,7 +280,7 @@ def main() -> None:
         for name in ("neuroshard", REFINED, MEASURED_GREEDY):
             parts = [
                 f"/ {ref} = {ratio:.3f}"
-                for ref in ("torchrec", "torchrec_cw", best_greedy, MEASURED_GREEDY)
+                for ref in ("torchrec", "torchrec_cw", "torchrec_dp", best_greedy, MEASURED_GREEDY)
                 if ref and ref != name and (ratio := cost_ratio(in_set, name, ref)) is not None
             ]
             if parts:
@@ -283,6 +297,8 @@ def main() -> None:
             say(f"{spec.name}: {REFINED} slowest device / its own mean device cost per task "
                 f"{spread[0]:.3f}-{spread[-1]:.3f} (mean {sum(spread) / len(spread):.3f}): the most balancing alone "
                 "could still gain")
+        if line := data_parallel_chosen(in_set):
+            say(f"{spec.name}: {line}")
         records = refinement_records(in_set)
         for line in (refinement_rounds(records), session_noise(in_set, records)):
             if line:

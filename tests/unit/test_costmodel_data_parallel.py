@@ -113,7 +113,12 @@ def test_each_measured_device_count_gets_its_own_line_and_others_the_line_over_a
             assert float(fitted.predict_ms(size, d)) == pytest.approx(float(truth.predict_ms(size, d)), rel=1e-6)
     one_line = fit_all_reduce(points, per_device_count=False)
     assert one_line.by_devices == ()
-    assert float(fitted.predict_ms(2**22, 8)) == pytest.approx(float(one_line.predict_ms(2**22, 8)))  # unmeasured
+    # a count not measured: the line over every count, never below a measured smaller count's line (8 under 4 here)
+    four_line = AllReduceCost(latency_ms=fitted.by_devices[1][1], hop_ms=0.0, ms_per_mib=fitted.by_devices[1][2])
+    for size in (4096, 2**22):
+        eight = float(fitted.predict_ms(size, 8))
+        assert eight == pytest.approx(max(float(one_line.predict_ms(size, 8)), float(four_line.predict_ms(size, 8))))
+        assert eight >= float(fitted.predict_ms(size, 4))
     # held out, the per-count lines predict each size from the rest far better than one line over both
     own = heldout_all_reduce_errors(points)
     shared = heldout_all_reduce_errors(points, per_device_count=False)

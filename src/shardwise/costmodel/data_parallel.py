@@ -51,7 +51,9 @@ def _ring_terms(num_devices: np.ndarray, size_bytes: np.ndarray) -> np.ndarray:
 class AllReduceCost:
     """ms of an fp32 sum all-reduce over D devices: where D's all-reduces were measured at two sizes or more, D's own
     line, latency_ms + ms_per_mib x 2 (D - 1) / D x MiB (`by_devices`); at any other D, the line over every device
-    count, latency_ms + hop_ms x (D - 1) + ms_per_mib x 2 (D - 1) / D x MiB. Fitted to measured all-reduces on one
+    count, latency_ms + hop_ms x (D - 1) + ms_per_mib x 2 (D - 1) / D x MiB, but never below the line of a measured
+    count under D (more ranks on the same machines do not all-reduce faster: on 2 cores the line over 2 and
+    4 processes put 8 under the 4 measured). Fitted to measured all-reduces on one
     hardware kind and backend (`fit_all_reduce`); `points` are what it was fitted on. One line per device count:
     on a 2-core CPU, 4 processes' all-reduces follow no hop term that 2 processes' do (one line over 2 and 4
     processes: 48% held-out error, per device count 17-19%, bench_data_parallel_accuracy.py)."""
@@ -72,8 +74,9 @@ class AllReduceCost:
         d = np.broadcast_to(np.asarray(num_devices, dtype=np.float64), size.shape)
         terms = _ring_terms(d, size)
         ms = terms @ np.array([self.latency_ms, self.hop_ms, self.ms_per_mib])
-        for devices, latency_ms, ms_per_mib in self.by_devices:
-            ms = np.where(d == devices, terms @ np.array([latency_ms, 0.0, ms_per_mib]), ms)
+        for devices, latency_ms, ms_per_mib in sorted(self.by_devices):  # ascending: the largest count under D last
+            own = terms @ np.array([latency_ms, 0.0, ms_per_mib])
+            ms = np.where(d == devices, own, np.where(d > devices, np.maximum(ms, own), ms))
         return np.where((size > 0) & (d > 1), ms, 0.0)
 
     def to_json(self) -> dict[str, Any]:
