@@ -82,11 +82,14 @@ def test_cli_profile_on_a_tiny_table_file(tmp_path: Path, capsys: pytest.Capture
             "--timing-iters", "3", "--warmup-iters", "1", "--seed", "1", "--device", "cpu"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "5 measured, 0 already stored, 6 rows" in printed and "noise floor over 1 repeated shards" in printed
+    # 3 shards, 1 repeat, 1 layout (2 rows) and 7 all-reduce sizes (4 KiB .. 16 MiB) over 2 processes
+    assert "12 measured, 0 already stored, 13 rows" in printed and "noise floor over 1 repeated shards" in printed
     df = load_costs(out)
     assert (df["kind"] == "compute").sum() == 4
     comm = df[df["kind"] == "comm"]
     assert len(comm) == 2 and set(comm["device"]) == {0, 1} and set(comm["backend"]) == {"gloo"}
+    reduced = df[df["kind"] == "all_reduce"]
+    assert set(reduced["num_devices"]) == {2} and set(reduced["backend"]) == {"gloo"} and (reduced["bwd_ms"] > 0).all()
     assert len(json.loads(comm["widths_json"].iloc[0])) == 2
     for column in ("hardware_kind", "device_name", "torch_version", "fbgemm_version", "timing", "measured_at"):
         assert df[column].notna().all(), column
@@ -96,7 +99,7 @@ def test_cli_profile_on_a_tiny_table_file(tmp_path: Path, capsys: pytest.Capture
     assert set(compute["timer"]) == {"thread"} and compute["launch_ms"].isna().all()
 
     assert main(argv) == 0
-    assert "0 measured, 5 already stored" in capsys.readouterr().out
+    assert "0 measured, 12 already stored" in capsys.readouterr().out
 
 
 def test_cli_profile_refuses_a_bad_table_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
