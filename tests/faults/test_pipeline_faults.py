@@ -7,7 +7,13 @@ file) leaves no half-made store for the rerun to trip on."""
 from __future__ import annotations
 
 import pytest
-from fault_injection import pipeline_costs, pipeline_killed, pipeline_run, store_creation_killed
+from fault_injection import (
+    half_made_store,
+    pipeline_costs,
+    pipeline_killed,
+    pipeline_run,
+    store_creation_killed,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -47,3 +53,11 @@ def test_a_process_killed_while_making_the_mlflow_store_leaves_none_half_made(tm
     # the kill came in MLflow's migrations: the store's name is not taken by a half-made schema
     assert "mlflow.db" not in outcome.notes["store_after_kill"], outcome.notes
     assert outcome.notes["rerun_exit"] == 0, outcome  # the next process makes it and logs to it
+
+
+def test_a_store_an_older_kill_left_half_made_is_named_so_with_what_to_do(tmp_path):
+    from shardwise.integrations.mlflow import MlflowService, StoreError
+
+    uri = half_made_store(tmp_path)
+    with pytest.raises(StoreError, match="its tables are half made .*move it aside and run again"):
+        MlflowService(uri).log_run(experiment="after", run_name="after", params={}, metrics={})

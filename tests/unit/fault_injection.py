@@ -390,6 +390,9 @@ def stalled(self, name, *columns, **kwargs):
         time.sleep(600)
     return made
 Operations.create_table = stalled
+if sys.argv[3:] == ["mlflow"]:  # MLflow's own client, which migrates the store where it lies (as before the fix)
+    from mlflow.tracking import MlflowClient
+    MlflowClient(tracking_uri=sys.argv[1]).search_experiments()
 from shardwise.integrations.mlflow import MlflowService
 MlflowService(sys.argv[1]).log_run(experiment="never", run_name="never", params={}, metrics={})
 """
@@ -400,14 +403,9 @@ print(MlflowService(sys.argv[1]).log_run(experiment="after", run_name="after", p
 """
 
 
-def store_creation_killed(tmp: Path) -> FaultOutcome:
-    """A process SIGKILLed while it makes a new sqlite MLflow store (in MLflow's migrations, deterministically: they
-    are stalled), then a run logged to the same URI by a fresh process: what a pipeline step killed in its first
-    seconds leaves for the rerun. notes: the store's files after the kill, and the second process's exit."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    uri, marker = f"sqlite:///{tmp / 'mlflow.db'}", tmp / "migrating"
-    outcome = FaultOutcome("a process SIGKILLed while making a new sqlite store")
-    proc = subprocess.Popen([sys.executable, "-c", _STALLED_CREATION, uri, str(marker)], cwd=tmp,
+def _kill_in_migrations(uri: str, marker: Path, *args: str) -> None:
+    """Start a process that makes the sqlite store at `uri`, and SIGKILL it inside MLflow's migrations."""
+    proc = subprocess.Popen([sys.executable, "-c", _STALLED_CREATION, uri, str(marker), *args], cwd=marker.parent,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         if not _wait_for(lambda: marker.exists() or proc.poll() is not None, 120, 0.05) or not marker.exists():
@@ -415,6 +413,25 @@ def store_creation_killed(tmp: Path) -> FaultOutcome:
     finally:
         proc.kill()
         proc.wait(60)
+
+
+def half_made_store(tmp: Path) -> str:
+    """The URI of a sqlite store whose making MLflow's own client began and a SIGKILL cut short (what a kill left
+    before shardwise made new stores whole or not at all)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    _kill_in_migrations(uri, tmp / "migrating", "mlflow")
+    return uri
+
+
+def store_creation_killed(tmp: Path) -> FaultOutcome:
+    """A process SIGKILLed while it makes a new sqlite MLflow store (in MLflow's migrations, deterministically: they
+    are stalled), then a run logged to the same URI by a fresh process: what a pipeline step killed in its first
+    seconds leaves for the rerun. notes: the store's files after the kill, and the second process's exit."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    uri, marker = f"sqlite:///{tmp / 'mlflow.db'}", tmp / "migrating"
+    outcome = FaultOutcome("a process SIGKILLed while making a new sqlite store")
+    _kill_in_migrations(uri, marker)
     outcome.notes["store_after_kill"] = _store_files(tmp)
     rerun = subprocess.run([sys.executable, "-c", _LOG_RUN, uri], cwd=tmp, capture_output=True, text=True,
                            timeout=300)

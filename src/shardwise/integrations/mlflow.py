@@ -177,6 +177,10 @@ def _local_store_missing(uri: str) -> bool:
     return not (path.is_file() if urlparse(uri).scheme == "sqlite" else path.is_dir())
 
 
+#: what MLflow's migrations say when they meet a schema a killed process left half made
+_HALF_BUILT = ("already exists", "duplicate column name")
+
+
 def _create_sqlite_store(uri: str) -> None:
     """An embedded sqlite store that does not exist yet, made whole or not at all. MLflow makes its tables and runs
     its migrations in the file itself, and a process killed meanwhile (a pipeline step SIGKILLed in its first
@@ -341,7 +345,13 @@ class MlflowService:
             ) from None
         except Exception as err:  # sqlalchemy's OperationalError and friends: the database did not answer
             if type(err).__module__.startswith("sqlalchemy"):
-                raise StoreError(f"cannot open the MLflow store {self._stores()}: {redacted(_first_line(err))}") from None
+                hint = ""
+                if any(u.startswith("sqlite:") for u in (self.tracking_uri, self.registry_uri)) and any(
+                        sign in str(err) for sign in _HALF_BUILT):
+                    hint = ("; its tables are half made (a process killed while MLflow created or upgraded it): a store "
+                            "that was new holds no runs, move it aside and run again; else restore it from a backup")
+                raise StoreError(f"cannot open the MLflow store {self._stores()}: {redacted(_first_line(err))}"
+                                 f"{hint}") from None
             raise
 
     def _check_servers(self) -> None:
