@@ -1,42 +1,44 @@
-"""A local run's resume: the steps kfp.local serves from its cache are seen while it runs (a filter on the root
-logger, which kfp.local's logging keeps) and linked into the new run folder, where the run's figures and plans are
-read as for a step that ran."""
+"""A local run's resume: the steps kfp.local serves from its cache are seen while it runs (its cache's lookups,
+recorded) and linked into the new run folder, where the run's figures and plans are read as for a step that ran."""
 
 from __future__ import annotations
 
-import logging
-
 from kfp import dsl
 from kfp.local.cache import LocalCache
-from kfp.local.logging_utils import local_logger_context
 
 from shardwise.pipelines.run import _CacheHits, _link_cached_steps, _step_metadata
 
 
-def test_a_cache_hit_is_seen_while_kfp_local_owns_the_logging():
+def _cached_step(tmp_path, cache_root, key: str, step: str):  # noqa: ANN001, ANN202 - a step the killed run finished
+    made = tmp_path / "pipeline_root" / "killed-run" / step
+    made.mkdir(parents=True)
+    (made / "plan").write_text('{"format": "shardwise.plan/v1"}')
+    LocalCache(str(cache_root)).put(key, {
+        "plan": dsl.Artifact(name="plan", uri=str(made / "plan"), metadata={"predicted_ms": 3.5}),
+        "Output": "a parameter, not an artifact"})
+
+
+def test_every_cache_hit_is_recorded_while_the_run_lasts(tmp_path):
+    cache = LocalCache(str(tmp_path / "step_cache"))
+    cache.put("abcdef1234567890", {"Output": 1})
     hits = _CacheHits()
-    logging.getLogger().addFilter(hits)
-    try:
-        with local_logger_context():  # kfp.local's: swaps the root logger's handlers for its own
-            logging.info("Task search-plan cache hit (key=abcdef123456); skipping execution.")
-            logging.info("Executing task 'evaluate-plans'")
-    finally:
-        logging.getLogger().removeFilter(hits)
-    assert hits.keys == {"search-plan": "abcdef123456"}
+    with hits.recording():
+        assert cache.get("abcdef1234567890") is not None
+        assert cache.get("not-there") is None  # a miss is not a hit
+    cache.get("abcdef1234567890")  # after the run: not recorded
+    assert hits.keys == ["abcdef1234567890"]
 
 
 def test_a_step_served_from_the_cache_is_linked_into_the_new_run(tmp_path):
-    made = tmp_path / "pipeline_root" / "killed-run" / "search-plan"
-    made.mkdir(parents=True)
-    (made / "plan").write_text('{"format": "shardwise.plan/v1"}')
     cache_root = tmp_path / "step_cache"
-    LocalCache(str(cache_root)).put("abcdef1234567890", {
-        "plan": dsl.Artifact(name="plan", uri=str(made / "plan"), metadata={"predicted_ms": 3.5}),
-        "Output": "a parameter, not an artifact"})
+    _cached_step(tmp_path, cache_root, "abcdef1234567890", "search-plan-2")
+    _cached_step(tmp_path, cache_root, "fedcba0987654321", "synth-workload")  # served, but not a step runs read
     run_dir = tmp_path / "pipeline_root" / "rerun"
     (run_dir / "pretrain-cost-model").mkdir(parents=True)  # a step that ran in the rerun stays as it is
-    _link_cached_steps(run_dir, {"search-plan": "abcdef123456", "pretrain-cost-model": "0123456789ab"}, cache_root)
-    assert (run_dir / "search-plan" / "plan").read_text() == '{"format": "shardwise.plan/v1"}'
-    assert _step_metadata(run_dir, "search-plan", "plan") == {"predicted_ms": 3.5}
+    _link_cached_steps(run_dir, ["abcdef1234567890", "fedcba0987654321", "gone-from-the-cache"], cache_root)
+    # the entry is the baseline plan's: its artifacts lie in the killed run's search-plan-2 folder
+    assert (run_dir / "search-plan-2" / "plan").read_text() == '{"format": "shardwise.plan/v1"}'
+    assert _step_metadata(run_dir, "search-plan-2", "plan") == {"predicted_ms": 3.5}
     assert list((run_dir / "pretrain-cost-model").iterdir()) == []
-    assert not (run_dir / "search-plan-2").exists()  # not served from the cache: nothing to link
+    assert not (run_dir / "search-plan").exists()  # not served from the cache: nothing to link
+    assert not (run_dir / "synth-workload").exists()

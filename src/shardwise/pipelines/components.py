@@ -143,6 +143,7 @@ def pretrain_cost_model(
     `dataset_uri`), evaluate it on the held-out tables' shards, register it in MLflow (the promotion gate decides
     on `champion`)."""
     from shardwise.jobs import pretrain as job
+    from shardwise.pipelines.artifacts import write_metadata
 
     data = (dataset_uri,) if dataset_uri else (*(c.path for c in costs), comm_costs.path)
     settings = job.PretrainSettings(data=data, holdout_tables=holdout_tables.path, out=model.path, seed=seed,
@@ -158,6 +159,7 @@ def pretrain_cost_model(
         model.metadata["mlflow_run_id"] = result.run_id
     if result.registered_name:  # the version this run registered, as the registry names it
         model.metadata["registered_model_uri"] = f"models:/{result.registered_name}/{result.registered_version}"
+    write_metadata(metrics)
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -223,6 +225,7 @@ def train_policies(
     from shardwise.jobs import plan as plan_job
     from shardwise.jobs import train_policy as job
     from shardwise.jobs.models import registered_model_uri
+    from shardwise.pipelines.artifacts import write_metadata
     from shardwise.search import load_plan
 
     uri = registered_model_uri(hardware_kind, model_alias) if model_alias else model.path
@@ -240,6 +243,8 @@ def train_policies(
         print(planned.summary())
         predicted.log_metric(f"{method}_predicted_ms", float(planned.plan.extra["predicted"]["max_cost_ms"]))
     policies.metadata["methods"] = ",".join(methods)
+    os.makedirs(policies.path, exist_ok=True)  # none trained (episodes 0): an empty folder, still an artifact
+    write_metadata(predicted)
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)

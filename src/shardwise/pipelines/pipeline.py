@@ -105,7 +105,7 @@ def _sized(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
 def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool = False) -> GraphComponent:
     """The pipeline function; `gpu_product` (a node label value) pins GPU steps to that product. With
     `reuse_measurements` (a local run resuming in its own work directory), a profiling step that finished with the
-    same inputs is taken from the cache like any other step."""
+    same inputs is taken from the cache like any other step, and pre-training is not tagged with the run's id."""
 
     @dsl.pipeline(
         name=PIPELINE_NAME,
@@ -199,8 +199,10 @@ def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool =
                 holdout_tables=workload.outputs["holdout_tables"],
                 seed=seed,
                 epochs=pretrain_epochs,
-                # KFP's id of this run, tagged on the MLflow run: the UI's run and the model's run find each other
-                pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                # KFP's id of this run, tagged on the MLflow run: the UI's run and the model's run find each other.
+                # Not in a local run, whose id means nothing outside it and changes with every rerun: it is in the
+                # step's cache key, so a rerun would train and register again what the killed run finished
+                pipeline_run_id="" if reuse_measurements else dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             )
         ), "pretrain")
         task = _sized(_with_cluster_settings(

@@ -9,7 +9,6 @@ import datetime
 import hashlib
 import io
 import json
-import logging
 import os
 import re
 import shutil
@@ -18,7 +17,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -211,25 +210,37 @@ def _console_to_log(log_path: Path) -> Iterator[None]:
         os.close(saved_err)
 
 
-#: kfp.local's line when it serves a step from its cache (on the root logger, in this process)
-_CACHE_HIT = re.compile(r"Task (\S+) cache hit \(key=(\w+)\)")
 #: the steps whose outputs a local run reads (run_figures, the plans, the report's inputs)
 _READ_STEPS = ("pretrain-cost-model", "search-plan", "search-plan-2", "train-policies")
 
 
-class _CacheHits(logging.Filter):
-    """The steps kfp.local served from its cache during a run, with their cache keys (kfp.local swaps the root
-    logger's handlers for its own while it runs, and keeps the logger's filters)."""
+class _CacheHits:
+    """The cache entries kfp.local served during a run (`recording()` wraps its cache's lookup). Not its log line
+    for a hit: kfp.local runs steps in threads that each set and reset the root logger's level, so the INFO line is
+    dropped whenever another step's thread has just set the level back (a resumed run then missed its baseline
+    plan)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.keys: dict[str, str] = {}
+        self.keys: list[str] = []
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        match = _CACHE_HIT.match(record.getMessage())
-        if match:
-            self.keys[match[1]] = match[2]
-        return True
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """While the run lasts, every key kfp.local's cache answers is kept."""
+        from kfp.local import cache
+
+        lookup = cache.LocalCache.get
+
+        def recorded(local_cache: Any, key: str) -> Any:
+            found = lookup(local_cache, key)
+            if found is not None:
+                self.keys.append(key)
+            return found
+
+        cache.LocalCache.get = recorded  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            cache.LocalCache.get = lookup  # type: ignore[method-assign]
 
 
 def _code_key() -> str:
@@ -242,17 +253,26 @@ def _code_key() -> str:
     return digest.hexdigest()[:16]
 
 
-def _link_cached_steps(run_dir: Path, hits: dict[str, str], cache_root: Path) -> None:
+def _link_cached_steps(run_dir: Path, hits: Sequence[str], cache_root: Path) -> None:
     """Each step of `_READ_STEPS` served from the cache appears in `run_dir` as the run that made it left it: its
-    executor output (artifacts with their metadata) and links to its artifacts."""
+    executor output (artifacts with their metadata) and links to its artifacts. A served entry belongs to the step
+    whose directory holds its artifacts (kfp.local writes a step's outputs under <run>/<step>/)."""
+    served: dict[str, dict[str, Any]] = {}
+    for key in dict.fromkeys(hits):
+        entry = cache_root / f"{key}.json"
+        if not entry.exists():
+            continue
+        outputs = {name: out for name, out in json.loads(entry.read_text()).items()
+                   if isinstance(out, dict) and out.get("__kfp_artifact__")}
+        steps = {Path(str(out.get("uri"))).parent.name for out in outputs.values()}
+        if len(steps) == 1:
+            served[steps.pop()] = outputs
     for step in _READ_STEPS:
-        entries = sorted(cache_root.glob(f"{hits.get(step, '-')}*.json"))
         target = run_dir / step
-        if target.exists() or len(entries) != 1:
+        if target.exists() or step not in served:
             continue
         artifacts = {name: {"artifacts": [{k: out.get(k) for k in ("name", "uri", "metadata")}]}
-                     for name, out in json.loads(entries[0].read_text()).items()
-                     if isinstance(out, dict) and out.get("__kfp_artifact__")}
+                     for name, out in served[step].items()}
         target.mkdir(parents=True)
         for name, spec in artifacts.items():
             made = Path(str(spec["artifacts"][0]["uri"]))
@@ -302,9 +322,8 @@ def run_local(
     # included) are taken from kfp.local's cache, the rest run
     cache_root = workdir / "step_cache" / _code_key()
     hits = _CacheHits()
-    logging.getLogger().addFilter(hits)
     try:
-        with console, in_image:
+        with console, in_image, hits.recording():
             local.init(runner=runner, pipeline_root=str(pipeline_root), enable_caching=True,
                        cache_root=str(cache_root))
             # MLflow's default artifact root is relative to the working directory: keep it in the workdir
@@ -314,7 +333,6 @@ def run_local(
         where = "above" if verbose else f"in {log_path}"
         raise PipelineRunError(f"{_ANSI.sub('', str(err))} (its log is {where}; outputs under {pipeline_root})") from err
     finally:
-        logging.getLogger().removeFilter(hits)
         if saved is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
         else:
