@@ -216,9 +216,10 @@ def test_sigint_during_the_all_to_alls_keeps_rows_and_says_so(tmp_path: Path) ->
     assert proc.returncode == 130, err
     assert "converted the single-file cost dataset" in err
     # cutting a group short would leave spawned ranks waiting for a peer: the group in flight finishes first
-    assert "waiting for the 2 all-to-all layout(s) in flight" in err
+    assert "waiting for the 2 all-to-all layout(s) and 7 all-reduce(s) in flight" in err
     assert f"interrupted; what was measured is stored in {out}" in err
     df = load_costs(out)
     assert df["config_id"].iloc[0] == "old"  # the old file is the first part
     # the shards measured before were pending (chunk of 25): flushed with the group's rows
     assert (df["kind"] == "compute").sum() == 1 + 2 and (df["kind"] == "comm").sum() == 2 * 2
+    assert (df["kind"] == "all_reduce").sum() == 7  # measured in the same group, kept with it
