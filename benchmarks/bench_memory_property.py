@@ -87,14 +87,25 @@ def check_plan(plan: Plan, task: ShardingTask) -> tuple[bool, bool]:
             return False, True
         per_device[shard.device].append((rows[shard.table], shard.dim))
         columns[shard.table].append((shard.col_offset, shard.dim))
+    # a data-parallel table is whole on every device, with no shard: listed once, never also sharded
+    replicated = list(plan.data_parallel)
+    mis_tiled |= len(set(replicated)) != len(replicated) or any(
+        name not in dims or columns[name] for name in replicated)
     for name, pieces in columns.items():
+        if name in replicated:
+            continue
         end = 0
         for offset, width in sorted(pieces):
             mis_tiled |= offset != end
             end = offset + width
         mis_tiled |= end != dims[name]
-    over = any(device_bytes(d, task.batch_size, task.optimizer, task.weights_precision) > task.device_memory_bytes
-               for d in per_device)
+    # every device holds each replica, its dense fp32 gradient, and buffers for its own ceil(batch / devices) samples
+    local_batch = -(-task.batch_size // task.num_devices)
+    replicas = [(rows[n], dims[n]) for n in replicated if n in dims]
+    everywhere = device_bytes(replicas, local_batch, task.optimizer, task.weights_precision) + sum(
+        4 * r * c for r, c in replicas)
+    over = any(device_bytes(d, task.batch_size, task.optimizer, task.weights_precision) + everywhere
+               > task.device_memory_bytes for d in per_device)
     return over, mis_tiled
 
 

@@ -53,6 +53,13 @@ def test_the_independent_check_catches_a_plan_over_memory_and_a_mis_tiled_plan(b
     overlap = Plan(num_devices=2, shards=(Shard(table="t", col_offset=0, dim=16, device=0),
                                           Shard(table="t", col_offset=0, dim=16, device=1)))
     assert bench.check_plan(overlap, task)[1] is True
+    # a data-parallel table: whole on every device with its dense gradient and its device's share of the batch
+    replicated = Plan(num_devices=2, shards=(), data_parallel=("t",))
+    dp_need = bench.device_bytes([(1000, 16)], 256, "rowwise_adagrad", "fp32") + 4 * 1000 * 16
+    assert bench.check_plan(replicated, task.model_copy(update={"device_memory_bytes": dp_need})) == (False, False)
+    assert bench.check_plan(replicated, task.model_copy(update={"device_memory_bytes": dp_need - 1}))[0] is True
+    also_sharded = Plan(num_devices=2, shards=whole.shards, data_parallel=("t",))
+    assert bench.check_plan(also_sharded, task)[1] is True
 
 
 def test_the_task_space_reaches_tiny_and_huge_tables(bench):
