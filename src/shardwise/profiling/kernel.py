@@ -11,8 +11,9 @@ longer than the host takes to launch the call, so the GPU reaches the start even
 behind it and the events time the kernels alone (the default: its figures on an H200 are in docs/deploy.md);
 "queued" holds the stream once for all of a shard's calls, launched back to back behind a wait long enough to cover
 all their launches, so the GPU runs them without the idle gaps of one hold per call (not yet run on a GPU);
-"graph" replays the call captured as CUDA graphs (one launch). Beside the device time, each call's host launch time (the host's time to launch forward and backward, which a
-training step pays once per step) is kept: where it exceeds the device time, the shard is launch-bound.
+"graph" replays the call captured as CUDA graphs (one launch). Beside the device time, each call's host launch
+time (the host's time to launch forward and backward, which a training step pays once per step) is kept: where it
+exceeds the device time, the shard is launch-bound.
 """
 
 from __future__ import annotations
