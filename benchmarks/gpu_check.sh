@@ -46,8 +46,8 @@ step() {  # step LIMIT_S LOG RESULT COMMAND...: run under a time limit, keep its
 step 40 batch_build.log batch_build_cuda python3 benchmarks/bench_batch_build.py --device cuda --record
 work=/tmp/gpu_check_method
 rm -rf "$work"
-# the queued timer (one hold for a shard's calls) until a run shows it agrees with the held one, the default (on an
-# H200, 2026-11-27, the held timer's profile measured 12.3 shards/s at batch 65536)
+# the queued timer, the default since it agreed with the held one on an H200 (2026-11-27): named, so the record
+# says which timer its figures are
 step 320 method.log gpu_method_queued python3 benchmarks/bench_gpu_method.py --device cuda --preset gpu-check \
     --cuda-timer queued --profile-budget-s 120 --out "$work" --record
 cp "$work/gpu_method.json" "$out/gpu_method_steps.json" 2>/dev/null

@@ -98,7 +98,7 @@ def test_cuda_timer_is_decided_for_cuda_and_left_out_on_cpu() -> None:
     # a CPU times with its clock: no CUDA timer is stored, so CPU rows' settings are as before the timers existed
     assert cpu.cuda_timer is None and "cuda_timer" not in json.loads(cpu.settings_json())
     if torch.cuda.is_available():
-        assert TimingProtocol().for_device("cuda").cuda_timer == "held"
+        assert TimingProtocol().for_device("cuda").cuda_timer == "queued"
         assert json.loads(TimingProtocol(cuda_timer="graph").for_device("cuda").settings_json())["cuda_timer"] == "graph"
     with pytest.raises(ValidationError, match="cuda_timer"):
         TimingProtocol(cuda_timer="profiler")

@@ -8,9 +8,9 @@ see TimingProtocol). On CUDA: events on the stream, timed one of four ways (`Tim
 "events" records them around the host's calls, so where the host launches slower than the GPU runs (a TBE's
 Python and dispatch take a few hundred microseconds) they time the launches; "held" first queues a device-side wait
 longer than the host takes to launch the call, so the GPU reaches the start event with the whole call queued
-behind it and the events time the kernels alone (the default: its figures on an H200 are in docs/deploy.md);
-"queued" holds the stream once for all of a shard's calls, launched back to back behind a wait long enough to cover
-all their launches, so the GPU runs them without the idle gaps of one hold per call (not yet run on a GPU);
+behind it and the events time the kernels alone; "queued" (the default) holds the stream once for all of a
+shard's calls, launched back to back behind a wait long enough to cover all their launches, so the GPU runs them
+without the idle gaps of one hold per call (on an H200 within 0.8% of "held", in half its time: docs/deploy.md);
 "graph" replays the call captured as CUDA graphs (one launch). Beside the device time, each call's host launch
 time (the host's time to launch forward and backward, which a training step pays once per step) is kept: where it
 exceeds the device time, the shard is launch-bound.
