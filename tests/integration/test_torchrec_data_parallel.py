@@ -7,11 +7,12 @@ backward by the ranks, as DDP does), so the unsharded model's loss is the mean o
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
+from service_processes import free_port
+from torchrec_batches import random_kjt
 
 from shardwise.search import Plan, Shard
 from shardwise.workload import ShardingTask, TableSpec
@@ -43,24 +44,6 @@ PLAN = Plan(
 TASK = ShardingTask(num_devices=WORLD_SIZE, device_memory_bytes=2**30, batch_size=BATCH_SIZE * WORLD_SIZE,
                     tables=TABLES)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _batch(rank: int, step: int):  # noqa: ANN202 - a KeyedJaggedTensor
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    lengths, values = [], []
-    for t in TABLES:
-        n = torch.randint(0, 4, (BATCH_SIZE,), generator=g)
-        lengths.append(n)
-        values.append(torch.randint(0, t.rows, (int(n.sum()),), generator=g))
-    return KeyedJaggedTensor.from_lengths_sync(keys=[t.name for t in TABLES], values=torch.cat(values),
-                                               lengths=torch.cat(lengths))
 
 
 def _loss(pooled: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -115,17 +98,17 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
         for step in range(STEPS):
             dense_optimizer.zero_grad()
-            out = dmp(_batch(rank, step))
+            out = dmp(random_kjt(TABLES, BATCH_SIZE, 1000 * step + rank))
             out = out.wait() if hasattr(out, "wait") else out
             _loss(out.to_dict()).backward()  # the fused optimizer updates the sharded tables here
             dense_optimizer.step()
             # the unsharded model on the whole step's samples, every rank's
             reference_optimizer.zero_grad()
-            mean = sum(_loss(reference.ebc(_batch(r, step)).to_dict()) for r in range(WORLD_SIZE)) / WORLD_SIZE
+            mean = sum(_loss(reference.ebc(random_kjt(TABLES, BATCH_SIZE, 1000 * step + r)).to_dict()) for r in range(WORLD_SIZE)) / WORLD_SIZE
             mean.backward()
             reference_optimizer.step()
 
-        check = _batch(rank, STEPS)
+        check = random_kjt(TABLES, BATCH_SIZE, 1000 * STEPS + rank)
         got = dmp(check)
         got = got.wait() if hasattr(got, "wait") else got
         with torch.no_grad():
@@ -142,7 +125,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 def test_a_data_parallel_plan_trains_in_dmp_as_the_unsharded_model(tmp_path, monkeypatch):
     # the spawned workers import this module by its importlib-mode name: they need the repository root on sys.path
     monkeypatch.syspath_prepend(str(Path(__file__).parents[2]))
-    torch.multiprocessing.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
+    torch.multiprocessing.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     for rank in range(WORLD_SIZE):
         result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
         assert result["held"] == ["t3"]  # a replica of the data-parallel table on every rank, nothing else dense

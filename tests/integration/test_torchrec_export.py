@@ -4,11 +4,12 @@ computes what the unsharded one does. (The drop-in `ShardwisePlanner` in DMP: te
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
+from service_processes import free_port
+from torchrec_batches import random_kjt
 
 from shardwise.search import Plan, Shard
 from shardwise.workload import ShardingTask, TableSpec
@@ -38,25 +39,6 @@ PLAN = Plan(
 )
 TASK = ShardingTask(num_devices=WORLD_SIZE, device_memory_bytes=2**30, batch_size=BATCH_SIZE, tables=TABLES)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _local_batch(rank: int):
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    g = torch.Generator().manual_seed(100 + rank)
-    lengths, values = [], []
-    for t in TABLES:
-        n = torch.randint(0, 4, (BATCH_SIZE,), generator=g)
-        lengths.append(n)
-        values.append(torch.randint(0, t.rows, (int(n.sum()),), generator=g))
-    return KeyedJaggedTensor.from_lengths_sync(
-        keys=[t.name for t in TABLES], values=torch.cat(values), lengths=torch.cat(lengths)
-    )
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -100,7 +82,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 shard.tensor.detach().copy_(weight[r0 : r0 + rs, c0 : c0 + cs])
                 local_shapes.append((name.split(".")[-2], c0, cs))
 
-        batch = _local_batch(rank)
+        batch = random_kjt(TABLES, BATCH_SIZE, 100 + rank)
         sharded = dmp(batch)
         sharded = sharded.wait() if hasattr(sharded, "wait") else sharded
         expected = reference.ebc(batch).to_dict()
@@ -117,7 +99,7 @@ def test_plan_runs_in_dmp_and_matches_unsharded(tmp_path, monkeypatch):
     # the spawned workers import this module by its importlib-mode name (tests.integration...): they need the
     # repository root on sys.path, which `python -m pytest` adds and a plain `pytest` does not
     monkeypatch.syspath_prepend(str(Path(__file__).parents[2]))
-    torch.multiprocessing.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
+    torch.multiprocessing.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     shards = PLAN.shards
     owned = set()
     for rank in range(WORLD_SIZE):
