@@ -65,6 +65,9 @@ class NeuroShardConfig:
     time_budget_s: float | None = None
     #: try data-parallel tables (where the cost model has a measured all-reduce to price them with)
     data_parallel: bool = True
+    #: (table name, pieces): tables split into this many column slices from the root on (the beam may split them
+    #: further); refinement asks for the table that holds its measured slowest device up split (evaluation.refine)
+    split: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("beam_width", "num_candidates", "device_candidates", "comm_candidates"):
@@ -323,15 +326,32 @@ class NeuroShardSearch:
         placer._fill([(i, 1) for i in range(len(task.tables))])
         return sorted(range(len(task.tables)), key=lambda i: (task.tables[i].rows, -placer.piece_cost(i, 1)[0]))
 
+    def _forced_splits(self, task: ShardingTask) -> dict[int, int]:
+        """The config's `split` as pieces by table index; PlanError where a split cannot be laid out."""
+        index = {t.name: i for i, t in enumerate(task.tables)}
+        forced: dict[int, int] = {}
+        for name, pieces in self.config.split:
+            if name not in index:
+                raise PlanError(f"neuroshard: split {name!r}: the task has no such table")
+            dim = task.tables[index[name]].dim
+            if (pieces < 1 or pieces & (pieces - 1) or pieces > task.num_devices or dim % pieces
+                    or (dim // pieces) % DIM_ALIGNMENT):
+                raise PlanError(f"neuroshard: split {name!r} into {pieces}: pieces must be a power of two up to the "
+                                f"{task.num_devices} devices, each a multiple of {DIM_ALIGNMENT} of its {dim} columns")
+            forced[index[name]] = pieces
+        return forced
+
     def _data_parallel_search(self, placer: _Placer, seen: dict[SplitState, _Evaluated],
-                              order: list[int]) -> SplitState:
+                              order: list[int], forced: dict[int, int] | None = None) -> SplitState:
         """The best root: no data-parallel table, or a prefix of `order` (1, 2, 4, ... tables, then the counts
-        halfway to the best one's neighbours), each prefix's other tables placed by the greedy grid."""
+        halfway to the best one's neighbours), each prefix's other tables placed by the greedy grid (the `forced`
+        ones in their pieces)."""
         task = placer.task
+        forced = forced or {}
 
         def prefix(count: int) -> SplitState:
             chosen = set(order[:count])
-            return tuple(DATA_PARALLEL if i in chosen else 1 for i in range(len(task.tables)))
+            return tuple(DATA_PARALLEL if i in chosen else forced.get(i, 1) for i in range(len(task.tables)))
 
         counts, k = [0], 1
         while order and k < len(order):
@@ -364,8 +384,10 @@ class NeuroShardSearch:
         check_memory_bounds(task, column_split=True)
         placer = _Placer(task, cost_model, self.config)
         seen: dict[SplitState, _Evaluated] = {}
+        forced = self._forced_splits(task)
         # the beam over column splits starts from the best set of data-parallel tables (or none)
-        best = self._data_parallel_search(placer, seen, self._data_parallel_order(placer))
+        best = self._data_parallel_search(placer, seen, [i for i in self._data_parallel_order(placer)
+                                                         if i not in forced], forced)
         data_parallel_sets = len(seen) - 1
         beam = [best]
         depth_reached = 0
@@ -419,6 +441,8 @@ class NeuroShardSearch:
         )
         options = {k: v for k, v in asdict(self.config).items()}
         options["dim_cap_factors"] = [str(f) if not np.isfinite(f) else f for f in self.config.dim_cap_factors]
+        if not self.config.split:
+            del options["split"]  # plans of an ordinary search say what they always said
         return finish_plan(
             plan,
             task,
