@@ -105,6 +105,12 @@ def main() -> None:
         adapting = dcnv2_planner(model, args.adapt)
         runs.append(("mlperf-dcnv2 adapted", *plan_both(adapting, module, torchrec)))
         print(f"mlperf-dcnv2: {adapting.last_adaptation.line() if adapting.last_adaptation else 'not adapted'}")
+        if adapting.last_refinement:  # the starts measured, the rounds and what they kept
+            print(adapting.last_refinement.table())
+        if adapting.last_plan is not None and adapting.last_task is not None:
+            split = sorted({s.table for s in adapting.last_plan.shards
+                            if s.dim < adapting.last_task.table(s.table).dim})
+            print(f"mlperf-dcnv2 adapted: column-split tables {', '.join(split) or 'none'}")
     batch = getattr(model, "batch_size", None) or 2048  # the cost model's, as it was trained and is measured
     for name, task in paper_tasks(args.paper_tasks, args.seed, batch) if args.paper_tasks else []:
         # the task's own tables, pooling and skew; the planner takes its memory budget as it is; not adapted (the

@@ -9,7 +9,7 @@ the next, while such a change exists: on a balanced start several devices sit wi
 only a change off each of them lowers the plan's cost. It measures only the devices that changed, before and after
 the round's changes in one interleaved session (a paired comparison), and keeps them only when the measured
 slowest device got faster; it stops when a round promises nothing, or after `rounds` rounds or `time_budget_s`
-seconds. A round refused is not proposed again with the same first move (the same shard to the same device,
+seconds (a round whose measurement would not fit in what is left, at the pace so far, is not started). A round refused is not proposed again with the same first move (the same shard to the same device,
 with or without a shard swapped back: seen on 4 devices, three rounds in a row spent on one refused move with
 another partner each).
 
@@ -519,6 +519,15 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
             break
         change = "; ".join(c.description for c in changes)
         touched = sorted({d for c in changes for d in c.devices})
+        if time_budget_s is not None:
+            # a round is started only where its measurement fits in what is left, at the seconds a device shard
+            # has taken so far (sessions, exchanges and all): one run past the budget cost the drop-in 30 s
+            elapsed = time.perf_counter() - started
+            need = elapsed / max(refiner.devices_measured, 1) * 2 * len(touched)
+            if elapsed + need > time_budget_s:
+                stopped = (f"the {time_budget_s:g} s budget was spent: the next round's {2 * len(touched)} device "
+                           f"shards would take about {need:.0f} s")
+                break
         # the changed devices timed together with the same devices as they are now: a paired comparison. The
         # slowest device's earlier figure is the largest of several noisy ones, biased high: against it, a
         # change would look like a gain more often than it is one
