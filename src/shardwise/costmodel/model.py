@@ -112,6 +112,8 @@ class NeuralCostModel:
         self._matrix = np.zeros((0, NUM_FEATURES + NUM_WORK_CHANNELS), dtype=np.float32)
         #: the measured all-reduce line that prices data-parallel tables' gradients (None: they are not searched)
         self.all_reduce: AllReduceCost | None = None
+        #: the measured reduce-scatter line that prices row-wise tables' collectives (None: they are not searched)
+        self.reduce_scatter: AllReduceCost | None = None
         self._compute_offset = torch.tensor(meta.compute_log_offset, dtype=torch.float32)
         self._comm_offset = torch.tensor(meta.comm_log_offset, dtype=torch.float32)
 
@@ -243,6 +245,7 @@ class NeuralCostModel:
             "normaliser": self.normaliser.to_json(),
             "comm_normaliser": self.comm_normaliser.to_json() if self.comm_normaliser else None,
             "all_reduce": self.all_reduce.to_json() if self.all_reduce else None,
+            "reduce_scatter": self.reduce_scatter.to_json() if self.reduce_scatter else None,
         }
         (directory / CONFIG_FILE).write_text(json.dumps(doc, indent=1))
         tensors = {f"compute.{k}": v.detach().cpu() for k, v in self.compute_net.state_dict().items()}
@@ -288,6 +291,7 @@ class NeuralCostModel:
                          if doc.get("comm_normaliser") else None)
             # optional (a model saved without one prices no data-parallel tables)
             all_reduce = AllReduceCost.from_json(doc["all_reduce"]) if doc.get("all_reduce") else None
+            reduce_scatter = AllReduceCost.from_json(doc["reduce_scatter"]) if doc.get("reduce_scatter") else None
         weights_path = directory / WEIGHTS_FILE
         try:
             tensors = torch.load(weights_path, map_location="cpu", weights_only=True)
@@ -307,6 +311,7 @@ class NeuralCostModel:
             raise ModelFileError(f"{weights_path}: {err}") from None
         model = cls(compute_net, normaliser, meta, config, comm_net, comm_norm)
         model.all_reduce = all_reduce
+        model.reduce_scatter = reduce_scatter
         return model.to(device)
 
 

@@ -519,6 +519,7 @@ def fine_tune_cost_model(model: NeuralCostModel, samples: ComputeSamples, seed: 
         feature_ranges=model.meta.feature_ranges.union(ranges) if model.meta.feature_ranges else ranges)
     tuned = NeuralCostModel(net, model.normaliser, meta, model.config, model.comm_net, model.comm_normaliser)
     tuned.all_reduce = model.all_reduce  # measured on the same hardware; fine-tuning touches the kernels only
+    tuned.reduce_scatter = model.reduce_scatter
     measured = held.costs_ms.sum(axis=1)
 
     def mape(m: NeuralCostModel) -> float:

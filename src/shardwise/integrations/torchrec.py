@@ -37,12 +37,11 @@ from shardwise.search.torchrec_plan import (
     ebc_on_meta,
     parameter_sharding,
     plan_from_module_sharding,
-    row_wise_rows,
     row_wise_sharding,
     to_module_sharding_plan,
     to_sharding_plan,
 )
-from shardwise.workload import Optimizer, ShardingTask, TableSpec, WeightsPrecision
+from shardwise.workload import Optimizer, ShardingTask, TableSpec, WeightsPrecision, row_wise_rows
 from shardwise.workload.memory import activation_buffer_bytes, table_memory_bytes
 
 from .mlflow import MlflowService, champion_uri, cost_model_name

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from shardwise.workload import Optimizer, ShardingTask
+from shardwise.workload import Optimizer, ShardingTask, row_wise_rows
 
 from .plan import Plan, PlanError, Shard, validate_plan
 
@@ -88,13 +88,6 @@ def to_module_sharding_plan(
     module_plan |= {renamed[name]: data_parallel_sharding(plan.num_devices)
                     for name in plan.data_parallel if name in renamed}
     return EmbeddingModuleShardingPlan(module_plan)
-
-
-def row_wise_rows(rows: int, world_size: int) -> list[int]:
-    """Each rank's rows under TorchRec's row-wise sharding: blocks of ceil(rows / ranks), the rest on the last
-    rank that gets any (10 rows on 4 ranks: 3, 3, 3, 1)."""
-    block = -(-rows // world_size)
-    return [max(0, min(block, rows - rank * block)) for rank in range(world_size)]
 
 
 def row_wise_sharding(
