@@ -1,5 +1,5 @@
 """Columns of the cost dataset (Parquet), `shardwise.costs/v1`: one row per measured shard, per device
-of a measured all-to-all, or per measured all-reduce size and device count. A dataset is a directory of part files with these columns (`dataset.py`); a single
+of a measured all-to-all, or per measured all-reduce (or reduce-scatter) size and device count. A dataset is a directory of part files with these columns (`dataset.py`); a single
 file from before part files reads the same. Other tools read these files: add columns, never rename or drop them."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ DATASET_FORMAT = "shardwise.costs/v1"
 COMMON_COLUMNS = (
     # "compute" (one shard's fused TBE kernel), "comm" (one device's share of an all-to-all) or "all_reduce" (an fp32
     # sum all-reduce of `size_bytes` over `num_devices`, a data-parallel table's gradient: its median ms in bwd_ms,
-    # fwd_ms 0; from 2026-11-27, datasets before hold none)
+    # fwd_ms 0; from 2026-11-27, datasets before hold none) or "reduce_scatter" (an fp32 sum reduce-scatter of
+    # `size_bytes` on each device over `num_devices`, row-wise tables' outputs: its median ms in fwd_ms, bwd_ms 0;
+    # from 2026-11-27 afternoon)
     "kind",
     "config_id",  # stable hash of what was measured; with `repeat`, the resume key
     "repeat",  # 0 for the first measurement of a config, 1.. for repeats (the noise floor)
@@ -43,12 +45,13 @@ PROVENANCE_COLUMNS = ("provenance",)
 #: on CPU; a device pays it once a step: above the kernels' ms, the shard is launch-bound), and what timed the
 #: call (the CUDA timer, "held", "queued", "graph" or "events", or the CPU clock, "thread" or "wall")
 TIMER_COLUMNS = ("launch_ms", "timer")
-#: kind == "comm" (and "all_reduce": num_devices, backend)
+#: kind == "comm" (and "all_reduce", "reduce_scatter": num_devices, backend)
 COMM_COLUMNS = (
     "num_devices",
     "device",  # which device's time this row holds
     "widths_json",  # JSON list: per-device pooled output width (sum of dims) for the whole layout
     "backend",  # "nccl" or "gloo"
 )
-#: kind == "all_reduce": the bytes all-reduced (null on other rows and in datasets from before)
+#: kind == "all_reduce" / "reduce_scatter": the bytes each device all-reduces / reduce-scatters (null on other rows
+#: and in datasets from before)
 ALL_REDUCE_COLUMNS = ("size_bytes",)
