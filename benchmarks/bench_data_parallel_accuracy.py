@@ -52,7 +52,7 @@ def kernel_errors(model_dir: str, num_tables: int, devices: int, seed: int) -> t
     from shardwise.workload import synthesize_tables
 
     model = NeuralCostModel.load(model_dir)
-    tables = synthesize_tables(num_tables, seed=seed)
+    tables = synthesize_tables(num_tables, seed=seed, progress=False).tables
     settings = MeasurementSettings(reference_ms=model.reference_ms, batch_size=model.batch_size)
     device, protocol = resolve_timing(settings)
     local_batch = -(-model.batch_size // devices)

@@ -7,7 +7,8 @@ from search_doubles import FeatureCostModel
 
 from shardwise.costmodel.data_parallel import AllReduceCost
 from shardwise.costmodel.row_wise import row_wise_cost
-from shardwise.search import Plan, Shard
+from shardwise.search import NeuroShardSearch, Plan, Shard
+from shardwise.search.neuroshard import NeuroShardConfig
 from shardwise.search.plan import PlanError, plan_from_json, plan_memory_bytes, row_block_specs, validate_plan
 from shardwise.search.report import finish_plan, format_plan
 from shardwise.search.simulator import simulate
@@ -19,8 +20,16 @@ TASK = ShardingTask(num_devices=4, device_memory_bytes=2**30, batch_size=4096, t
 LINE = AllReduceCost(latency_ms=0.01, hop_ms=0.0, ms_per_mib=0.05, collective="reduce_scatter")
 
 
+class PerIdCost(FeatureCostModel):
+    """The feature double with a cost per id looked up besides its columns (fbgemm's kernel: a row's address and
+    its load per id): splitting a table by columns leaves each piece every id, by rows 1 / devices of them."""
+
+    def table_embeddings(self, tables):  # noqa: ANN001, ANN201 - as FeatureCostModel's
+        return np.array([[1.0, t.pooling_factor * (t.dim + 256), t.rows * t.dim] for t in tables]).reshape(-1, 3)
+
+
 def _model(reduce_scatter: AllReduceCost | None = LINE) -> FeatureCostModel:
-    model = FeatureCostModel()
+    model = PerIdCost()
     model.reduce_scatter = reduce_scatter  # type: ignore[attr-defined]
     return model
 
@@ -92,3 +101,36 @@ def test_the_plan_report_names_the_row_wise_tables():
     assert finished.extra["sharding_types"]["hot"] == "row_wise"
     text = format_plan(finished)
     assert "1 row_wise (hot)" in text and "row-wise over every device" in text
+
+
+def test_neuroshard_splits_a_table_that_alone_sets_the_slowest_device_by_rows():
+    model = _model()
+    plan = NeuroShardSearch().search(TASK, model, seed=0)
+    assert plan.row_wise == ("hot",) and plan.extra["search"]["row_wise_sets_tried"] >= 1
+    validate_plan(plan, TASK)
+    table_wise = NeuroShardSearch(NeuroShardConfig(row_wise=False)).search(TASK, model, seed=0)
+    assert not table_wise.row_wise
+    assert simulate(plan, TASK, model).max_cost_ms < simulate(table_wise, TASK, model).max_cost_ms
+    assert plan.extra["predicted"]["max_cost_ms"] == pytest.approx(simulate(plan, TASK, model).max_cost_ms, abs=1e-3)
+
+
+def test_neuroshard_keeps_tables_whole_where_the_collectives_are_dear_or_unmeasured():
+    for model in (_model(AllReduceCost(50.0, 0.0, 1e3, collective="reduce_scatter")), _model(None)):
+        assert not NeuroShardSearch().search(TASK, model, seed=0).row_wise
+
+
+def test_row_blocks_take_memory_on_every_device_in_the_search():
+    from shardwise.search.neuroshard import ROW_WISE, _Placer
+
+    block_bytes = shard_memory_bytes(row_block_specs(_plan(), TASK)[0], TASK.batch_size)
+    state = (ROW_WISE,) + (1,) * len(REST)
+    assert _Placer(TASK, _model(), NeuroShardConfig()).replicated(state)[1] == block_bytes
+    # room beside the block for one more table a device: the other 8 tables on 4 devices do not fit
+    tight = TASK.model_copy(update={"device_memory_bytes": block_bytes + shard_memory_bytes(REST[:1], 4096)})
+    assert _Placer(tight, _model(), NeuroShardConfig()).evaluate([state])[0].cost_ms == float("inf")
+
+
+def test_only_a_table_with_a_large_share_of_the_work_is_tried_row_wise():
+    even = TASK.model_copy(update={"tables": tuple(REST)})  # no table stands out
+    plan = NeuroShardSearch().search(even, _model(), seed=0)
+    assert not plan.row_wise and plan.extra["search"]["row_wise_sets_tried"] == 0

@@ -11,6 +11,13 @@ all-reduced) leave the placement: they add the same kernel and all-reduce ms and
 (`costmodel.data_parallel`). Which ones: the tables in ascending rows (the gradient bytes all-reduced per column
 taken out of the all-to-all), as prefixes of 1, 2, 4, ... tables, each placed by the greedy grid; the best prefix
 (or none) is the root of the beam over column splits. Only with a cost model that has a measured all-reduce.
+
+Row-wise tables (split by rows over every device, each device looking up its block's share of the whole batch's
+ids, the partial outputs reduce-scattered) also leave the placement: each device gets a block of each, and the
+collectives' ms (`costmodel.row_wise`). They are for a table that alone sets the slowest device: the costliest tables,
+each at least 3/4 of a device's even share of the predicted work, as prefixes of 1, 2, 4, ... tables on top of the
+best data-parallel set; the best of them roots the beam beside the data-parallel set, so that column splits of the
+same tables compete with them. Only with a cost model that has a measured reduce-scatter.
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ import torch
 from pydantic import Field
 
 from shardwise.costmodel.data_parallel import all_reduce_of, data_parallel_cost
+from shardwise.costmodel.row_wise import reduce_scatter_of, row_blocks, row_wise_cost
 from shardwise.costmodel.types import CostModel
-from shardwise.workload import ShardingTask, TableSpec
+from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
 from shardwise.workload.tables import DIM_ALIGNMENT
 
 from .plan import Plan, PlanError, Shard, check_memory_bounds, data_parallel_bytes, shard_state_bytes
@@ -38,9 +46,16 @@ from .threads import single_thread
 #: by about 1 / devices, and re-pricing all of them is the slowest part of a step at a thousand devices
 COMM_REFRESH_STEPS = 8
 COMM_REFRESH_DEVICES = 32
-#: pieces per table (1 = whole table, 2 = halves, 4 = quarters, ...; 0 = data-parallel), indexed like task.tables
+#: pieces per table (1 = whole table, 2 = halves, 4 = quarters, ...; 0 = data-parallel, -1 = row-wise), indexed like
+#: task.tables
 SplitState = tuple[int, ...]
 DATA_PARALLEL = 0
+ROW_WISE = -1
+#: row-wise is tried for tables whose predicted cost alone is at least this share of a device's even share of the
+#: work (the sum of the tables' costs / devices): a table that alone sets the slowest device, not one that balances
+ROW_WISE_MIN_SHARE = 0.75
+#: the most tables tried row-wise (prefixes 1, 2, 4, 8 of the costliest)
+ROW_WISE_MAX_TABLES = 8
 
 
 @dataclass(frozen=True)
@@ -65,6 +80,8 @@ class NeuroShardConfig:
     time_budget_s: float | None = None
     #: try data-parallel tables (where the cost model has a measured all-reduce to price them with)
     data_parallel: bool = True
+    #: try row-wise tables (where the cost model has a measured reduce-scatter to price them with)
+    row_wise: bool = True
 
     def __post_init__(self) -> None:
         for name in ("beam_width", "num_candidates", "device_candidates", "comm_candidates"):
@@ -97,12 +114,21 @@ class _Placer:
         self.head_calls = 0
 
     def replicated(self, state: SplitState) -> tuple[float, int]:
-        """The state's data-parallel tables: ms (kernel on the local batch + all-reduce) and bytes on every device."""
-        key = tuple(i for i, p in enumerate(state) if p == DATA_PARALLEL)
+        """The state's tables on every device: ms and bytes each device adds for its data-parallel tables (kernel on
+        the local batch + all-reduce) and row-wise tables (kernel on its blocks + collectives), the most of any
+        device for the row-wise ones (blocks of ceil(rows / devices): the last may be smaller)."""
+        key = tuple(i if p == DATA_PARALLEL else -1 - i for i, p in enumerate(state) if p in (DATA_PARALLEL, ROW_WISE))
         if key not in self._replicated:
-            tables = [self.task.tables[i] for i in key]
-            cost = data_parallel_cost(self.model, tables, self.task.num_devices) if key else None
-            self._replicated[key] = (cost.total_ms if cost else 0.0, data_parallel_bytes(tables, self.task))
+            task = self.task
+            tables = [task.tables[i] for i in key if i >= 0]
+            cost = data_parallel_cost(self.model, tables, task.num_devices) if tables else None
+            ms, used = (cost.total_ms if cost else 0.0), data_parallel_bytes(tables, task)
+            split = [task.tables[-1 - i] for i in key if i < 0]
+            if split:
+                ms += float(row_wise_cost(self.model, split, task.num_devices, task.batch_size).total_ms.max())
+                used += max(shard_memory_bytes(blocks, task.batch_size, task.optimizer, task.weights_precision)
+                            for blocks in row_blocks(split, task.num_devices))
+            self._replicated[key] = (ms, used)
         return self._replicated[key]
 
     def piece_spec(self, i: int, pieces: int, k: int = 0) -> TableSpec:
@@ -137,9 +163,9 @@ class _Placer:
         step places one shard in every (state, cap) row with one head call and one all-to-all call."""
         by_count: dict[int, list[int]] = {}
         for j, state in enumerate(states):
-            by_count.setdefault(sum(state), []).append(j)
+            by_count.setdefault(sum(max(p, 0) for p in state), []).append(j)
         results: list[_Evaluated] = [_Evaluated(float("inf"), None)] * len(states)
-        for j in by_count.pop(0, []):  # every table data-parallel: nothing to place
+        for j in by_count.pop(0, []):  # every table data-parallel or row-wise: nothing to place
             ms, used = self.replicated(states[j])
             if used <= self.task.device_memory_bytes:
                 results[j] = _Evaluated(ms, np.zeros(0, dtype=np.int64))
@@ -352,6 +378,33 @@ class NeuroShardSearch:
             states += more
         return min(states, key=lambda state: seen[state].cost_ms)
 
+    def _row_wise_order(self, placer: _Placer, root: SplitState) -> list[int]:
+        """The tables tried row-wise, costliest first: those not data-parallel in `root` whose predicted cost alone
+        is at least ROW_WISE_MIN_SHARE of a device's even share of the work, with a row for every device; at most
+        ROW_WISE_MAX_TABLES. Empty where none are tried."""
+        task = placer.task
+        if not self.config.row_wise or task.num_devices < 2 or reduce_scatter_of(placer.model) is None:
+            return []
+        placer._fill([(i, 1) for i in range(len(task.tables))])
+        alone = {i: placer.piece_cost(i, 1)[0] for i in range(len(task.tables))}
+        share = sum(alone.values()) / task.num_devices
+        costly = [i for i, p in enumerate(root) if p != DATA_PARALLEL and task.tables[i].rows >= task.num_devices
+                  and alone[i] >= ROW_WISE_MIN_SHARE * share]
+        return sorted(costly, key=lambda i: -alone[i])[:ROW_WISE_MAX_TABLES]
+
+    def _row_wise_search(self, placer: _Placer, seen: dict[SplitState, _Evaluated], root: SplitState,
+                         order: list[int]) -> SplitState:
+        """The best of `root` and `root` with a prefix of `order` (1, 2, 4, ... tables) row-wise, each state's
+        other tables placed by the greedy grid (a state over memory costs inf)."""
+        counts = [c for c in (1, 2, 4, 8) if c < len(order)] + ([len(order)] if order else [])
+        states = []
+        for count in counts:
+            chosen = set(order[:count])
+            states.append(tuple(ROW_WISE if i in chosen else p for i, p in enumerate(root)))
+        states = [s for s in states if s not in seen]
+        seen.update(zip(states, placer.evaluate(states)))
+        return min([root, *states], key=lambda state: seen[state].cost_ms)
+
     def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
         """The lowest-predicted-cost plan found; PlanError when nothing fits in memory."""
         if cost_model is None:
@@ -367,7 +420,12 @@ class NeuroShardSearch:
         # the beam over column splits starts from the best set of data-parallel tables (or none)
         best = self._data_parallel_search(placer, seen, self._data_parallel_order(placer))
         data_parallel_sets = len(seen) - 1
-        beam = [best]
+        # the costliest tables row-wise on top of it: the best such set roots the beam beside it, so that splitting
+        # those tables by columns instead is tried too
+        split_rows = self._row_wise_search(placer, seen, best, self._row_wise_order(placer, best))
+        row_wise_sets = len(seen) - 1 - data_parallel_sets
+        beam = list(dict.fromkeys([split_rows, best]))
+        best = split_rows
         depth_reached = 0
         for depth in range(1, self.config.max_depth + 1):
             budget = self.config.time_budget_s
@@ -401,7 +459,9 @@ class NeuroShardSearch:
             width = table.dim // p
             shards.append(Shard(table=table.name, col_offset=k * width, dim=width, device=int(device)))
         replicated = tuple(t.name for t, p in zip(task.tables, best) if p == DATA_PARALLEL)
-        plan = Plan(num_devices=task.num_devices, shards=tuple(shards), data_parallel=replicated, method=self.name)
+        by_rows = tuple(t.name for t, p in zip(task.tables, best) if p == ROW_WISE)
+        plan = Plan(num_devices=task.num_devices, shards=tuple(shards), data_parallel=replicated, row_wise=by_rows,
+                    method=self.name)
         plan = plan.model_copy(
             update={
                 "extra": {
@@ -412,6 +472,7 @@ class NeuroShardSearch:
                             task.tables[i].name: p for i, p in enumerate(best) if p > 1
                         },
                         "data_parallel_sets_tried": data_parallel_sets,
+                        "row_wise_sets_tried": row_wise_sets,
                         "predicted_max_cost_ms": round(result.cost_ms, 4),
                     }
                 }
@@ -446,6 +507,8 @@ class NeuroShardOptions(MethodOptions):
                                         description="stop widening the beam after this many seconds")
     data_parallel: bool = Field(default=_DEFAULT.data_parallel,
                                 description="try data-parallel tables (a cost model with a measured all-reduce)")
+    row_wise: bool = Field(default=_DEFAULT.row_wise,
+                           description="try the costliest tables row-wise (a cost model with a measured reduce-scatter)")
 
 
 register_method(MethodSpec(
