@@ -1,15 +1,16 @@
-"""How well data-parallel and row-wise tables are priced: the all-reduce and reduce-scatter lines' held-out error,
-how well the reduce-scatter line prices the row-wise all-gather and ids' all-to-all, and (with --model) the compute
-model's error on a table's kernel at the local batch and on a row block's kernel at the whole batch.
+"""How well data-parallel and row-wise tables are priced: the held-out error of the lines of each collective (the
+all-reduce of data-parallel gradients; the reduce-scatter, all-gather and ids' all-to-all of row-wise tables), and
+(with --model) the compute model's error on a table's kernel at the local batch and on a row block's kernel at the
+whole batch.
 
 1. All-reduces of fp32 gradients measured on this machine (gloo on CPU, NCCL on GPUs) over 2 and 4 processes at
    sizes from 4 KiB to 16 MiB (`AllToAllSession.measure_all_reduce`, the median of --iters each); the latency +
    bandwidth line (`fit_all_reduce`) fitted with each size left out in turn predicts that size: its MAPE is the
    held-out error, for one line per device count (what `pretrain` stores as a cost model's `all_reduce`) and for
    one line over every device count. The lines fitted to every size are printed. The same for reduce-scatters
-   (each device's `size` in, its 1 / D of the sum out: row-wise tables' pooled outputs, `pretrain`'s
-   `reduce_scatter`), and the MAPE of the reduce-scatter lines (fitted to every size) on all-gathers and even
-   all-to-alls of the same sizes, which `costmodel.row_wise` prices with them (gradients' all-gather, ids').
+   (each device's `size` in, its 1 / D of the sum out: row-wise tables' pooled outputs), all-gathers (their
+   gradients) and even all-to-alls (their ids), each `pretrain`'s line of that name; and the MAPE of the
+   reduce-scatter lines on all-gathers and all-to-alls, what prices them for a model profiled without them.
 2. With --model DIR: --tables synthetic tables timed alone on the kernel at the local batch (batch / devices) and
    predicted as the model prices them (`local_batch_table`: pooling factor / devices at the model's batch); MAPE,
    beside the naive price (the table at the full batch, divided by the devices). And each table's first row block
@@ -88,12 +89,12 @@ def main() -> None:
     args = parser.parse_args()
 
     measured = collective_points(args.devices, args.iters)
-    for op in ("all_reduce", "reduce_scatter"):  # the collectives `pretrain` fits a line to
+    for op in COLLECTIVES:  # the collectives `pretrain` fits a line to
         points = measured[op]
         for count, size, ms in points:
             print(f"{op} {count} devices {size / 2**20:8.3f} MiB: {ms:8.3f} ms")
         fitted = fit_all_reduce(points, collective=op)
-        volume = "2 (D-1)/D" if op == "all_reduce" else "(D-1)/D"
+        volume = "2 (D-1)/D" if op == "all_reduce" else "(D-1)/D"  # RING_VOLUME
         print(f"{op} line over every device count: {fitted.latency_ms:.4f} ms + {fitted.hop_ms:.4f} ms x (D - 1) + "
               f"{fitted.ms_per_mib:.4f} ms/MiB x {volume} x MiB")
         for count, latency_ms, ms_per_mib in fitted.by_devices:
@@ -103,9 +104,7 @@ def main() -> None:
             errors = heldout_all_reduce_errors(points, per_device_count=per_count, collective=op)
             print(f"{op} held-out MAPE, {label}: {mape_by_count(errors, args.devices)}")
     scatter = fit_all_reduce(measured["reduce_scatter"], collective="reduce_scatter")
-    for op in ("all_gather", "all_to_all"):  # priced with the reduce-scatter lines (costmodel/row_wise.py)
-        for count, size, ms in measured[op]:
-            print(f"{op} {count} devices {size / 2**20:8.3f} MiB: {ms:8.3f} ms")
+    for op in ("all_gather", "all_to_all"):  # a model profiled without them prices them so (costmodel/row_wise.py)
         errors = [(d, b, ms, float(scatter.predict_ms(b, d))) for d, b, ms in measured[op]]
         print(f"{op} priced by the reduce-scatter lines, MAPE: {mape_by_count(errors, args.devices)}")
     if args.model:

@@ -55,6 +55,13 @@ def test_row_wise_cost_is_each_devices_block_kernel_plus_the_collectives():
     assert (cost.reduce_scatter_ms, cost.all_gather_ms) == pytest.approx((out, out))
     assert cost.ids_ms == pytest.approx(float(LINE.predict_ms(ids_bytes([TABLE], 4096, 4), 4)))
     np.testing.assert_allclose(cost.total_ms, kernel.sum(axis=1) + cost.comm_ms)
+    # measured all-gathers and all-to-alls price the gradients and the ids with their own lines
+    model.all_gather = AllReduceCost(0.5, 0.0, 1.0, collective="all_gather")  # type: ignore[attr-defined]
+    model.all_to_all = AllReduceCost(0.7, 0.0, 1.0, collective="all_to_all")  # type: ignore[attr-defined]
+    own = row_wise_cost(model, [TABLE], 4, 4096)
+    assert own.reduce_scatter_ms == pytest.approx(out)
+    assert own.all_gather_ms == pytest.approx(float(model.all_gather.predict_ms(output_bytes([TABLE], 4096), 4)))
+    assert own.ids_ms == pytest.approx(float(model.all_to_all.predict_ms(ids_bytes([TABLE], 4096, 4), 4)))
     # the kernel on a block costs less than on the whole table: fewer lookups and rows
     whole = model.predict_compute([[TABLE]])[0].sum()
     assert (cost.fwd_ms + cost.bwd_ms < whole).all()

@@ -41,8 +41,9 @@ def local_batch_table(table: TableSpec, num_devices: int) -> TableSpec:
 
 
 #: the collectives a line prices, and how many times (D - 1) / D of its bytes a ring moves per device: an all-reduce
-#: is a reduce-scatter and an all-gather (row-wise tables' pooled outputs are reduce-scattered, `costmodel.row_wise`)
-RING_VOLUME: dict[str, float] = {"all_reduce": 2.0, "reduce_scatter": 1.0}
+#: is a reduce-scatter and an all-gather (row-wise tables' pooled outputs are reduce-scattered, their gradients
+#: all-gathered and their ids sent by an even all-to-all, `costmodel.row_wise`)
+RING_VOLUME: dict[str, float] = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "all_to_all": 1.0}
 
 
 def _ring_terms(num_devices: np.ndarray, size_bytes: np.ndarray, collective: str = "all_reduce") -> np.ndarray:
@@ -66,8 +67,9 @@ class AllReduceCost:
     on a 2-core CPU, 4 processes' all-reduces follow no hop term that 2 processes' do (one line over 2 and 4
     processes: 48% held-out error, per device count 17-19%, bench_data_parallel_accuracy.py).
 
-    `collective` "reduce_scatter": the same lines for a reduce-scatter of `size_bytes` (each device's input; it moves
-    (D - 1) / D of it), what prices row-wise tables' pooled outputs (`costmodel.row_wise`)."""
+    `collective` "reduce_scatter", "all_gather" or "all_to_all": the same lines for that collective of `size_bytes`
+    (each device's input, or output for an all-gather; it moves (D - 1) / D of it), what prices row-wise tables'
+    collectives (`costmodel.row_wise`)."""
 
     latency_ms: float
     hop_ms: float
@@ -135,7 +137,7 @@ def fit_all_reduce(points: Sequence[tuple[int, int, float]], *, backend: str = "
     10 us latency and a 100 ms transfer both matter), coefficients kept >= 0 (a negative one is dropped and the
     rest refitted): one over every point (hop_ms is 0 where every point has one device count: it cannot be told
     from the latency) and, with `per_device_count`, one for each device count measured at two sizes or more.
-    `collective`: what was measured, "all_reduce" or "reduce_scatter" (`RING_VOLUME`)."""
+    `collective`: what was measured, "all_reduce", "reduce_scatter", "all_gather" or "all_to_all" (`RING_VOLUME`)."""
     if len(points) < 2:
         raise ValueError(f"fit_all_reduce needs at least 2 measured {collective}s, got {len(points)}")
     d = np.array([p[0] for p in points], dtype=np.float64)

@@ -8,8 +8,10 @@ table of the block's rows with pooling factor x block rows / rows at B. Its pool
 TorchRec reduce-scatters the row-wise tables' outputs together (B x their dims x 4 bytes, each device keeping its
 B / devices samples' sums) and all-gathers their gradients in backward, the same bytes the other way; before the
 kernel, each device sends every other the ids of its samples that fall in that device's rows (its B / devices
-samples' lookups, 8 bytes an id). All three are priced by the reduce-scatter's line at their bytes (a ring all-gather
-and an even all-to-all move (D - 1) / D of them per device, as the reduce-scatter does), the same on every device.
+samples' lookups, 8 bytes an id). Each is priced by its own latency + bandwidth line, fitted to that collective
+measured beside the all-to-alls (`shardwise profile`), the same on every device; a model profiled before all-gathers
+and all-to-alls were prices them with the reduce-scatter's line (on 2 gloo processes it priced them at 128% and 227%
+MAPE: bench_data_parallel_accuracy.py).
 """
 
 from __future__ import annotations
@@ -56,8 +58,12 @@ def ids_bytes(tables: Sequence[TableSpec], batch_size: int, num_devices: int) ->
 
 def reduce_scatter_of(cost_model: CostModel) -> AllReduceCost | None:
     """The model's fitted reduce-scatter (None: it has none, so row-wise tables cannot be priced with it)."""
-    cost = getattr(cost_model, "reduce_scatter", None)
-    return cost if isinstance(cost, AllReduceCost) and cost.collective == "reduce_scatter" else None
+    return _line_of(cost_model, "reduce_scatter")
+
+
+def _line_of(cost_model: CostModel, collective: str) -> AllReduceCost | None:
+    cost = getattr(cost_model, collective, None)
+    return cost if isinstance(cost, AllReduceCost) and cost.collective == collective else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,7 +99,10 @@ def row_wise_cost(cost_model: CostModel, tables: Sequence[TableSpec], num_device
     if line is None:
         raise ValueError(f"cost model for {cost_model.hardware_kind!r} has no measured reduce-scatter: it cannot price "
                          "row-wise tables (profile with --comm-layouts and pretrain again)")
+    gather = _line_of(cost_model, "all_gather") or line
+    exchange = _line_of(cost_model, "all_to_all") or line
     kernel = np.asarray(cost_model.predict_compute(row_blocks(tables, num_devices)), dtype=np.float64)
-    out_ms = float(line.predict_ms(output_bytes(tables, batch_size), num_devices))
-    ids_ms = float(line.predict_ms(ids_bytes(tables, batch_size, num_devices), num_devices))
-    return RowWiseCost(kernel[:, 0], kernel[:, 1], out_ms, out_ms, ids_ms)
+    out = output_bytes(tables, batch_size)
+    return RowWiseCost(kernel[:, 0], kernel[:, 1], float(line.predict_ms(out, num_devices)),
+                       float(gather.predict_ms(out, num_devices)),
+                       float(exchange.predict_ms(ids_bytes(tables, batch_size, num_devices), num_devices)))

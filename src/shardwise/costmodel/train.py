@@ -116,8 +116,8 @@ def check_cost_frame(df: pd.DataFrame) -> tuple[str, int]:
         raise CostDataError(f"cost dataset mixes batch sizes {sizes}: profile one batch size per model")
     bad_kinds = set(df["kind"].unique()) - {"compute", "comm", *COLLECTIVE_MS_COLUMN}
     if bad_kinds:
-        raise CostDataError(f"column 'kind' has values {sorted(bad_kinds)}, expected 'compute', 'comm', 'all_reduce' "
-                            "or 'reduce_scatter'")
+        raise CostDataError(f"column 'kind' has values {sorted(bad_kinds)}, expected 'compute', 'comm' or one of "
+                            f"{sorted(COLLECTIVE_MS_COLUMN)}")
     compute = df[df["kind"] == "compute"]
     if compute.empty:
         raise CostDataError("cost dataset has no kind='compute' rows")
@@ -207,9 +207,11 @@ def comm_samples(df: pd.DataFrame) -> CommSamples | None:
 
 
 #: the collectives a dataset's rows measured, and the column of a row's ms (where a training step runs it)
-COLLECTIVE_MS_COLUMN = {"all_reduce": "bwd_ms", "reduce_scatter": "fwd_ms"}
+COLLECTIVE_MS_COLUMN = {"all_reduce": "bwd_ms", "reduce_scatter": "fwd_ms", "all_gather": "bwd_ms",
+                        "all_to_all": "fwd_ms"}
 #: what each collective prices, in the evaluation's notes
-_COLLECTIVE_USE = {"all_reduce": "data-parallel gradient all-reduce", "reduce_scatter": "row-wise outputs' reduce-scatter"}
+_COLLECTIVE_USE = {"all_reduce": "data-parallel gradient all-reduce", "reduce_scatter": "row-wise outputs' reduce-scatter",
+                   "all_gather": "row-wise gradients' all-gather", "all_to_all": "row-wise ids' all-to-all"}
 
 
 def all_reduce_points(df: pd.DataFrame, collective: str = "all_reduce") -> list[tuple[int, int, float]]:
@@ -447,8 +449,11 @@ def train_cost_model(
         feature_ranges=FeatureRanges.of_training(features(unique_train), [len(s) for s in train.shards], batch_size),
     )
     model = NeuralCostModel(net, normaliser, meta, net_cfg, comm_net, comm_norm)
-    model.all_reduce, all_reduce_evaluation = fit_all_reduce_rows(df, hardware_kind)
-    model.reduce_scatter, reduce_scatter_evaluation = fit_all_reduce_rows(df, hardware_kind, "reduce_scatter")
+    collective_evaluations = []
+    for collective in COLLECTIVE_MS_COLUMN:  # all_reduce, reduce_scatter, all_gather, all_to_all: model attributes
+        line, evaluation = fit_all_reduce_rows(df, hardware_kind, collective)
+        setattr(model, collective, line)
+        collective_evaluations.append(evaluation)
 
     single = {s[0]: c for s, c in zip(samples.shards, samples.costs_ms) if len(s) == 1}
     frames = [evaluate_compute(model, train, test, single_table_ms=single)]
@@ -464,7 +469,7 @@ def train_cost_model(
              **regression_metrics(pred[:, j], meas[:, j]), "note": "per device"}
             for j, k in enumerate(("fwd", "bwd"))
         ]))
-    frames += [all_reduce_evaluation, reduce_scatter_evaluation]
+    frames += collective_evaluations
     evaluation = pd.concat([f for f in frames if not f.empty], ignore_index=True)
     # a unique first column: pipelines flatten the table to `<label>_<column>` metrics
     evaluation.insert(0, "label", [_label(r.method, r.split, r.target) for r in evaluation.itertuples(index=False)])
@@ -474,8 +479,7 @@ def train_cost_model(
         heldout_num_tables=tuple(sizes_out),
         sizes={"train": len(train), "val": len(val), "test": len(test), "size_test": len(size_test),
                "comm_rows": 0 if comm is None else len(comm.layout),
-               "all_reduce_points": 0 if model.all_reduce is None else len(model.all_reduce.points),
-               "reduce_scatter_points": 0 if model.reduce_scatter is None else len(model.reduce_scatter.points)},
+               **{f"{c}_points": len(line.points) if (line := getattr(model, c)) else 0 for c in COLLECTIVE_MS_COLUMN}},
         epochs_run=epochs_run, best_epoch=best_epoch, best_val_loss=best_val, evaluation=evaluation,
         metrics=metrics, train=train, test=test, size_test=size_test, single_table_ms=single, notes=notes,
     )
@@ -530,8 +534,8 @@ def fine_tune_cost_model(model: NeuralCostModel, samples: ComputeSamples, seed: 
         model.meta, info={**model.meta.info, "fine_tuned_shards": len(samples)},
         feature_ranges=model.meta.feature_ranges.union(ranges) if model.meta.feature_ranges else ranges)
     tuned = NeuralCostModel(net, model.normaliser, meta, model.config, model.comm_net, model.comm_normaliser)
-    tuned.all_reduce = model.all_reduce  # measured on the same hardware; fine-tuning touches the kernels only
-    tuned.reduce_scatter = model.reduce_scatter
+    for collective in COLLECTIVE_MS_COLUMN:  # measured on the same hardware; fine-tuning touches the kernels only
+        setattr(tuned, collective, getattr(model, collective))
     measured = held.costs_ms.sum(axis=1)
 
     def mape(m: NeuralCostModel) -> float:

@@ -163,9 +163,9 @@ def _collective_call(op: str, size_bytes: int, world_size: int,
     full = torch.ones(max(world_size, size_bytes // 4 // world_size * world_size), device=device)
     part = torch.ones(full.numel() // world_size, device=device)
     if op == "reduce_scatter":
-        return (lambda: dist.reduce_scatter_tensor(part, full)), (lambda: None)
+        return (lambda: dist.reduce_scatter_single(part, full)), (lambda: None)
     if op == "all_gather":
-        return (lambda: dist.all_gather_into_tensor(full, part)), (lambda: None)
+        return (lambda: dist.all_gather_single(full, part)), (lambda: None)
     if op == "all_to_all":
         received = torch.empty_like(full)
         return (lambda: dist.all_to_all_single(received, full)), (lambda: None)

@@ -55,8 +55,12 @@ from .sampling import (
 DEFAULT_CPU_MEMORY_CAP_BYTES = 1 << 30
 
 
-#: the collectives profiled beside the all-to-all layouts, each at every size of `all_reduce_sizes`
-PROFILED_COLLECTIVES = ("all_reduce", "reduce_scatter")
+#: the collectives profiled beside the all-to-all layouts, each at every size of `all_reduce_sizes`: data-parallel
+#: gradients' all-reduce, row-wise tables' outputs' reduce-scatter, their gradients' all-gather and their ids' even
+#: all-to-all (on 2 gloo processes the reduce-scatter's line priced the other two at 128% and 227% MAPE)
+PROFILED_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+#: where a training step runs each: in forward (its ms in fwd_ms) or backward (bwd_ms)
+FORWARD_COLLECTIVES = ("reduce_scatter", "all_to_all")
 
 
 class ProfileSettings(BaseModel):
@@ -80,9 +84,9 @@ class ProfileSettings(BaseModel):
     protocol: TimingProtocol = TimingProtocol()
     comm_warmup_iters: int = Field(default=3, ge=0)
     comm_iters: int = Field(default=10, ge=1)
-    #: with comm_layouts: fp32 sum all-reduces (a data-parallel table's gradient) and reduce-scatters (row-wise
-    #: tables' outputs) of 4 KiB, 16 KiB, ... up to this many bytes over each device count the layouts span, in the
-    #: layouts' process groups (0: none). 16 MiB: 4 processes on 2 cores all-reduced the 7 sizes 13 times each in
+    #: with comm_layouts: fp32 sum all-reduces (a data-parallel table's gradient) and the row-wise collectives
+    #: (PROFILED_COLLECTIVES) of 4 KiB, 16 KiB, ... up to this many bytes over each device count the layouts span, in
+    #: the layouts' process groups (0: none). 16 MiB: 4 processes on 2 cores all-reduced the 7 sizes 13 times each in
     #: about a second (gloo, 2026-11-27)
     all_reduce_max_bytes: int = Field(default=16 * 2**20, ge=0)
     max_devices: int | None = Field(default=None, ge=2)  # None: GPU count, or max(4, cores) on CPU
@@ -296,7 +300,7 @@ def profile(
     layout_ids = [comm_config_id(w, settings.batch_size, backend, kind) for w in layouts]
     comm_mine = [k for k in range(len(layout_ids)) if k % settings.workers == settings.worker]
     comm_todo = [k for k in comm_mine if (layout_ids[k], 0) not in done]
-    # all-reduces (data-parallel gradients) and reduce-scatters (row-wise outputs) of the same sizes
+    # all-reduces (data-parallel gradients) and the row-wise collectives, of the same sizes
     reduces = [(op, count, size) for count in (comm_device_counts(max_devices) if settings.comm_layouts else [])
                for op in PROFILED_COLLECTIVES for size in all_reduce_sizes(settings.all_reduce_max_bytes)]
     reduce_ids = [collective_config_id(op, size, count, backend, kind) for op, count, size in reduces]
@@ -371,9 +375,8 @@ def _profile_comm(
         sizes = [(op, size, cid) for op, count, size, cid in reduces if count == num_devices]
         # a group cannot be cut: interrupted while spawning, the parent would leave ranks waiting for a peer
         # that never comes (and wait for them at exit); so an interrupt waits for the group, whose rows are kept
-        counts = {op: sum(1 for o, _, _ in sizes if o == op) for op in PROFILED_COLLECTIVES}
-        note = (f"interrupted: waiting for the {len(group)} all-to-all layout(s), {counts['all_reduce']} all-reduce(s) "
-                f"and {counts['reduce_scatter']} reduce-scatter(s) in flight (ranks cannot be cut)")
+        note = (f"interrupted: waiting for the {len(group)} all-to-all layout(s) and {len(sizes)} collective(s) "
+                "(all-reduces, reduce-scatters, all-gathers, even all-to-alls) in flight (ranks cannot be cut)")
         with interrupts_deferred(note) as held:
             try:
                 results, reduced = measure_comm_group(
@@ -404,10 +407,10 @@ def _profile_comm(
 def _collective_row(op: str, num_devices: int, size_bytes: int, config_id: str, samples_ms: Sequence[float],
                     backend: str, common: dict[str, Any], timing: str, measured_at: float) -> dict[str, Any]:
     """The row of one measured collective size: the median of its timed collectives (each from the last rank's start
-    to the last rank's end) where a training step runs it: an all-reduce (a gradient's) as bwd_ms, a reduce-scatter
-    (row-wise outputs') as fwd_ms."""
+    to the last rank's end) where a training step runs it: an all-reduce (a gradient's) or all-gather (row-wise
+    gradients') as bwd_ms, a reduce-scatter (row-wise outputs') or all-to-all (row-wise ids) as fwd_ms."""
     ms = statistics.median(samples_ms)
-    fwd_ms, bwd_ms = (ms, 0.0) if op == "reduce_scatter" else (0.0, ms)
+    fwd_ms, bwd_ms = (ms, 0.0) if op in FORWARD_COLLECTIVES else (0.0, ms)
     return {
         **common, "num_threads": 1, "kind": op, "config_id": config_id, "repeat": 0,
         "fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "raw_fwd_ms": fwd_ms, "raw_bwd_ms": bwd_ms, "measured_at": measured_at,
