@@ -36,18 +36,24 @@ def test_torchrecs_plan_is_valid_and_within_memory(method):
     assert plan.extra["predicted"]["max_cost_ms"] > 0 and plan.extra["planning_time_s"] > 0
 
 
-def test_torchrec_dp_offers_torchrecs_planner_data_parallel_and_reads_its_replicas_back(monkeypatch):
+@pytest.fixture
+def offered(monkeypatch):
+    """The constraints each EmbeddingShardingPlanner was made with, in order."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
-    task = random_task(2, 10, 4, memory_slack=2.0)
-    offered = []
+    constraints = []
     real = EmbeddingShardingPlanner.__init__
 
     def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        offered.append(kwargs["constraints"])
+        constraints.append(kwargs["constraints"])
         real(self, *args, **kwargs)
 
     monkeypatch.setattr(EmbeddingShardingPlanner, "__init__", spy)
+    return constraints
+
+
+def test_torchrec_dp_offers_torchrecs_planner_data_parallel_and_reads_its_replicas_back(offered):
+    task = random_task(2, 10, 4, memory_slack=2.0)
     searcher = make_searcher("torchrec_dp")
     plan = searcher.search(task, None, 0)
     validate_plan(plan, task)
@@ -66,23 +72,13 @@ def test_torchrec_dp_offers_torchrecs_planner_data_parallel_and_reads_its_replic
     assert back.data_parallel == (task.tables[0].name,)
 
 
-def test_torchrec_rw_offers_torchrecs_planner_row_wise_and_reads_its_blocks_back(monkeypatch):
-    from torchrec.distributed.planner import EmbeddingShardingPlanner
-
+def test_torchrec_rw_offers_torchrecs_planner_row_wise_and_reads_its_blocks_back(offered):
     from shardwise.costmodel.data_parallel import AllReduceCost
 
     # one table that alone would set the slowest device: TorchRec's planner splits it by rows
     hot = TableSpec(name="hot", rows=400_000, dim=64, pooling_factor=200.0)
     rest = tuple(TableSpec(name=f"t{i}", rows=20_000, dim=32, pooling_factor=5.0) for i in range(8))
     task = ShardingTask(num_devices=4, device_memory_bytes=2**30, batch_size=4096, tables=(hot, *rest))
-    offered = []
-    real = EmbeddingShardingPlanner.__init__
-
-    def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        offered.append(kwargs["constraints"])
-        real(self, *args, **kwargs)
-
-    monkeypatch.setattr(EmbeddingShardingPlanner, "__init__", spy)
     model = FeatureCostModel()
     plan = make_searcher("torchrec_rw").search(task, model, 0)
     validate_plan(plan, task)
