@@ -9,7 +9,14 @@ from shardwise.costmodel.data_parallel import AllReduceCost
 from shardwise.costmodel.row_wise import row_wise_cost
 from shardwise.search import NeuroShardSearch, Plan, Shard
 from shardwise.search.neuroshard import NeuroShardConfig
-from shardwise.search.plan import PlanError, plan_from_json, plan_memory_bytes, row_block_specs, validate_plan
+from shardwise.search.plan import (
+    PlanError,
+    check_memory_bounds,
+    plan_from_json,
+    plan_memory_bytes,
+    row_block_specs,
+    validate_plan,
+)
 from shardwise.search.report import finish_plan, format_plan
 from shardwise.search.simulator import simulate
 from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
@@ -134,3 +141,18 @@ def test_only_a_table_with_a_large_share_of_the_work_is_tried_row_wise():
     even = TASK.model_copy(update={"tables": tuple(REST)})  # no table stands out
     plan = NeuroShardSearch().search(even, _model(), seed=0)
     assert not plan.row_wise and plan.extra["search"]["row_wise_sets_tried"] == 0
+
+
+def test_a_table_too_big_for_a_device_even_split_by_columns_is_planned_row_wise():
+    huge = TableSpec(name="huge", rows=4_000_000, dim=4, pooling_factor=2.0)  # 4 columns: no column split
+    probe = TASK.model_copy(update={"tables": (huge, *REST)})
+    block = huge.row_block(0, 4)
+    cap = shard_memory_bytes([block, *REST[:3]], probe.batch_size)  # a block and 3 of the 8 others a device
+    task = probe.model_copy(update={"device_memory_bytes": cap})
+    assert shard_memory_bytes([huge], task.batch_size) > cap
+    plan = NeuroShardSearch().search(task, _model(), seed=0)
+    assert "huge" in plan.row_wise
+    validate_plan(plan, task)
+    with pytest.raises(PlanError, match="table 'huge': the table alone needs"):
+        NeuroShardSearch().search(task, _model(None), seed=0)
+    check_memory_bounds(task, column_split=True, row_wise=True)  # the bound knows its blocks fit

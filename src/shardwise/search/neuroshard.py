@@ -16,8 +16,9 @@ Row-wise tables (split by rows over every device, each device looking up its blo
 ids, the partial outputs reduce-scattered) also leave the placement: each device gets a block of each, and the
 collectives' ms (`costmodel.row_wise`). They are for a table that alone sets the slowest device: the costliest tables,
 each at least 3/4 of a device's even share of the predicted work, as prefixes of 1, 2, 4, ... tables on top of the
-best data-parallel set; the best of them roots the beam beside the data-parallel set, so that column splits of the
-same tables compete with them. Only with a cost model that has a measured reduce-scatter.
+best data-parallel set (a table that fits on no device even split by columns is row-wise in every prefix); the best of
+them roots the beam beside the data-parallel set, so that column splits of the same tables compete with them. Only
+with a cost model that has a measured reduce-scatter.
 """
 
 from __future__ import annotations
@@ -286,6 +287,14 @@ class _Placer:
         return results
 
 
+def _too_big_for_columns(task: ShardingTask, table: TableSpec) -> bool:
+    """Whether `table` fits on no device even split by columns into as many 4-aligned slices as there are devices."""
+    pieces = max(1, min(task.num_devices, table.dim // DIM_ALIGNMENT))
+    widest = -(-table.dim // pieces)
+    widest += -widest % DIM_ALIGNMENT
+    return shard_state_bytes(table.with_dim(widest), task) > task.device_memory_bytes
+
+
 def _distinct_pairs(same: np.ndarray, devices: np.ndarray, num_devices: int) -> tuple[np.ndarray, np.ndarray]:
     """The distinct (layout, device) pairs of [R, C] `devices` (row r's layout is `same[r]`): flat positions in
     `devices` of one occurrence of each, and [R, C] which of them each position is."""
@@ -378,25 +387,32 @@ class NeuroShardSearch:
             states += more
         return min(states, key=lambda state: seen[state].cost_ms)
 
+    def _row_wise_possible(self, task: ShardingTask, cost_model: CostModel) -> bool:
+        """Whether row-wise tables are tried: on, on 2 devices or more, with a measured reduce-scatter to price them."""
+        return self.config.row_wise and task.num_devices >= 2 and reduce_scatter_of(cost_model) is not None
+
     def _row_wise_order(self, placer: _Placer, root: SplitState) -> list[int]:
-        """The tables tried row-wise, costliest first: those not data-parallel in `root` whose predicted cost alone
-        is at least ROW_WISE_MIN_SHARE of a device's even share of the work, with a row for every device; at most
-        ROW_WISE_MAX_TABLES. Empty where none are tried."""
+        """The tables tried row-wise: first those that fit on no device even split by columns (every prefix holds
+        them), then the costliest: those not data-parallel in `root` whose predicted cost alone is at least
+        ROW_WISE_MIN_SHARE of a device's even share of the work, with a row for every device; at most
+        ROW_WISE_MAX_TABLES of those. Empty where none are tried."""
         task = placer.task
-        if not self.config.row_wise or task.num_devices < 2 or reduce_scatter_of(placer.model) is None:
+        if not self._row_wise_possible(task, placer.model):
             return []
         placer._fill([(i, 1) for i in range(len(task.tables))])
         alone = {i: placer.piece_cost(i, 1)[0] for i in range(len(task.tables))}
         share = sum(alone.values()) / task.num_devices
-        costly = [i for i, p in enumerate(root) if p != DATA_PARALLEL and task.tables[i].rows >= task.num_devices
-                  and alone[i] >= ROW_WISE_MIN_SHARE * share]
-        return sorted(costly, key=lambda i: -alone[i])[:ROW_WISE_MAX_TABLES]
+        candidates = [i for i, p in enumerate(root) if p != DATA_PARALLEL and task.tables[i].rows >= task.num_devices]
+        forced = [i for i in candidates if _too_big_for_columns(task, task.tables[i])]
+        costly = [i for i in candidates if alone[i] >= ROW_WISE_MIN_SHARE * share and i not in forced]
+        return forced + sorted(costly, key=lambda i: -alone[i])[:ROW_WISE_MAX_TABLES]
 
     def _row_wise_search(self, placer: _Placer, seen: dict[SplitState, _Evaluated], root: SplitState,
                          order: list[int]) -> SplitState:
         """The best of `root` and `root` with a prefix of `order` (1, 2, 4, ... tables) row-wise, each state's
         other tables placed by the greedy grid (a state over memory costs inf)."""
-        counts = [c for c in (1, 2, 4, 8) if c < len(order)] + ([len(order)] if order else [])
+        forced = sum(1 for i in order if _too_big_for_columns(placer.task, placer.task.tables[i]))
+        counts = [c for c in (1, 2, 4, 8) if forced <= c < len(order)] + ([len(order)] if order else [])
         states = []
         for count in counts:
             chosen = set(order[:count])
@@ -414,7 +430,7 @@ class NeuroShardSearch:
 
     def _search(self, task: ShardingTask, cost_model: CostModel, seed: int) -> Plan:
         started = time.perf_counter()
-        check_memory_bounds(task, column_split=True)
+        check_memory_bounds(task, column_split=True, row_wise=self._row_wise_possible(task, cost_model))
         placer = _Placer(task, cost_model, self.config)
         seen: dict[SplitState, _Evaluated] = {}
         # the beam over column splits starts from the best set of data-parallel tables (or none)

@@ -216,11 +216,12 @@ def validate_plan(plan: Plan, task: ShardingTask) -> None:
             )
 
 
-def check_memory_bounds(task: ShardingTask, *, column_split: bool) -> None:
+def check_memory_bounds(task: ShardingTask, *, column_split: bool, row_wise: bool = False) -> None:
     """Raise PlanError saying how much memory is missing when no plan can fit, whatever the search.
 
     Two bounds: all tables together against the total capacity, and the largest unit a method cannot
-    split further (a whole table, or its narrowest slice spread over all devices) against one device."""
+    split further (a whole table, or its narrowest slice spread over all devices, or with `row_wise` its largest
+    block of rows with the outputs for the whole batch, if that is smaller) against one device."""
     cap = task.device_memory_bytes
     total = sum(shard_state_bytes(t, task) for t in task.tables)
     capacity = cap * task.num_devices
@@ -234,8 +235,12 @@ def check_memory_bounds(task: ShardingTask, *, column_split: bool) -> None:
         widest = -(-t.dim // pieces)
         widest += -widest % DIM_ALIGNMENT
         need = shard_state_bytes(t.with_dim(widest), task)
+        block = t.row_block(0, task.num_devices) if row_wise and task.num_devices > 1 else None
+        if block is not None and (block_need := shard_state_bytes(block, task)) < need:
+            need, widest, pieces = block_need, t.dim, 0
         if need > cap:
-            what = f"its widest slice ({widest} of {t.dim} columns)" if pieces > 1 else "the table alone"
+            what = (f"its largest block of rows ({block.rows if block else t.rows} of {t.rows})" if pieces == 0
+                    else f"its widest slice ({widest} of {t.dim} columns)" if pieces > 1 else "the table alone")
             raise PlanError(
                 f"no plan fits: table {t.name!r}: {what} needs {need / GIB:.3f} GiB, over the device cap of "
                 f"{cap / GIB:.3f} GiB by {(need - cap) / GIB:.3f} GiB"
