@@ -412,7 +412,8 @@ class NeuroShardSearch:
         """The best of `root` and `root` with a prefix of `order` (1, 2, 4, ... tables) row-wise, each state's
         other tables placed by the greedy grid (a state over memory costs inf)."""
         forced = sum(1 for i in order if _too_big_for_columns(placer.task, placer.task.tables[i]))
-        counts = [c for c in (1, 2, 4, 8) if forced <= c < len(order)] + ([len(order)] if order else [])
+        counts = sorted({c for c in (forced, 1, 2, 4, 8) if 0 < c < len(order) and c >= forced}
+                        | ({len(order)} if order else set()))
         states = []
         for count in counts:
             chosen = set(order[:count])
