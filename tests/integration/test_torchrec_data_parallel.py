@@ -1,5 +1,5 @@
 """A shardwise plan with a data-parallel table (and one with a row-wise table too) trained in TorchRec's
-DistributedModelParallel (2 gloo processes, CPU): after a few SGD steps the sharded model's weights and outputs are
+DistributedModelParallel (2 gloo processes, CPU; the row-wise one on 4 too): after a few SGD steps the sharded model's weights and outputs are
 the unsharded model's, trained on both ranks' samples. A row-wise table's blocks train through the fused optimizer,
 their partial outputs reduce-scattered. The table-wise and column-wise tables train through the fused optimizer, the data-parallel table through
 DDP's all-reduce and a dense SGD; both average the gradient over the ranks (TorchRec divides the all-to-all's
@@ -43,12 +43,20 @@ PLAN = Plan(
     data_parallel=("t3",),
 )
 # the same with t2 split by rows over both ranks (15 rows each)
+# and on 4 ranks: t2 in blocks of 8, 8, 8 and 6 rows
 PLANS = {
-    "data_parallel": PLAN,
-    "row_wise": PLAN.model_copy(update={"shards": PLAN.shards[:3], "row_wise": ("t2",)}),
+    ("data_parallel", 2): PLAN,
+    ("row_wise", 2): PLAN.model_copy(update={"shards": PLAN.shards[:3], "row_wise": ("t2",)}),
+    ("row_wise", 4): Plan(num_devices=4, method="handmade", row_wise=("t2",), data_parallel=("t3",), shards=(
+        Shard(table="t0", col_offset=0, dim=8, device=3), Shard(table="t1", col_offset=0, dim=8, device=1),
+        Shard(table="t1", col_offset=8, dim=8, device=2))),
 }
 TASK = ShardingTask(num_devices=WORLD_SIZE, device_memory_bytes=2**30, batch_size=BATCH_SIZE * WORLD_SIZE,
                     tables=TABLES)
+
+
+def _task(world_size: int) -> ShardingTask:
+    return TASK.model_copy(update={"num_devices": world_size, "batch_size": BATCH_SIZE * world_size})
 
 
 
@@ -58,7 +66,7 @@ def _loss(pooled: dict[str, torch.Tensor]) -> torch.Tensor:
     return sum((pooled[t.name] * torch.randn(t.dim, generator=g)).sum() for t in TABLES)  # type: ignore[return-value]
 
 
-def _worker(rank: int, port: int, out_dir: str, plan_name: str = "data_parallel") -> None:
+def _worker(rank: int, port: int, out_dir: str, plan_name: str = "data_parallel", world_size: int = WORLD_SIZE) -> None:
     import torch.distributed as dist
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torch.distributed._shard.sharded_tensor import ShardedTensor
@@ -71,7 +79,7 @@ def _worker(rank: int, port: int, out_dir: str, plan_name: str = "data_parallel"
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         configs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name])
                    for t in TABLES]
@@ -84,7 +92,8 @@ def _worker(rank: int, port: int, out_dir: str, plan_name: str = "data_parallel"
         model.add_module("ebc", EmbeddingBagCollection(tables=configs, device=torch.device("meta")))
         sharders = [EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD,
                                                                 "learning_rate": LR})]
-        sharding_plan = to_sharding_plan(PLANS[plan_name], TASK, module_path="ebc", device_type="cpu")
+        sharding_plan = to_sharding_plan(PLANS[plan_name, world_size], _task(world_size), module_path="ebc",
+                                         device_type="cpu")
         dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=sharding_plan, sharders=sharders)
         held, blocks = [], []
         for name, value in dmp.state_dict().items():
@@ -111,7 +120,8 @@ def _worker(rank: int, port: int, out_dir: str, plan_name: str = "data_parallel"
             dense_optimizer.step()
             # the unsharded model on the whole step's samples, every rank's
             reference_optimizer.zero_grad()
-            mean = sum(_loss(reference.ebc(random_kjt(TABLES, BATCH_SIZE, 1000 * step + r)).to_dict()) for r in range(WORLD_SIZE)) / WORLD_SIZE
+            mean = sum(_loss(reference.ebc(random_kjt(TABLES, BATCH_SIZE, 1000 * step + r)).to_dict())
+                       for r in range(world_size)) / world_size
             mean.backward()
             reference_optimizer.step()
 
@@ -132,20 +142,23 @@ def _worker(rank: int, port: int, out_dir: str, plan_name: str = "data_parallel"
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("plan_name", sorted(PLANS))
-def test_a_data_parallel_and_a_row_wise_plan_train_in_dmp_as_the_unsharded_model(tmp_path, monkeypatch, plan_name):
+@pytest.mark.parametrize(("plan_name", "world_size"), sorted(PLANS))
+def test_a_data_parallel_and_a_row_wise_plan_train_in_dmp_as_the_unsharded_model(tmp_path, monkeypatch, plan_name,
+                                                                                 world_size):
     # the spawned workers import this module by its importlib-mode name: they need the repository root on sys.path
     monkeypatch.syspath_prepend(str(Path(__file__).parents[2]))
-    torch.multiprocessing.spawn(_worker, args=(free_port(), str(tmp_path), plan_name), nprocs=WORLD_SIZE, join=True)
-    for rank in range(WORLD_SIZE):
+    torch.multiprocessing.spawn(_worker, args=(free_port(), str(tmp_path), plan_name, world_size), nprocs=world_size,
+                                join=True)
+    for rank in range(world_size):
         result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
         if plan_name == "row_wise":
-            # each rank holds its block of t2's rows, ceil(30 / 2) = 15, trained as the unsharded table's rows
-            assert ("t2", 15 * rank, 15) in result["blocks"]
+            # each rank holds its block of t2's rows, ceil(30 / ranks), trained as the unsharded table's rows
+            size = -(-30 // world_size)
+            lo, rows = size * rank, min(size, 30 - size * rank)
+            assert ("t2", lo, rows) in result["blocks"]
             block = result["local"]["t2"]
-            assert not torch.allclose(block, result["initial"]["t2"][15 * rank : 15 * rank + 15])
-            torch.testing.assert_close(block, result["trained"]["t2"][15 * rank : 15 * rank + 15], rtol=1e-5,
-                                       atol=1e-6)
+            assert not torch.allclose(block, result["initial"]["t2"][lo : lo + rows])
+            torch.testing.assert_close(block, result["trained"]["t2"][lo : lo + rows], rtol=1e-5, atol=1e-6)
         assert result["held"] == ["t3"]  # a replica of the data-parallel table on every rank, nothing else dense
         # training moved the replica, and exactly as the unsharded model's table
         assert not torch.allclose(result["replica"]["t3"], result["initial"]["t3"])
