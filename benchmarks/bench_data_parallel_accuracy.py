@@ -16,7 +16,8 @@ whole batch.
    beside the naive price (the table at the full batch, divided by the devices). And each table's first row block
    over the devices (`TableSpec.row_block`) timed at the model's batch, against the model's price of the block.
 
-    python benchmarks/bench_data_parallel_accuracy.py [--model DIR] [--devices 2 4] [--iters 20]
+    python benchmarks/bench_data_parallel_accuracy.py [--model DIR [--row-scale 0.01] [--skip-collectives]] [--devices 2 4]
+        [--iters 20]
 """
 
 from __future__ import annotations
@@ -46,14 +47,16 @@ def collective_points(devices: list[int], iters: int) -> dict[str, list[tuple[in
     return points
 
 
-def kernel_errors(model_dir: str, num_tables: int, devices: int, seed: int) -> tuple[float, float, float]:
-    """MAPE (%) of the local-batch price and of the naive full-batch / devices price, on `num_tables` tables, and of
-    the price of their first row blocks over `devices` at the model's batch."""
+def kernel_errors(model_dir: str, num_tables: int, devices: int, seed: int,
+                  row_scale: float) -> tuple[float, float, float, float]:
+    """MAPE (%) of the local-batch price and of the naive full-batch / devices price, on `num_tables` tables, of the
+    price of their first row blocks over `devices` at the model's batch, and of the whole tables' at it (the model's
+    own error on these tables, what the other three compare with)."""
     from shardwise.costmodel import NeuralCostModel
     from shardwise.workload import synthesize_tables
 
     model = NeuralCostModel.load(model_dir)
-    tables = synthesize_tables(num_tables, seed=seed, progress=False).tables
+    tables = synthesize_tables(num_tables, seed=seed, row_scale=row_scale, progress=False).tables
     settings = MeasurementSettings(reference_ms=model.reference_ms, batch_size=model.batch_size)
     device, protocol = resolve_timing(settings)
     local_batch = -(-model.batch_size // devices)
@@ -67,9 +70,14 @@ def kernel_errors(model_dir: str, num_tables: int, devices: int, seed: int) -> t
         (lambda t: t.fwd_ms + t.bwd_ms)(measure_shard([b], model.batch_size, device=device, protocol=protocol))
         for b in blocks])
     block_price = model.predict_compute([[b] for b in blocks]).sum(axis=1)
+    whole_ms = np.array([
+        (lambda t: t.fwd_ms + t.bwd_ms)(measure_shard([t], model.batch_size, device=device, protocol=protocol))
+        for t in tables])
+    whole = model.predict_compute([[t] for t in tables]).sum(axis=1)
     return (float(np.mean(np.abs(local - measured) / measured) * 100),
             float(np.mean(np.abs(naive - measured) / measured) * 100),
-            float(np.mean(np.abs(block_price - block_ms) / block_ms) * 100))
+            float(np.mean(np.abs(block_price - block_ms) / block_ms) * 100),
+            float(np.mean(np.abs(whole - whole_ms) / whole_ms) * 100))
 
 
 def mape_by_count(errors: list[tuple[int, int, float, float]], devices: list[int]) -> str:
@@ -86,10 +94,13 @@ def main() -> None:
     parser.add_argument("--model", help="a saved cost model directory: also price tables' kernels at the local batch")
     parser.add_argument("--tables", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--row-scale", type=float, default=0.01, help="scale of the synthetic tables' rows (as "
+                        "bench_plan_quality's; 1.0 is far outside a CPU-profiled model's tables)")
+    parser.add_argument("--skip-collectives", action="store_true", help="with --model: the kernels only")
     args = parser.parse_args()
 
-    measured = collective_points(args.devices, args.iters)
-    for op in COLLECTIVES:  # the collectives `pretrain` fits a line to
+    measured = {op: [] for op in COLLECTIVES} if args.skip_collectives else collective_points(args.devices, args.iters)
+    for op in COLLECTIVES if measured["all_reduce"] else ():  # the collectives `pretrain` fits a line to
         points = measured[op]
         for count, size, ms in points:
             print(f"{op} {count} devices {size / 2**20:8.3f} MiB: {ms:8.3f} ms")
@@ -103,15 +114,16 @@ def main() -> None:
         for label, per_count in (("per device count", True), ("one line over every count", False)):
             errors = heldout_all_reduce_errors(points, per_device_count=per_count, collective=op)
             print(f"{op} held-out MAPE, {label}: {mape_by_count(errors, args.devices)}")
-    scatter = fit_all_reduce(measured["reduce_scatter"], collective="reduce_scatter")
-    for op in ("all_gather", "all_to_all"):  # a model profiled without them prices them so (costmodel/row_wise.py)
+    for op in ("all_gather", "all_to_all") if measured["all_reduce"] else ():  # how a model without them prices them
+        scatter = fit_all_reduce(measured["reduce_scatter"], collective="reduce_scatter")
         errors = [(d, b, ms, float(scatter.predict_ms(b, d))) for d, b, ms in measured[op]]
         print(f"{op} priced by the reduce-scatter lines, MAPE: {mape_by_count(errors, args.devices)}")
     if args.model:
         for count in args.devices:
-            local, naive, block = kernel_errors(args.model, args.tables, count, args.seed)
-            print(f"kernel at the local batch, {count} devices, {args.tables} tables: MAPE {local:.1f}% "
-                  f"(full batch / devices: {naive:.1f}%); a row block of 1/{count} at the batch: MAPE {block:.1f}%")
+            local, naive, block, whole = kernel_errors(args.model, args.tables, count, args.seed, args.row_scale)
+            print(f"kernel at the local batch, {count} devices, {args.tables} tables (row scale {args.row_scale}): MAPE "
+                  f"{local:.1f}% (full batch / devices: {naive:.1f}%); a row block of 1/{count} at the batch: MAPE "
+                  f"{block:.1f}%; the whole tables at the batch: MAPE {whole:.1f}%")
 
 
 if __name__ == "__main__":
