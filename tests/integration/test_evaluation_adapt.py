@@ -56,14 +56,17 @@ def test_adaptation_times_the_tasks_tables_within_its_budget_and_learns_them(her
     assert record.fine_tune.heldout_mape_after_pct < record.fine_tune.heldout_mape_before_pct
     assert tuned.outside_training(TASK.tables, tuned.batch_size) is None  # it has seen them now
     line = record.line()
-    assert line.startswith(f"adapted on this machine in {record.seconds:.0f} s: 8 tables alone and {record.groups} "
-                           "fused groups timed, error on ") and "the adapted model plans" in line
+    halves = f", {record.halves} column halves alone" if record.halves else ""
+    assert line.startswith(f"adapted on this machine in {record.seconds:.0f} s: 8 tables alone{halves} and "
+                           f"{record.groups} fused groups timed, error on ") and "the adapted model plans" in line
 
     rows = load_costs(tmp_path / "costs")
-    assert len(rows) == record.singles + record.groups and set(rows["provenance"]) == {"adapt"}
+    assert len(rows) == record.singles + record.halves + record.groups and set(rows["provenance"]) == {"adapt"}
     assert set(rows["batch_size"]) == {here.batch_size} and set(rows["hardware_kind"]) == {here.hardware_kind}
-    alone = [json.loads(t) for t in rows["tables_json"] if len(json.loads(t)) == 1]
-    assert sorted(t[0]["name"] for t in alone) == sorted(t.name for t in TASK.tables)
+    alone = [json.loads(t)[0] for t in rows["tables_json"] if len(json.loads(t)) == 1]
+    assert sorted(t["name"] for t in alone if t["dim"] == 128) == sorted(t.name for t in TASK.tables)
+    # the column halves of the costliest tables alone (the tables a plan splits), at most one per device
+    assert len([t for t in alone if t["dim"] == 64]) == record.halves <= TASK.num_devices
 
 
 def test_a_model_for_other_hardware_is_not_adapted_here():

@@ -220,3 +220,86 @@ def test_plans_measured_as_refinement_measures_its_starts():
     small = task.model_copy(update={"device_memory_bytes": 8 * 2**20})  # one heavy table a device
     with pytest.raises(ValueError, match="over its cap"):
         measure_side_by_side(small, [bad], FeatureCostModel(), MEASUREMENT)
+
+
+def _hot_task() -> ShardingTask:
+    """One table far costlier than the rest (pooling 200), and light ones: wherever it goes its device is slowest."""
+    hot = TableSpec(name="hot", rows=20_000, dim=64, pooling_factor=200.0)
+    light = [TableSpec(name=f"l{i}", rows=500, dim=16, pooling_factor=1.0) for i in range(4)]
+    return ShardingTask(num_devices=3, device_memory_bytes=2**30, batch_size=1024, tables=(hot, *light))
+
+
+def _hot_alone() -> Plan:
+    return Plan(num_devices=3, method="searched", shards=(
+        Shard(table="hot", col_offset=0, dim=64, device=0),
+        *(Shard(table=f"l{i}", col_offset=0, dim=16, device=1 + i % 2) for i in range(4)),
+    ))
+
+
+def _hot_split(table: str, pieces: int) -> Plan:
+    """What a search would return with `table` split (the test's stand-in for search_resplit)."""
+    assert (table, pieces) == ("hot", 2)
+    return Plan(num_devices=3, method="searched", shards=(
+        Shard(table="hot", col_offset=0, dim=32, device=0), Shard(table="hot", col_offset=32, dim=32, device=1),
+        *(Shard(table=f"l{i}", col_offset=0, dim=16, device=2) for i in range(4)),
+    ))
+
+
+class _FlatModel(FeatureCostModel):
+    """Every table costs the same: the hot table looks no costlier than a light one."""
+
+    def table_embeddings(self, tables):
+        return np.ones((len(tables), 3))
+
+
+def test_the_table_holding_the_slowest_device_up_is_found_from_predictions_or_measurements():
+    """A shard whose cost (the model's, scaled by its device's measured / predicted) is above the devices' mean
+    kernel ms holds its device up wherever it goes: its table is to be split in twice its slices, where aligned
+    slices and devices allow."""
+    from shardwise.evaluation.refine import _holding_up, _Layout, _Refiner
+
+    task = _hot_task()
+    layout = _Layout(list(_hot_alone().shards))
+    refiner = _Refiner(task, FeatureCostModel(), MEASUREMENT, progress=False, dataset=None, comm=None)
+    predicted = list(refiner.predicted([layout.on(d) for d in range(3)]))
+    assert _holding_up(refiner, layout, predicted, 0) == ("hot", 2)  # by the model alone
+    assert _holding_up(refiner, layout, predicted, 1) is None  # light tables hold no device up
+    flat = _Refiner(task, _FlatModel(), MEASUREMENT, progress=False, dataset=None, comm=None)
+    flat_predicted = list(flat.predicted([layout.on(d) for d in range(3)]))
+    assert _holding_up(flat, layout, flat_predicted, 0) is None  # the model sees no hot table
+    assert _holding_up(flat, layout, [10.0, 2.0, 2.0], 0) == ("hot", 2)  # the measurements do
+    halves = _Layout(list(_hot_split("hot", 2).shards))
+    assert _holding_up(refiner, halves, [10.0, 10.0, 1.0], 0) is None  # 4 slices of it would need 4 devices
+
+
+@pytest.mark.slow
+def test_a_table_holding_the_slowest_device_up_is_tried_split(fixed_all_to_all):
+    """The searched plan has the hot table alone on a device: the plan with it split (from `resplit`) is one more
+    start where the model sees it, and a paired trial after the first measurements where only they do; either
+    way, what is returned is the plan measured fastest, within memory."""
+    task = _hot_task()
+    asked = []
+
+    def resplit(table, pieces):
+        asked.append((table, pieces))
+        return _hot_split(table, pieces)
+
+    refined, record = refine_plan(task, _hot_alone(), FeatureCostModel(), MEASUREMENT, rounds=1, progress=False,
+                                  resplit=resplit)
+    validate_plan(refined, task)
+    assert asked == [("hot", 2)] and set(record.starts) == {"searched", "searched with hot in 2"}, record.table()
+    assert record.start == min(record.starts, key=record.starts.get)
+
+    asked.clear()
+    refined, record = refine_plan(task, _hot_alone(), _FlatModel(), MEASUREMENT, rounds=1, progress=False,
+                                  resplit=resplit)
+    validate_plan(refined, task)
+    assert set(record.starts) == {"searched"} and asked == [("hot", 2)], record.table()
+    trial = record.rounds[0]
+    assert trial.change == "hot split into 2 column slices, the other tables searched around them"
+    assert trial.kept == (trial.after_ms < trial.measured_max_ms)
+    split = {s.dim for s in refined.shards if s.table == "hot"} == {32}
+    if trial.kept:  # the split stays unless the final paired check measured the start faster again
+        assert split or "was faster than the refined one" in record.stopped, record.table()
+    else:
+        assert not split

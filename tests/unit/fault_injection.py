@@ -19,6 +19,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service_processes import MlflowProcess
 
 #: `shardwise` in a child process (the console script may not be on PATH)
 CLI = [sys.executable, "-c", "import sys; from shardwise.cli import main; sys.exit(main(sys.argv[1:]))"]
@@ -171,15 +175,20 @@ def _s3_rows(prefix: str, env: dict[str, str]):  # noqa: ANN202 - a DataFrame; p
 HARDWARE_KIND = "cpu-fault"
 
 
-def _cost_data(tmp: Path) -> Path:
+def _kind(tmp: Path) -> str:
+    """A hardware kind of this try's own, for a registry that tries share (its models' and policies' names)."""
+    return f"{HARDWARE_KIND}-{re.sub('[^a-z0-9]+', '-', tmp.name.lower())}"[:60]
+
+
+def _cost_data(tmp: Path, kind: str = HARDWARE_KIND) -> Path:
     """A small cost dataset with the real columns (the synthetic law of costmodel_synthetic) for this fault's kind."""
     import pandas as pd
     from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
 
     from shardwise.profiling.dataset import write_part
 
-    frame = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0, hardware_kind=HARDWARE_KIND),
-                       comm_rows(10, 0, hardware_kind=HARDWARE_KIND)], ignore_index=True)
+    frame = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0, hardware_kind=kind),
+                       comm_rows(10, 0, hardware_kind=kind)], ignore_index=True)
     path = tmp / "costs"
     write_part(path, frame.astype(object).where(frame.notna(), None).to_dict("records"))
     return path
@@ -187,7 +196,7 @@ def _cost_data(tmp: Path) -> Path:
 
 def _verb_argv(verb: str, tmp: Path, data: Path, url: str, seed: int) -> list[str]:
     if verb == "pretrain":
-        return [*CLI, "pretrain", "--data", str(data), "--out", str(tmp / f"model-{seed}"), "--epochs", "8",
+        return [*CLI, "pretrain", "--data", str(data), "--out", str(tmp / f"model-{seed}"), "--epochs", "2",
                 "--seed", str(seed), "--tracking-uri", url]
     return [*CLI, "train-policy", "--method", "dreamshard", "--model", str(tmp / "model-0"), "--tables",
             str(_tables_file(tmp)), "--out",
@@ -214,9 +223,12 @@ def _versions(db: Path, name: str) -> int:
         return -1
 
 
-def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: float = 0.0) -> FaultOutcome:
+def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: float = 0.0,
+                               server: MlflowProcess | None = None) -> FaultOutcome:
     """The MLflow tracking server SIGKILLed `delay_s` after `verb`'s new model version appears in its store (the
     gate runs then: the champion's comparison, the alias, the evidence), started again, and `verb` rerun.
+    `server`: a registry shared between tries (each registers under a hardware kind of its own, and leaves it
+    running); by default one is started for this try and stopped after.
 
     Wrong champions: after the kill, an alias that moved off the champion before it, or points at a version without
     the gate's evidence or whose files do not load; after the rerun, the same, or no alias on the new version."""
@@ -231,13 +243,16 @@ def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: fl
     )
 
     tmp.mkdir(parents=True, exist_ok=True)
-    name = cost_model_name(HARDWARE_KIND) if verb == "pretrain" else policy_name("dreamshard", HARDWARE_KIND)
-    server = MlflowProcess(tmp / "server")
-    (tmp / "server").mkdir(exist_ok=True)
-    url = server.start()
+    kind = _kind(tmp) if server else HARDWARE_KIND
+    name = cost_model_name(kind) if verb == "pretrain" else policy_name("dreamshard", kind)
+    own = server is None
+    if server is None:
+        (tmp / "server").mkdir(exist_ok=True)
+        server = MlflowProcess(tmp / "server")
+    url = server.start() if server.proc is None else server.url
     outcome = FaultOutcome(f"tracking server killed during {verb} registration")
     try:
-        data = _cost_data(tmp)
+        data = _cost_data(tmp, kind)
         env = {**os.environ, "SHARDWISE_CACHE": str(tmp / "cache")}
         if verb == "train-policy":  # the cost model it trains against
             subprocess.run([*_verb_argv("pretrain", tmp, data, url, 0), "--no-register"], env=env, check=True,
@@ -261,12 +276,21 @@ def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: fl
         server.kill()
         killed_at = time.monotonic()
         _, stderr = proc.communicate(timeout=600)
-        outcome.seconds_to_error = time.monotonic() - killed_at if killed else None
-        outcome.error = _error_line(stderr)
+        failed = proc.returncode != 0
+        outcome.seconds_to_error = time.monotonic() - killed_at if killed and failed else None
+        outcome.error = _error_line(stderr) if failed else ""
         outcome.notes.update(first_exit=proc.returncode, killed_while_running=killed)
 
         server.start()  # the service comes back with its store
         _, aliases, tags = _registry(server.db, name)
+        if killed and not failed:
+            # the process was still up, but its registration had ended before the kill reached it: that is only
+            # right where the new version is whole (the gate's decision on it and its alias moved), else the
+            # fault was swallowed and the run exited 0 on a half-done registration
+            new = str(before_versions + 1)
+            decision = tags.get(new, {}).get("gate.decision")
+            outcome.notes["registered_before_the_kill"] = decision is not None and aliases.get(decision) == new
+            outcome.wrong_champions += not outcome.notes["registered_before_the_kill"]
         outcome.wrong_champions += _half_logged_aliases(aliases, tags)
         outcome.wrong_champions += aliases.get(CHAMPION) not in (champion_before, str(before_versions + 1))
         outcome.notes["champion_after_kill"] = aliases.get(CHAMPION)
@@ -290,7 +314,8 @@ def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: fl
             outcome.notes["champion_load"] = str(err)[:300]
         return outcome
     finally:
-        server.kill()
+        if own:
+            server.kill()
 
 
 def _half_logged_aliases(aliases: dict[str, str], tags: dict[str, dict[str, str]]) -> int:
@@ -304,11 +329,11 @@ def _half_logged_aliases(aliases: dict[str, str], tags: dict[str, dict[str, str]
 #: one registering run: log a policy with a known validation cost; the gate's comparison with the champion (in
 #: train-policy: planning the validation tasks with it) takes `compare_s` and finds the champion's own cost
 _REGISTER = """
-import sys, time
+import os, sys, time
 from pathlib import Path
 from mlflow import MlflowClient
 from shardwise.integrations.mlflow import MlflowService
-url, policy, kind, cost, start_at, compare_s = sys.argv[1:7]
+url, policy, kind, cost, go, offset_s, compare_s = sys.argv[1:8]
 client = MlflowClient(url)
 
 def champion_value(uri):
@@ -316,7 +341,10 @@ def champion_value(uri):
     time.sleep(float(compare_s))
     return float(client.get_model_version(name, version).tags["gate.value"])
 
-time.sleep(max(0.0, float(start_at) - time.time()))
+Path(go + f".ready-{os.getpid()}").touch()  # past its imports: the test sets the start time once both are
+while not Path(go).exists():
+    time.sleep(0.005)
+time.sleep(max(0.0, float(Path(go).read_text()) + float(offset_s) - time.time()))
 promotion = MlflowService(url).log_policy(Path(policy), method="dreamshard", hardware_kind=kind, history=[],
                                           params={}, validation_cost=float(cost), champion_value=champion_value).promotion
 print(promotion.version, promotion.alias, promotion.reason)
@@ -333,30 +361,39 @@ def _policy_dir(root: Path) -> Path:
 
 
 def concurrent_registration(tmp: Path, *, costs: tuple[float, float] = (5.0, 3.0),
-                            offsets_s: tuple[float, float] = (0.0, 0.0), compare_s: float = 1.0) -> FaultOutcome:
+                            offsets_s: tuple[float, float] = (0.0, 0.0), compare_s: float = 1.0,
+                            server: MlflowProcess | None = None) -> FaultOutcome:
     """Two processes register a policy to one registry (champion: cost 10) at once, the second `offsets_s` apart;
     lower cost is better. Wrong champions: the champion afterwards is not the lowest cost, or any alias points
-    at a version without the gate's decision for it."""
+    at a version without the gate's decision for it. `server`: a running registry to share between tries (each
+    try registers its own policy name there); by default one is started for this try and stopped after."""
     from service_processes import MlflowProcess
 
     from shardwise.integrations.mlflow import CHAMPION, MlflowService, policy_name
 
     tmp.mkdir(parents=True, exist_ok=True)
-    kind = HARDWARE_KIND
+    kind = _kind(tmp) if server else HARDWARE_KIND
     name = policy_name("dreamshard", kind)
-    (tmp / "server").mkdir(exist_ok=True)
-    server = MlflowProcess(tmp / "server")
-    url = server.start()
+    own = server is None
+    if server is None:
+        (tmp / "server").mkdir(exist_ok=True)
+        server = MlflowProcess(tmp / "server")
+        server.start()
+    url = server.url
     outcome = FaultOutcome("two runs registering to one registry at once")
     try:
         policy = _policy_dir(tmp / "policy")
         MlflowService(url).log_policy(policy, method="dreamshard", hardware_kind=kind, history=[], params={},
                                       validation_cost=10.0)
-        start_at = time.time() + 20  # both past their imports, then at once
-        procs = [subprocess.Popen([sys.executable, "-c", _REGISTER, url, str(policy), kind, str(cost),
-                                   str(start_at + offset), str(compare_s)],
+        go = tmp / "go"  # holds the start time, written once both runs are past their imports
+        procs = [subprocess.Popen([sys.executable, "-c", _REGISTER, url, str(policy), kind, str(cost), str(go),
+                                   str(offset), str(compare_s)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for cost, offset in zip(costs, offsets_s, strict=True)]
+        ready = [Path(f"{go}.ready-{p.pid}") for p in procs]
+        _wait_for(lambda: all(r.exists() for r in ready) or any(p.poll() is not None for p in procs), 600, 0.01)
+        go.with_suffix(".tmp").write_text(str(time.time() + 0.2))
+        go.with_suffix(".tmp").rename(go)  # whole when a run reads it
         results = [p.communicate(timeout=600) for p in procs]
         outcome.notes["runs"] = [(p.returncode, out.strip() or _error_line(err)) for p, (out, err) in
                                  zip(procs, results, strict=True)]
@@ -369,7 +406,8 @@ def concurrent_registration(tmp: Path, *, costs: tuple[float, float] = (5.0, 3.0
         outcome.wrong_champions += _half_logged_aliases(aliases, tags)
         return outcome
     finally:
-        server.kill()
+        if own:
+            server.kill()
 
 
 # -- a process SIGKILLed while it makes a new embedded MLflow store ----------------------------------------------
@@ -379,7 +417,7 @@ def concurrent_registration(tmp: Path, *, costs: tuple[float, float] = (5.0, 3.0
 #: is recorded as done: where a SIGKILLed step was found to leave a store no later run could open. It writes the
 #: marker file and waits there to be killed.
 _STALLED_CREATION = """
-import sys, time
+import os, sys, time
 from pathlib import Path
 from alembic.operations import Operations
 create_table = Operations.create_table
@@ -445,7 +483,7 @@ def store_creation_killed(tmp: Path) -> FaultOutcome:
 
 #: the smoke preset, smaller still: the fault is in the steps' order, not their sizes
 PIPELINE_ARGS = ["--preset", "smoke", "--num-tables", "40", "--task-num-tables", "8", "--profile-num-shards", "16",
-                 "--profile-holdout-shards", "6", "--profile-comm-layouts", "2", "--pretrain-epochs", "10",
+                 "--profile-holdout-shards", "6", "--profile-comm-layouts", "2", "--pretrain-epochs", "3",
                  "--validate-iters", "0", "--refine-rounds", "0", "--policy-tasks", "2", "--policy-episodes", "2"]
 _EXECUTING = re.compile(r"Executing task .?\[?\d*m?'([\w-]+)'")
 _FINISHED = re.compile(r"Task .?\[?\d*m?'([\w-]+)'.*finished with status .?\[?\d*m?SUCCESS")

@@ -35,3 +35,16 @@ def test_nothing_timed_is_more_than_one_device_holds():
     tight = ShardingTask(num_devices=3, device_memory_bytes=shard_memory_bytes(narrow[:1], BATCH), batch_size=BATCH,
                          tables=narrow)
     assert list(adaptation_shards(tight, 0, BATCH)) == [[t] for t in narrow]  # no pair fits: sampling stops
+
+
+def test_the_costliest_tables_column_halves_are_timed_alone_after_the_tables():
+    task = _task(2**30)
+    # as timed alone: t20 (pooling 100) far above the rest, t21 above half a device's even share, the rest below
+    alone_ms = {t.name: 1.0 for t in task.tables} | {"t20": 22.0, "t21": 14.0}
+    shards = list(itertools.islice(adaptation_shards(task, 0, BATCH, alone_ms), 40))
+    assert [s[0].name for s in shards[:26]] == [t.name for t in task.tables]
+    # a device's even share is (24 + 22 + 14) / 4 = 15 ms: the tables costlier than half of it, costliest first
+    assert shards[26:28] == [[task.table("t20").with_dim(64)], [task.table("t21").with_dim(64)]]
+    assert all(len(s) > 1 for s in shards[28:])  # then the fused groups, as before
+    without = list(itertools.islice(adaptation_shards(task, 0, BATCH), 40))
+    assert without[:26] == shards[:26] and without[26:38] == shards[28:40]  # the same groups, as seeded

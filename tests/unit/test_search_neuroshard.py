@@ -104,6 +104,23 @@ def test_column_splits_happen_when_they_pay_off():
     assert plan.extra["predicted"]["max_cost_ms"] < no_split.extra["predicted"]["max_cost_ms"]
 
 
+def test_a_split_asked_for_is_planned_around_and_memory_still_holds():
+    # refinement asks for a table split where the measured slowest device is held up by it (evaluation.refine)
+    task = random_task(0, 8, 4)
+    name = task.tables[0].name
+    plan = NeuroShardSearch(NeuroShardConfig(split=((name, 2),))).search(task, FeatureCostModel(), 0)
+    validate_plan(plan, task)
+    pieces = [s for s in plan.shards if s.table == name]
+    assert len(pieces) >= 2 and len({s.device for s in pieces}) == len(pieces)
+    options = plan.extra["provenance"]["options"]
+    assert plan.extra["search"]["split_tables"][name] >= 2 and [list(x) for x in options["split"]] == [[name, 2]]
+    assert "split" not in NeuroShardSearch().search(task, FeatureCostModel(), 0).extra["provenance"]["options"]
+    with pytest.raises(PlanError, match="split 'nope': the task has no such table"):
+        NeuroShardSearch(NeuroShardConfig(split=(("nope", 2),))).search(task, FeatureCostModel(), 0)
+    with pytest.raises(PlanError, match=f"split '{name}' into 8: pieces must be a power of two up to the 4 devices"):
+        NeuroShardSearch(NeuroShardConfig(split=((name, 8),))).search(task, FeatureCostModel(), 0)
+
+
 def test_100_tables_on_8_devices_plans_in_under_2_seconds():
     task = random_task(1, 100, 8)
     started = time.perf_counter()

@@ -156,3 +156,12 @@ def test_a_table_too_big_for_a_device_even_split_by_columns_is_planned_row_wise(
     with pytest.raises(PlanError, match="table 'huge': the table alone needs"):
         NeuroShardSearch().search(task, _model(None), seed=0)
     check_memory_bounds(task, column_split=True, row_wise=True)  # the bound knows its blocks fit
+
+
+def test_refinements_resplit_plans_keep_every_table_in_shards():
+    from shardwise.evaluation.refine import search_resplit
+
+    resplit = search_resplit(NeuroShardSearch(), TASK, _model(), seed=0)
+    assert resplit is not None and NeuroShardSearch().search(TASK, _model(), seed=0).row_wise  # the search would
+    plan = resplit("t0", 2)
+    assert plan is not None and not plan.row_wise and {s.table for s in plan.shards} == {t.name for t in TASK.tables}

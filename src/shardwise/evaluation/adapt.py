@@ -1,6 +1,12 @@
-"""Adaptation on the user's hardware: time a task's own tables here (each alone, then sampled fused groups, some
-with a table's column half, as plans lay them out) within a time budget, and fine-tune the cost model on them, so
-that a model profiled on other tables plans this task from its own kernels' costs.
+"""Adaptation on the user's hardware: time a task's own tables here (each alone, then the column halves of the
+costliest alone, then sampled fused groups, some with a table's column half, as plans lay them out) within a time
+budget, and fine-tune the cost model on them, so that a model profiled on other tables plans this task from its own
+kernels' costs.
+
+The halves alone are what a plan's column split is decided on: a table that holds a device up alone is split when
+its halves cost much less than it. On a CPU a kernel's cost is mostly its lookups, not its width (the DCNv2 table
+of pooling 100 timed 22 ms whole and 18 ms as a half, 2 cores); seen only in fused groups, a half was predicted
+19.4 ms against 21.2 whole after adaptation, and no plan split it (issue 36).
 
 `shardwise plan --adapt SECONDS` and `ShardwisePlanner(..., adapt=SECONDS)` call `adapt_cost_model`; with a cost
 dataset, every shard it times is appended there with provenance "adapt", so the next pre-training learns it.
@@ -10,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +39,9 @@ MEASURE_SHARE = 0.9
 HALF_CHANCE = 0.25
 #: groups drawn in a row that fit no device as pairs before sampling stops (memory too tight for any two tables)
 MAX_MISSES = 100
+#: a table costlier alone than this share of a device's even share of all the tables alone has its column half
+#: timed alone too (a table that costly is the one a plan splits to balance the devices)
+HALVED_SHARE = 0.5
 
 
 class AdaptError(ShardwiseError):
@@ -48,6 +57,7 @@ class AdaptRecord:
     groups: int  #: sampled fused groups timed
     fine_tune: FineTuneReport
     dataset: str | None = None
+    halves: int = 0  #: column halves of the costliest tables timed alone
 
     @property
     def kept(self) -> bool:
@@ -59,8 +69,9 @@ class AdaptRecord:
         tune = self.fine_tune
         outcome = "the adapted model plans" if self.kept else "no better: the model as it was plans"
         stored = f"; rows appended to {self.dataset} (provenance adapt)" if self.dataset else ""
-        return (f"adapted on this machine in {self.seconds:.0f} s: {self.singles} tables alone and {self.groups} "
-                f"fused groups timed, error on {tune.heldout_shards} of them left out "
+        halves = f", {self.halves} column halves alone" if self.halves else ""
+        return (f"adapted on this machine in {self.seconds:.0f} s: {self.singles} tables alone{halves} and "
+                f"{self.groups} fused groups timed, error on {tune.heldout_shards} of them left out "
                 f"{_pct(tune.heldout_mape_before_pct)} -> {_pct(tune.heldout_mape_after_pct)}, {outcome}{stored}")
 
 
@@ -90,11 +101,14 @@ def _half(table: TableSpec) -> TableSpec | None:
     return table.with_dim(half) if half >= min(DIMS) and half % min(DIMS) == 0 else None
 
 
-def adaptation_shards(task: ShardingTask, seed: int, batch_size: int) -> Iterator[list[TableSpec]]:
+def adaptation_shards(task: ShardingTask, seed: int, batch_size: int,
+                      alone_ms: Mapping[str, float] | None = None) -> Iterator[list[TableSpec]]:
     """The shards adaptation times, in order: each table alone (halved until it fits a device, as a plan would
-    split it), then random fused groups of 2 up to a device's share of the tables and two more, a table sometimes
-    as its column half; only what fits one device's memory at `batch_size` (no plan puts more there, and timing it
-    would allocate it); endless (the budget stops it)."""
+    split it); with `alone_ms` (each table's measured ms alone, by name, filled by the caller as it times them),
+    the column half alone of each table costlier than `HALVED_SHARE` of a device's even share of them, costliest
+    first, at most one per device; then random fused groups of 2 up to a device's share of the tables and two
+    more, a table sometimes as its column half; only what fits one device's memory at `batch_size` (no plan puts
+    more there, and timing it would allocate it); endless (the budget stops it)."""
 
     def fits(shard: list[TableSpec]) -> bool:
         return shard_memory_bytes(shard, batch_size, task.optimizer, task.weights_precision) <= task.device_memory_bytes
@@ -107,6 +121,8 @@ def adaptation_shards(task: ShardingTask, seed: int, batch_size: int) -> Iterato
         if part is not None:
             tables.append(part)
             yield [part]
+    if alone_ms is not None:
+        yield from ([half] for half in _costliest_halves(tables, alone_ms, task.num_devices))
     if len(tables) < 2:
         return
     rng = np.random.default_rng(seed)
@@ -123,6 +139,18 @@ def adaptation_shards(task: ShardingTask, seed: int, batch_size: int) -> Iterato
             yield shard
         else:
             misses += 1
+
+
+def _costliest_halves(tables: Sequence[TableSpec], alone_ms: Mapping[str, float],
+                      num_devices: int) -> list[TableSpec]:
+    """The column halves of the tables (as timed alone) costlier alone than `HALVED_SHARE` of a device's even
+    share of all of them, costliest first, at most `num_devices` (those without an aligned half left out)."""
+    timed = [t for t in tables if t.name in alone_ms]
+    if num_devices < 2 or not timed:
+        return []
+    bar = HALVED_SHARE * sum(alone_ms[t.name] for t in timed) / num_devices
+    costly = sorted((t for t in timed if alone_ms[t.name] > bar), key=lambda t: -alone_ms[t.name])
+    return [half for half in map(_half, costly) if half is not None][:num_devices]
 
 
 def adapt_cost_model(task: ShardingTask, model: NeuralCostModel, budget_s: float, *, seed: int = 0,
@@ -145,11 +173,14 @@ def adapt_cost_model(task: ShardingTask, model: NeuralCostModel, budget_s: float
     costs: list[tuple[float, float]] = []
     rows = []
     stop = start + MEASURE_SHARE * budget_s
-    for tables in adaptation_shards(task, seed, batch):
+    alone_ms: dict[str, float] = {}  # each table's ms alone, as timed: which halves are timed alone too
+    for tables in adaptation_shards(task, seed, batch, alone_ms):
         if time.perf_counter() >= stop:
             break
         timing = measure_shard(tables, batch, device=device, protocol=protocol, optimizer=task.optimizer,
                                weights_precision=task.weights_precision)
+        if len(shards) < len(task.tables):
+            alone_ms.setdefault(tables[0].name, timing.fwd_ms + timing.bwd_ms)
         shards.append(tables)
         costs.append((timing.fwd_ms, timing.bwd_ms))
         config = shard_config_id(tables, batch, task.optimizer, task.weights_precision, common["hardware_kind"])
@@ -166,6 +197,8 @@ def adapt_cost_model(task: ShardingTask, model: NeuralCostModel, budget_s: float
     tuned, report = fine_tune_cost_model(model, samples, seed,
                                          time_budget_s=max(1.0, budget_s - (time.perf_counter() - start)))
     singles = sum(len(s) == 1 for s in shards[: len(task.tables)])
-    record = AdaptRecord(seconds=time.perf_counter() - start, singles=singles, groups=len(shards) - singles,
-                         fine_tune=report, dataset=None if dataset is None else str(dataset))
+    halves = sum(len(s) == 1 for s in shards[singles:])  # groups hold two tables or more
+    record = AdaptRecord(seconds=time.perf_counter() - start, singles=singles, halves=halves,
+                         groups=len(shards) - singles - halves, fine_tune=report,
+                         dataset=None if dataset is None else str(dataset))
     return (tuned if record.kept else model), record

@@ -28,6 +28,17 @@ leave. Their kernel on the local batch and their gradient all-reduce are measure
 to every device where plans are compared side by side (a start without them pays none); within one layout they
 cost every device the same, so the rounds' comparisons leave them out.
 
+A shard costlier than the devices' mean kernel ms keeps whichever device holds it above the mean: no move or swap
+balances such a device. With `resplit` (`search_resplit`: NeuroShard rooted at the split), refinement asks the
+search for the plan with that table split into twice its column slices, the other tables placed around them: where
+the searched plan's slowest device holds such a shard by the model, that plan is one more start, measured with the
+others; where only the measurements show one (the model under-predicted it), it is measured beside the current
+layout in one paired session, and refinement goes on from the faster. The model's error is what hides such a split
+from the search: on the MLPerf DLRM-DCNv2 tables on 2 CPU cores the table of pooling 100 timed 22 ms whole and
+18 ms as a column half (a CPU kernel's cost is mostly its lookups), each a few percent from what the adapted model
+predicted, enough for search to keep it whole on a device of its own; measured, the plan splitting it was 0.95x
+TorchRec's planner's, the unsplit one 1.0x (issue 36).
+
 Other plans of the same task (`starts`: the greedy on measured single-table costs, say) are measured beside the
 searched one, kernels and all-to-alls, and refinement goes on from the fastest. When a round kept a change, the
 refined plan is measured once more beside every start in one paired session at the end (the rounds' figures are
@@ -39,9 +50,10 @@ every device shard timed is appended to it for the next pre-training.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,11 +68,14 @@ from shardwise.profiling.dataset import prepare_dataset, write_part
 from shardwise.profiling.kernel import resolve_timing
 from shardwise.profiling.runner import compute_row
 from shardwise.profiling.sampling import shard_config_id
+from shardwise.search import Searcher
 from shardwise.search.baselines import MEASURED_KEY, GreedySearch
+from shardwise.search.neuroshard import NeuroShardSearch
 from shardwise.search.plan import Plan, PlanError, Shard, data_parallel_bytes, validate_plan
 from shardwise.search.report import finish_plan
 from shardwise.search.simulator import ShardCostCache
 from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
+from shardwise.workload.tables import DIM_ALIGNMENT
 
 from .measured import (
     KernelShard,
@@ -71,6 +86,29 @@ from .measured import (
     price_comm,
     time_shards_in_rounds,
 )
+
+#: a plan of the task with the named table split into this many column slices and the other tables placed around
+#: them (None: none fits); refinement asks for one where a shard holds the measured slowest device up
+Resplit = Callable[[str, int], "Plan | None"]
+
+
+def search_resplit(searcher: Searcher, task: ShardingTask, cost_model: CostModel, seed: int = 0) -> Resplit | None:
+    """The searcher's plans with a table split, for `refine_plan(resplit=...)`: NeuroShard's beam and greedy grid
+    from a root with the table in that many slices (None: the searcher cannot be asked for one)."""
+    if not isinstance(searcher, NeuroShardSearch):
+        return None
+    config = searcher.config
+
+    def resplit(table: str, pieces: int) -> Plan | None:
+        split = tuple((name, p) for name, p in config.split if name != table) + ((table, pieces),)
+        try:
+            # without row-wise tables: refinement moves table-wise and column-wise shards only
+            return NeuroShardSearch(dataclasses.replace(config, split=split, row_wise=False)).search(
+                task, cost_model, seed)
+        except PlanError:
+            return None
+
+    return resplit
 
 
 class RefinementRound(BaseModel):
@@ -347,9 +385,12 @@ def measured_greedy_start(task: ShardingTask, measurement: MeasurementSettings) 
 
 def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measurement: MeasurementSettings | None = None,
                 *, rounds: int = 3, time_budget_s: float | None = None, dataset: str | Path | None = None,
-                starts: Sequence[Plan] = (), progress: bool = True) -> tuple[Plan, Refinement]:
+                starts: Sequence[Plan] = (), progress: bool = True,
+                resplit: Resplit | None = None) -> tuple[Plan, Refinement]:
     """`plan` refined on this machine's kernels (see the module docstring); the refinement record. With
-    `starts`, other plans of the task are measured too and refinement goes on from the fastest. With `dataset`
+    `starts`, other plans of the task are measured too and refinement goes on from the fastest. With `resplit`
+    (`search_resplit`), a table whose shard alone keeps the slowest device above the mean (predicted or measured)
+    is tried split in a re-searched plan first. With `dataset`
     (a cost dataset directory or s3:// prefix), every device shard it times is appended there (`provenance`
     "refine"), so the next pre-training learns from the shards plans actually produce."""
     if rounds < 1:
@@ -363,7 +404,7 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
     if dataset is not None:
         prepare_dataset(dataset)  # a path that cannot hold the dataset fails before anything is measured
     with _open_refiner(task, cost_model, measurement, progress, dataset) as refiner:
-        return _refine(refiner, plan, starts, rounds, time_budget_s, started)
+        return _refine(refiner, plan, starts, rounds, time_budget_s, started, resplit)
 
 
 def _measured_as_it_is(task: ShardingTask, plan: Plan, measurement: MeasurementSettings | None, started: float,
@@ -406,10 +447,48 @@ def _open_refiner(task: ShardingTask, cost_model: CostModel, measurement: Measur
         yield _Refiner(task, cost_model, measurement, progress, dataset, session)
 
 
+def _holding_up(refiner: _Refiner, layout: _Layout, kernel_ms: Sequence[float], slowest: int) -> tuple[str, int] | None:
+    """The table whose shard keeps device `slowest` above the mean, and the column slices to split it into: the
+    device's costliest shard alone by the model, scaled by the device's residual (its `kernel_ms`, measured or
+    predicted, over the model's prediction), where that is more than the devices' mean `kernel_ms` and the table
+    has aligned slices of half its shard's width, no more of them than devices (None otherwise)."""
+    task = refiner.task
+    shards = layout.on(slowest)
+    if not shards:
+        return None
+    predicted = refiner.predicted([shards, *([s] for s in shards)])
+    residual = kernel_ms[slowest] / predicted[0] if predicted[0] > 0 else 1.0
+    top = int(np.argmax(predicted[1:]))
+    if predicted[1 + top] * residual <= float(np.mean(kernel_ms)):
+        return None
+    shard, dim = shards[top], task.table(shards[top].table).dim
+    pieces = 2 * (dim // shard.dim)
+    if pieces > task.num_devices or dim % pieces or (dim // pieces) % DIM_ALIGNMENT:
+        return None
+    return shard.table, pieces
+
+
+def _split_change(split: tuple[str, int]) -> str:
+    return f"{split[0]} split into {split[1]} column slices, the other tables searched around them"
+
+
 def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, time_budget_s: float | None,
-            started: float) -> tuple[Plan, Refinement]:
+            started: float, resplit: Resplit | None = None) -> tuple[Plan, Refinement]:
     task, cost_model = refiner.task, refiner.model
     candidates = [(c.method, _Layout(list(c.shards), c.data_parallel)) for c in (plan, *starts)]
+    tried: set[tuple[str, int]] = set()  # the splits asked of `resplit`
+    if resplit is not None:
+        # a shard no move can balance, by the model: the search's plan with its table split is one more start
+        searched = candidates[0][1]
+        predicted = [float(ms) for ms in refiner.predicted([searched.on(d) for d in range(task.num_devices)])]
+        split = _holding_up(refiner, searched, predicted, int(np.argmax(predicted)))
+        other = resplit(*split) if split is not None else None
+        if split is not None:
+            tried.add(split)
+        if other is not None and split is not None:
+            validate_plan(other, task)
+            candidates.append((f"{plan.method} with {split[0]} in {split[1]}",
+                               _Layout(list(other.shards), other.data_parallel)))
     # the start and the slowest device are chosen on measured kernels and exchanges, every start's side by side
     measured_of, comm_of, totals = _side_by_side(refiner, [layout for _, layout in candidates])
     best = int(np.argmin(totals))
@@ -419,7 +498,31 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
     history: list[RefinementRound] = []
     refused: set[str] = set()
     stopped = f"{rounds} round{'s' if rounds > 1 else ''} done"
-    for index in range(rounds):
+    slowest = int((np.array(measured) + comm).argmax())
+    in_budget = time_budget_s is None or time.perf_counter() - started <= time_budget_s
+    split = _holding_up(refiner, layout, measured, slowest) if resplit is not None and in_budget else None
+    if split is not None and resplit is not None and split not in tried:
+        # a shard no move can balance, measured (the model under-predicted it): the search's plan with its table
+        # split, measured beside the layout in one session (paired)
+        round_started = time.perf_counter()
+        other = resplit(*split)
+        if other is None:
+            history.append(RefinementRound(round=1, measured_max_ms=float(max(np.array(measured) + comm)),
+                                           slowest_device=slowest, change=f"{_split_change(split)}: none fits",
+                                           seconds=time.perf_counter() - round_started))
+        else:
+            validate_plan(other, task)
+            trial = _Layout(list(other.shards), other.data_parallel)
+            kernels, comms, paired = _side_by_side(refiner, [layout, trial])
+            kept = paired[1] < paired[0]
+            history.append(RefinementRound(round=1, measured_max_ms=paired[0], slowest_device=slowest,
+                                           change=_split_change(split),
+                                           predicted_max_ms=other.extra.get("predicted", {}).get("max_cost_ms"),
+                                           after_ms=paired[1], kept=kept, seconds=time.perf_counter() - round_started))
+            if kept:
+                layout, measured, comm = trial, kernels[1], comms[1]
+                refiner.reserved_bytes = data_parallel_bytes([task.table(n) for n in layout.data_parallel], task)
+    for _ in range(rounds):
         if time_budget_s is not None and time.perf_counter() - started > time_budget_s:
             stopped = f"the {time_budget_s:g} s budget was spent"
             break
@@ -428,7 +531,7 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
         slowest = int(costs.argmax())
         trial, changes, predicted_max = _plan_round(refiner, layout, measured, comm, refused)
         if not changes or predicted_max >= costs.max():
-            history.append(RefinementRound(round=index + 1, measured_max_ms=float(costs.max()),
+            history.append(RefinementRound(round=len(history) + 1, measured_max_ms=float(costs.max()),
                                            slowest_device=slowest, change="",
                                            seconds=time.perf_counter() - round_started))
             stopped = "no change promised a gain"
@@ -453,7 +556,7 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
             now = float(max(np.array(current) + current_comm))
             after = float(max(np.array(trial_measured) + trial_comm))
         kept = after < now
-        history.append(RefinementRound(round=index + 1, measured_max_ms=now, slowest_device=slowest,
+        history.append(RefinementRound(round=len(history) + 1, measured_max_ms=now, slowest_device=slowest,
                                        change=change, predicted_max_ms=predicted_max, after_ms=after, kept=kept,
                                        seconds=time.perf_counter() - round_started))
         if kept:

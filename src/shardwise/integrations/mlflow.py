@@ -252,6 +252,8 @@ def _bounded_http() -> Iterator[None]:
         # of os.environ while requests reads the environment: a KeyError failed a registration at random. Read
         # when mlflow is first imported, which the methods of MlflowService do inside this block.
         "MLFLOW_DISABLE_TELEMETRY": "true",
+        # shardwise prints its own line for a logged run and a registered version
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
     }
     added = [key for key in bounded if key not in os.environ]
     os.environ.update({key: bounded[key] for key in added})
@@ -260,6 +262,24 @@ def _bounded_http() -> Iterator[None]:
     finally:
         for key in added:
             os.environ.pop(key, None)
+
+
+@contextmanager
+def _quiet_mlflow_prints() -> Iterator[None]:
+    """MLflow's own console lines ("Successfully registered model ...", "Created version ...", its log records)
+    off for the block where its log level is above INFO (the CLI's default; `-v` keeps them): they repeat what
+    shardwise reports, or are progress chatter."""
+    level = os.environ.get("MLFLOW_LOGGING_LEVEL", "INFO").upper()
+    if level in ("DEBUG", "INFO"):
+        yield
+        return
+    # MLflow's own switch for its event stream (eprint and its loggers), counted so that its nested uses (model
+    # logging turns it off and on again) do not turn it back on inside this block
+    from mlflow.utils.autologging_utils.logging_and_warnings import MlflowEventsAndWarningsBehaviorGlobally
+
+    with MlflowEventsAndWarningsBehaviorGlobally(disable_event_logs=True, disable_warnings=False,
+                                                 reroute_warnings=False):
+        yield
 
 
 #: how MLflow's HTTP client and requests word a server that stopped answering mid-way
@@ -514,7 +534,7 @@ class MlflowService:
         client = self._client()
         found = client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found is not None else client.create_experiment(experiment)
-        with _process_uris(self.tracking_uri, self.registry_uri), mlflow.start_run(
+        with _quiet_mlflow_prints(), _process_uris(self.tracking_uri, self.registry_uri), mlflow.start_run(
             experiment_id=experiment_id, run_name=run_name
         ) as run:
             yield run

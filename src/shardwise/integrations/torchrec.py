@@ -394,7 +394,7 @@ class ShardwisePlanner(ShardingPlanner):
             return plan
         # the measuring stack loads only where refinement runs
         from shardwise.evaluation.adapt import cannot_adapt_here
-        from shardwise.evaluation.refine import measured_greedy_start, refine_plan
+        from shardwise.evaluation.refine import measured_greedy_start, refine_plan, search_resplit
 
         reason = cannot_adapt_here(model, self.device_type)  # the same condition: this machine is the model's hardware
         if reason:
@@ -405,7 +405,8 @@ class ShardwisePlanner(ShardingPlanner):
         starts = measured_greedy_start(task, measurement)
         refined, self.last_refinement = refine_plan(
             task, plan, model, measurement, rounds=REFINE_ROUNDS, starts=starts, progress=False,
-            time_budget_s=max(budget - (time.perf_counter() - started), 1.0))
+            time_budget_s=max(budget - (time.perf_counter() - started), 1.0),
+            resplit=search_resplit(self.searcher, task, model, self.seed))
         return refined
 
     def tables_of(self, module: nn.Module, sharders: Sequence[Any] | None = None) -> list[ModuleTable]:

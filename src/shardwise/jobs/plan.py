@@ -128,7 +128,7 @@ def run(settings: PlanSettings, *, mlflow: MlflowService | None = None) -> PlanJ
                      f"{task.batch_size}; predicted ms are at the model's batch size")
     refinement = ""
     if settings.refine:
-        plan, refinement = _refine(task, plan, model, settings)
+        plan, refinement = _refine(task, plan, model, settings, searcher)
     if model_uri:
         provenance = {**plan.extra.get("provenance", {}), "cost_model_uri": model_uri}
         plan = plan.model_copy(update={"extra": {**plan.extra, "provenance": provenance}})
@@ -151,11 +151,12 @@ def _adapt(task: ShardingTask, model: NeuralCostModel | None, settings: PlanSett
     return adapted, record.line()
 
 
-def _refine(task: ShardingTask, plan: Plan, model: CostModel | None, settings: PlanSettings) -> tuple[Plan, str]:
-    """The searched plan refined here, and its rounds' table; refused when here is not the hardware the plan is
-    for."""
+def _refine(task: ShardingTask, plan: Plan, model: CostModel | None, settings: PlanSettings,
+            searcher: Searcher) -> tuple[Plan, str]:
+    """The searched plan refined here (asking `searcher` for a plan with a table split where one holds the slowest
+    device up), and its rounds' table; refused when here is not the hardware the plan is for."""
     # the kernels and torchrec load only when refining
-    from shardwise.evaluation.refine import measured_greedy_start, refine_plan
+    from shardwise.evaluation.refine import measured_greedy_start, refine_plan, search_resplit
 
     assert model is not None  # loaded as required when refining
     try:
@@ -169,5 +170,6 @@ def _refine(task: ShardingTask, plan: Plan, model: CostModel | None, settings: P
     measurement = MeasurementSettings(device=settings.device).for_cost_model(
         getattr(model, "reference_ms", None), model.batch_size)
     refined, record = refine_plan(task, plan, model, measurement, rounds=settings.refine,
-                                  time_budget_s=settings.refine_budget_s, starts=measured_greedy_start(task, measurement))
+                                  time_budget_s=settings.refine_budget_s, starts=measured_greedy_start(task, measurement),
+                                  resplit=search_resplit(searcher, task, model, settings.seed))
     return refined, record.table()

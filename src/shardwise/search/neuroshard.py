@@ -83,6 +83,9 @@ class NeuroShardConfig:
     data_parallel: bool = True
     #: try row-wise tables (where the cost model has a measured reduce-scatter to price them with)
     row_wise: bool = True
+    #: (table name, pieces): tables split into this many column slices from the root on (the beam may split them
+    #: further); refinement asks for the table that holds its measured slowest device up split (evaluation.refine)
+    split: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("beam_width", "num_candidates", "device_candidates", "comm_candidates"):
@@ -358,15 +361,32 @@ class NeuroShardSearch:
         placer._fill([(i, 1) for i in range(len(task.tables))])
         return sorted(range(len(task.tables)), key=lambda i: (task.tables[i].rows, -placer.piece_cost(i, 1)[0]))
 
+    def _forced_splits(self, task: ShardingTask) -> dict[int, int]:
+        """The config's `split` as pieces by table index; PlanError where a split cannot be laid out."""
+        index = {t.name: i for i, t in enumerate(task.tables)}
+        forced: dict[int, int] = {}
+        for name, pieces in self.config.split:
+            if name not in index:
+                raise PlanError(f"neuroshard: split {name!r}: the task has no such table")
+            dim = task.tables[index[name]].dim
+            if (pieces < 1 or pieces & (pieces - 1) or pieces > task.num_devices or dim % pieces
+                    or (dim // pieces) % DIM_ALIGNMENT):
+                raise PlanError(f"neuroshard: split {name!r} into {pieces}: pieces must be a power of two up to the "
+                                f"{task.num_devices} devices, each a multiple of {DIM_ALIGNMENT} of its {dim} columns")
+            forced[index[name]] = pieces
+        return forced
+
     def _data_parallel_search(self, placer: _Placer, seen: dict[SplitState, _Evaluated],
-                              order: list[int]) -> SplitState:
+                              order: list[int], forced: dict[int, int] | None = None) -> SplitState:
         """The best root: no data-parallel table, or a prefix of `order` (1, 2, 4, ... tables, then the counts
-        halfway to the best one's neighbours), each prefix's other tables placed by the greedy grid."""
+        halfway to the best one's neighbours), each prefix's other tables placed by the greedy grid (the `forced`
+        ones in their pieces)."""
         task = placer.task
+        forced = forced or {}
 
         def prefix(count: int) -> SplitState:
             chosen = set(order[:count])
-            return tuple(DATA_PARALLEL if i in chosen else 1 for i in range(len(task.tables)))
+            return tuple(DATA_PARALLEL if i in chosen else forced.get(i, 1) for i in range(len(task.tables)))
 
         counts, k = [0], 1
         while order and k < len(order):
@@ -392,8 +412,8 @@ class NeuroShardSearch:
         return self.config.row_wise and task.num_devices >= 2 and reduce_scatter_of(cost_model) is not None
 
     def _row_wise_order(self, placer: _Placer, root: SplitState) -> list[int]:
-        """The tables tried row-wise: first those that fit on no device even split by columns (every prefix holds
-        them), then the costliest: those not data-parallel in `root` whose predicted cost alone is at least
+        """The tables tried row-wise (never those the config's `split` splits by columns): first those that fit on no
+        device even split by columns (every prefix holds them), then the costliest: those not data-parallel in `root` whose predicted cost alone is at least
         ROW_WISE_MIN_SHARE of a device's even share of the work, with a row for every device; at most
         ROW_WISE_MAX_TABLES of those. Empty where none are tried."""
         task = placer.task
@@ -402,7 +422,9 @@ class NeuroShardSearch:
         placer._fill([(i, 1) for i in range(len(task.tables))])
         alone = {i: placer.piece_cost(i, 1)[0] for i in range(len(task.tables))}
         share = sum(alone.values()) / task.num_devices
-        candidates = [i for i, p in enumerate(root) if p != DATA_PARALLEL and task.tables[i].rows >= task.num_devices]
+        split = self._forced_splits(task)  # tables the config splits by columns stay so
+        candidates = [i for i, p in enumerate(root) if p != DATA_PARALLEL and i not in split
+                      and task.tables[i].rows >= task.num_devices]
         forced = [i for i in candidates if _too_big_for_columns(task, task.tables[i])]
         costly = [i for i in candidates if alone[i] >= ROW_WISE_MIN_SHARE * share and i not in forced]
         return forced + sorted(costly, key=lambda i: -alone[i])[:ROW_WISE_MAX_TABLES]
@@ -434,8 +456,10 @@ class NeuroShardSearch:
         check_memory_bounds(task, column_split=True, row_wise=self._row_wise_possible(task, cost_model))
         placer = _Placer(task, cost_model, self.config)
         seen: dict[SplitState, _Evaluated] = {}
+        forced = self._forced_splits(task)
         # the beam over column splits starts from the best set of data-parallel tables (or none)
-        best = self._data_parallel_search(placer, seen, self._data_parallel_order(placer))
+        best = self._data_parallel_search(placer, seen, [i for i in self._data_parallel_order(placer)
+                                                         if i not in forced], forced)
         data_parallel_sets = len(seen) - 1
         # the costliest tables row-wise on top of it: the best such set roots the beam beside it, so that splitting
         # those tables by columns instead is tried too
@@ -497,6 +521,8 @@ class NeuroShardSearch:
         )
         options = {k: v for k, v in asdict(self.config).items()}
         options["dim_cap_factors"] = [str(f) if not np.isfinite(f) else f for f in self.config.dim_cap_factors]
+        if not self.config.split:
+            del options["split"]  # plans of an ordinary search say what they always said
         return finish_plan(
             plan,
             task,
