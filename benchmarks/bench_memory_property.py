@@ -87,12 +87,19 @@ def check_plan(plan: Plan, task: ShardingTask) -> tuple[bool, bool]:
             return False, True
         per_device[shard.device].append((rows[shard.table], shard.dim))
         columns[shard.table].append((shard.col_offset, shard.dim))
-    # a data-parallel table is whole on every device, with no shard: listed once, never also sharded
-    replicated = list(plan.data_parallel)
-    mis_tiled |= len(set(replicated)) != len(replicated) or any(
-        name not in dims or columns[name] for name in replicated)
+    # a data-parallel table is whole on every device, with no shard, and a row-wise one a block of its rows on every
+    # device: each listed once, never also sharded, never both
+    replicated, by_rows = list(plan.data_parallel), list(plan.row_wise)
+    mis_tiled |= len(set(replicated + by_rows)) != len(replicated + by_rows) or any(
+        name not in dims or columns[name] for name in replicated + by_rows)
+    for name in by_rows:
+        if name in dims:  # blocks of ceil(rows / devices), the last device(s) the rest, at the whole batch
+            block = -(-rows[name] // task.num_devices)
+            for d in range(task.num_devices):
+                if (held := min(block, rows[name] - d * block)) > 0:
+                    per_device[d].append((held, dims[name]))
     for name, pieces in columns.items():
-        if name in replicated:
+        if name in replicated or name in by_rows:
             continue
         end = 0
         for offset, width in sorted(pieces):

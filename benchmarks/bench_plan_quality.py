@@ -138,17 +138,21 @@ def at_or_below(results: list[PlanResult], method: str, reference: str, value: C
 
 
 def data_parallel_chosen(results: list[PlanResult]) -> str:
-    """Which methods replicated tables (issue 35's data-parallel type): per method whose plans can, in how many of
-    its plans and how many tables ("" when no plan file says)."""
-    parts = []
-    for method in sorted({r.method for r in results}):
-        plans = [load_plan(r.plan_path) for r in results if r.method == method and r.plan_path]
-        if not plans or not (method.startswith("neuroshard") or method == "torchrec_dp"):
-            continue
-        counts = [len(p.data_parallel) for p in plans]
-        parts.append(f"{method} in {sum(c > 0 for c in counts)} of {len(counts)} plans"
-                     + (f" ({sum(counts)} tables)" if any(counts) else ""))
-    return "data-parallel tables chosen: " + ", ".join(parts) if parts else ""
+    """Which methods replicated tables or split them by rows (issue 35's data-parallel and row-wise types): per method
+    whose plans can, in how many of its plans and how many tables ("" when no plan file says)."""
+    lines = []
+    for kind, offered in (("data_parallel", ("torchrec_dp", "torchrec_rw")), ("row_wise", ("torchrec_rw",))):
+        parts = []
+        for method in sorted({r.method for r in results}):
+            plans = [load_plan(r.plan_path) for r in results if r.method == method and r.plan_path]
+            if not plans or not (method.startswith("neuroshard") or method in offered):
+                continue
+            counts = [len(getattr(p, kind)) for p in plans]
+            parts.append(f"{method} in {sum(c > 0 for c in counts)} of {len(counts)} plans"
+                         + (f" ({sum(counts)} tables)" if any(counts) else ""))
+        if parts:
+            lines.append(f"{kind.replace('_', '-')} tables chosen: " + ", ".join(parts))
+    return "; ".join(lines)
 
 
 def refinement_records(results: list[PlanResult]) -> dict[int, dict[str, Any]]:
@@ -280,7 +284,7 @@ def main() -> None:
         for name in ("neuroshard", REFINED, MEASURED_GREEDY):
             parts = [
                 f"/ {ref} = {ratio:.3f}"
-                for ref in ("torchrec", "torchrec_cw", "torchrec_dp", best_greedy, MEASURED_GREEDY)
+                for ref in ("torchrec", "torchrec_cw", "torchrec_dp", "torchrec_rw", best_greedy, MEASURED_GREEDY)
                 if ref and ref != name and (ratio := cost_ratio(in_set, name, ref)) is not None
             ]
             if parts:

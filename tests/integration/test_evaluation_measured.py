@@ -71,6 +71,25 @@ def test_column_slices_are_measured_and_reported(tmp_path) -> None:
     assert all(p.exists() and p.stat().st_size > 1000 for p in paths[1:])
 
 
+def test_row_wise_tables_are_measured_as_blocks_on_every_device_and_their_collectives() -> None:
+    task = _task()
+    shards = tuple(Shard(table=f"t{i}", col_offset=0, dim=32, device=i % 2) for i in (1, 2, 3))
+    plan = Plan(num_devices=2, shards=shards, row_wise=("t0",), method="rw")
+    settings = FAST.model_copy(update={"reference_ms": 1.0, "comm_iters": 2})
+    cost, whole = measure_plans([(task, plan), (task, _plan([0, 1, 1, 0], "tw"))], settings, progress=False)
+    assert cost.row_wise == ("t0",) and whole.row_wise == ()
+    # each device runs the kernel on its half of t0's rows beside its own shards; t0 leaves the all-to-all
+    assert cost.devices[0].shards == ("t2", "t0[rows 0:10000]")
+    assert cost.devices[1].shards == ("t1", "t3", "t0[rows 10000:20000]")
+    assert [d.width for d in cost.devices] == [32, 64]
+    # the reduce-scatter, all-gather and ids' all-to-all: measured, the same on every device, in the total
+    assert cost.devices[0].row_wise_comm_ms > 0 and len({d.row_wise_comm_ms for d in cost.devices}) == 1
+    assert all(d.row_wise_comm_ms == 0 for d in whole.devices)
+    device = cost.devices[1]
+    assert device.total_ms == pytest.approx(device.compute_ms + device.comm_ms + device.row_wise_comm_ms)
+    assert "row-wise over every device: t0" in cost.table()
+
+
 def test_evaluate_plans_measures_several_plans_in_one_session(tmp_path) -> None:
     task = _task()
     plans = [("balanced", _plan([0, 1, 0, 1], "balanced")), ("same", _plan([0, 1, 0, 1], "balanced")),

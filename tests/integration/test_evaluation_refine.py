@@ -174,6 +174,21 @@ def test_a_spent_time_budget_starts_no_round_and_says_so(fixed_all_to_all):
     assert refined.extra["refinement"]["stopped"] == record.stopped
 
 
+def test_a_plan_with_row_wise_tables_is_returned_measured_as_it_is():
+    """Refinement moves table-wise and column-wise shards only: a row-wise plan comes back unchanged, measured
+    (blocks, collectives) and saying why."""
+    task = _task()
+    plan = Plan(num_devices=3, method="handmade", row_wise=("h0",), shards=(
+        Shard(table="h1", col_offset=0, dim=64, device=0),
+        *(Shard(table=f"l{i}", col_offset=0, dim=16, device=1 + i % 2) for i in range(4)),
+    ))
+    refined, record = refine_plan(task, plan, FeatureCostModel(), MEASUREMENT, rounds=2, progress=False)
+    assert refined.row_wise == ("h0",) and refined.shards == plan.shards
+    assert record.rounds == [] and record.before_ms == record.after_ms > 0
+    assert record.stopped.startswith("not refined: refinement does not move row-wise tables yet (h0)")
+    assert refined.extra["refinement"]["stopped"] == record.stopped
+
+
 def test_a_refused_move_is_not_proposed_first_again_with_another_partner():
     """Refused rounds are remembered by their first move (shard and devices), so the next round tries something
     else rather than the same move with another shard swapped back."""

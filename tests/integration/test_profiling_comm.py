@@ -11,9 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from shardwise.profiling.comm import AllToAllSession, local_batch_sizes, measure_all_to_all
+from shardwise.profiling.comm import COLLECTIVES, AllToAllSession, local_batch_sizes, measure_all_to_all
 
 pytestmark = pytest.mark.integration
+
+
+def test_a_session_times_the_collectives_of_row_wise_and_data_parallel_tables() -> None:
+    """All-reduces, reduce-scatters, all-gathers and even all-to-alls of fp32, each size `iters` times (the time of a
+    size is a benchmark's to judge: bench_data_parallel_accuracy.py); an unknown collective is refused before any rank
+    is asked."""
+    with AllToAllSession(3, backend="gloo") as session:
+        timed = {op: session.measure_collective(op, [4096, 2**20], warmup_iters=1, iters=5) for op in COLLECTIVES}
+        with pytest.raises(ValueError, match="collective 'gather' is not one of"):
+            session.measure_collective("gather", [4096])
+        assert session.measure_all_reduce([4096], iters=2)[0]  # the same group still answers
+    for op, (small, large) in timed.items():
+        assert len(small) == len(large) == 5 and min(small + large) >= 0, op
 
 
 @pytest.mark.slow

@@ -69,24 +69,24 @@ def test_workers_split_one_run_into_one_prefix_and_runs_accumulate(s3, tmp_path,
     # every shard of the run once, none twice: what one worker alone measures (locally) for the same settings
     assert main(_argv(tables, str(tmp_path / "alone"), 0)) == 0
     alone = load_costs(tmp_path / "alone")
-    for kind in ("compute", "comm", "all_reduce"):
+    for kind in ("compute", "comm", "all_reduce", "reduce_scatter", "all_gather", "all_to_all"):
         split, whole = df[df["kind"] == kind], alone[alone["kind"] == kind]
         assert sorted(split["config_id"]) == sorted(whole["config_id"]), kind
     # 8 sampled shards of which two are one config (6 small tables; measured once), 2 all-to-all layouts of 2 devices
-    # (a row a device), and the all-reduces of 2 devices at 7 sizes (by the worker that has a layout of 2 devices)
-    assert len(df) == 18 and (df["kind"] == "all_reduce").sum() == 7
+    # (a row a device), and the all-reduces, reduce-scatters, all-gathers and all-to-alls of 2 devices at 7 sizes each
+    assert len(df) == 39 and (df["kind"] == "all_reduce").sum() == 7 and (df["kind"] == "all_to_all").sum() == 7
     assert df.value_counts(["kind", "config_id", "repeat", "device"], dropna=False).max() == 1
     assert (df["provenance"] == "profile").all()
     # the whole run with one worker on the prefix finds nothing left to measure: the slices covered it exactly
     capsys.readouterr()
     assert main(_argv(tables, prefix, 0)) == 0
-    assert "0 measured, 16 already stored, 18 rows" in capsys.readouterr().out
+    assert "0 measured, 37 already stored, 39 rows" in capsys.readouterr().out
 
     # next week's run (another seed) adds to the same history, which pre-training reads whole
     assert main(_argv(tables, prefix, 1)) == 0
     assert f"{prefix}: 8 measured" in capsys.readouterr().out  # (layouts it shares with the first run are kept)
     total = count_rows(prefix)
-    assert total >= 20 and len(load_costs([prefix])) == total and load_costs(prefix)["hardware_kind"].nunique() == 1
+    assert total >= 41 and len(load_costs([prefix])) == total and load_costs(prefix)["hardware_kind"].nunique() == 1
 
 
 def test_a_wrong_bucket_is_one_line_without_the_credentials(s3, tmp_path, monkeypatch, capsys):

@@ -82,14 +82,18 @@ def test_cli_profile_on_a_tiny_table_file(tmp_path: Path, capsys: pytest.Capture
             "--timing-iters", "3", "--warmup-iters", "1", "--seed", "1", "--device", "cpu"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    # 3 shards, 1 repeat, 1 layout (2 rows) and 7 all-reduce sizes (4 KiB .. 16 MiB) over 2 processes
-    assert "12 measured, 0 already stored, 13 rows" in printed and "noise floor over 1 repeated shards" in printed
+    # 3 shards, 1 repeat, 1 layout (2 rows) and 7 sizes (4 KiB .. 16 MiB) of all-reduce, reduce-scatter, all-gather
+    # and all-to-all over 2 processes
+    assert "33 measured, 0 already stored, 34 rows" in printed and "noise floor over 1 repeated shards" in printed
     df = load_costs(out)
     assert (df["kind"] == "compute").sum() == 4
     comm = df[df["kind"] == "comm"]
     assert len(comm) == 2 and set(comm["device"]) == {0, 1} and set(comm["backend"]) == {"gloo"}
     reduced = df[df["kind"] == "all_reduce"]
     assert set(reduced["num_devices"]) == {2} and set(reduced["backend"]) == {"gloo"} and (reduced["bwd_ms"] > 0).all()
+    for kind, column in (("reduce_scatter", "fwd_ms"), ("all_gather", "bwd_ms"), ("all_to_all", "fwd_ms")):
+        rows = df[df["kind"] == kind]
+        assert sorted(rows["size_bytes"]) == sorted(reduced["size_bytes"]) and (rows[column] > 0).all(), kind
     assert len(json.loads(comm["widths_json"].iloc[0])) == 2
     for column in ("hardware_kind", "device_name", "torch_version", "fbgemm_version", "timing", "measured_at"):
         assert df[column].notna().all(), column
@@ -99,7 +103,7 @@ def test_cli_profile_on_a_tiny_table_file(tmp_path: Path, capsys: pytest.Capture
     assert set(compute["timer"]) == {"thread"} and compute["launch_ms"].isna().all()
 
     assert main(argv) == 0
-    assert "0 measured, 12 already stored" in capsys.readouterr().out
+    assert "0 measured, 33 already stored" in capsys.readouterr().out
 
 
 def test_cli_profile_refuses_a_bad_table_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -116,12 +120,12 @@ def test_interrupted_all_to_alls_keep_every_measured_group(tmp_path: Path, monke
                                max_devices=8, device="cpu")
     groups: list[int] = []
 
-    def all_to_all(num_devices, layouts, batch_size, all_reduce_sizes, **kwargs):  # type: ignore[no-untyped-def]
+    def all_to_all(num_devices, layouts, batch_size, collectives, **kwargs):  # type: ignore[no-untyped-def]
         if len(groups) == 1:
             raise KeyboardInterrupt  # during the second device count's group
         groups.append(num_devices)
         return ([[CommTiming(1.0, 2.0, 0, None)] * len(widths) for widths in layouts],
-                [(0.5, 0.7, 0.6)] * len(all_reduce_sizes))
+                [(0.5, 0.7, 0.6)] * len(collectives))
 
     monkeypatch.setattr(runner, "measure_comm_group", all_to_all)
     with pytest.raises(KeyboardInterrupt):
@@ -137,7 +141,7 @@ def test_interrupted_all_to_alls_keep_every_measured_group(tmp_path: Path, monke
 
     groups.append(0)  # no more interruptions
     summary = profile(TABLES, out, settings, progress=False)
-    stored = comm["config_id"].nunique() + len(reduced)
+    stored = comm["config_id"].nunique() + (df["kind"].isin(["all_reduce", "reduce_scatter", "all_gather", "all_to_all"])).sum()
     assert summary.skipped == 2 + stored and summary.total_rows == len(load_costs(out))
     assert groups[0] not in groups[2:]  # the stored group was not measured again
     # every device count the layouts span (2, 4, 8) all-reduced each size once
@@ -216,10 +220,11 @@ def test_sigint_during_the_all_to_alls_keeps_rows_and_says_so(tmp_path: Path) ->
     assert proc.returncode == 130, err
     assert "converted the single-file cost dataset" in err
     # cutting a group short would leave spawned ranks waiting for a peer: the group in flight finishes first
-    assert "waiting for the 2 all-to-all layout(s) and 7 all-reduce(s) in flight" in err
+    assert "waiting for the 2 all-to-all layout(s) and 28 collective(s)" in err
     assert f"interrupted; what was measured is stored in {out}" in err
     df = load_costs(out)
     assert df["config_id"].iloc[0] == "old"  # the old file is the first part
     # the shards measured before were pending (chunk of 25): flushed with the group's rows
     assert (df["kind"] == "compute").sum() == 1 + 2 and (df["kind"] == "comm").sum() == 2 * 2
     assert (df["kind"] == "all_reduce").sum() == 7  # measured in the same group, kept with it
+    assert (df["kind"] == "reduce_scatter").sum() == (df["kind"] == "all_to_all").sum() == 7

@@ -168,7 +168,7 @@ def test_tables_restricted_to_row_wise_or_data_parallel_are_emitted_so_and_their
     assert "row-wise over every rank, not costed by the cost model" in planner.last_stats
     assert "data-parallel on every rank, not costed by the cost model (their constraints allow nothing else" \
         in planner.last_stats
-    assert "the data-parallel tables search chooses): t5" in planner.last_stats
+    assert "the data-parallel and row-wise tables search chooses): t5" in planner.last_stats
 
     too_big = ShardwisePlanner(_topology(4, 2, hbm=2**20), batch_size=512, method="size_greedy",
                                constraints=constraints)

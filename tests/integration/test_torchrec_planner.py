@@ -36,18 +36,24 @@ def test_torchrecs_plan_is_valid_and_within_memory(method):
     assert plan.extra["predicted"]["max_cost_ms"] > 0 and plan.extra["planning_time_s"] > 0
 
 
-def test_torchrec_dp_offers_torchrecs_planner_data_parallel_and_reads_its_replicas_back(monkeypatch):
+@pytest.fixture
+def offered(monkeypatch):
+    """The constraints each EmbeddingShardingPlanner was made with, in order."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
-    task = random_task(2, 10, 4, memory_slack=2.0)
-    offered = []
+    constraints = []
     real = EmbeddingShardingPlanner.__init__
 
     def spy(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        offered.append(kwargs["constraints"])
+        constraints.append(kwargs["constraints"])
         real(self, *args, **kwargs)
 
     monkeypatch.setattr(EmbeddingShardingPlanner, "__init__", spy)
+    return constraints
+
+
+def test_torchrec_dp_offers_torchrecs_planner_data_parallel_and_reads_its_replicas_back(offered):
+    task = random_task(2, 10, 4, memory_slack=2.0)
     searcher = make_searcher("torchrec_dp")
     plan = searcher.search(task, None, 0)
     validate_plan(plan, task)
@@ -64,6 +70,31 @@ def test_torchrec_dp_offers_torchrecs_planner_data_parallel_and_reads_its_replic
     assert isinstance(module_plan, EmbeddingModuleShardingPlan)
     back = plan_from_module_sharding(module_plan, task.num_devices, "torchrec_dp")
     assert back.data_parallel == (task.tables[0].name,)
+
+
+def test_torchrec_rw_offers_torchrecs_planner_row_wise_and_reads_its_blocks_back(offered):
+    from shardwise.costmodel.data_parallel import AllReduceCost
+
+    # one table that alone would set the slowest device: TorchRec's planner splits it by rows
+    hot = TableSpec(name="hot", rows=400_000, dim=64, pooling_factor=200.0)
+    rest = tuple(TableSpec(name=f"t{i}", rows=20_000, dim=32, pooling_factor=5.0) for i in range(8))
+    task = ShardingTask(num_devices=4, device_memory_bytes=2**30, batch_size=4096, tables=(hot, *rest))
+    model = FeatureCostModel()
+    plan = make_searcher("torchrec_rw").search(task, model, 0)
+    validate_plan(plan, task)
+    assert offered[0]["hot"].sharding_types == ["table_wise", "column_wise", "data_parallel", "row_wise"]
+    # a plan with row-wise tables the model cannot price goes out unpriced; one with a reduce-scatter line is priced
+    assert plan.row_wise == ("hot",) and "predicted" not in plan.extra
+    model.reduce_scatter = AllReduceCost(0.01, 0.0, 0.05, collective="reduce_scatter")  # type: ignore[attr-defined]
+    assert "predicted" in make_searcher("torchrec_rw").search(task, model, 0).extra
+    # a row-wise table TorchRec lays out reads back as the plan's row_wise, and a layout that is not is refused
+    module_plan = to_module_sharding_plan(plan.model_copy(update={
+        "shards": tuple(s for s in plan.shards if s.table != "hot"), "data_parallel": (), "row_wise": ("hot",)}), task)
+    assert plan_from_module_sharding(module_plan, 4, "torchrec_rw").row_wise == ("hot",)
+    assert [m.shard_sizes[0] for m in module_plan["hot"].sharding_spec.shards] == [100_000] * 4
+    module_plan["hot"].sharding_spec.shards[0].shard_sizes[0] = 99_999
+    with pytest.raises(PlanError, match="row-wise blocks .* are not ceil"):
+        plan_from_module_sharding(module_plan, 4, "torchrec_rw")
 
 
 def test_torchrec_column_wise_splits_a_table_too_big_for_one_device():

@@ -201,14 +201,19 @@ def test_predictions_far_outside_the_training_range_stay_finite(trained):
     assert np.all(np.isfinite(model.predict_comm(np.array([[10**9, 0]]), np.array([[1e9, 0.0]]))))
 
 
-def test_a_measured_all_reduce_is_saved_and_loaded_with_the_model(trained, tmp_path):
+def test_a_measured_all_reduce_and_reduce_scatter_are_saved_and_loaded_with_the_model(trained, tmp_path):
     from shardwise.costmodel.data_parallel import AllReduceCost
 
     model, _ = trained
-    assert NeuralCostModel.load(model.save(tmp_path / "none")).all_reduce is None
+    none = NeuralCostModel.load(model.save(tmp_path / "none"))
+    assert none.all_reduce is None and none.reduce_scatter is None
     model.all_reduce = AllReduceCost(0.1, 0.02, 2.0, backend="gloo", points=((2, 4096, 0.12),))
+    model.reduce_scatter = AllReduceCost(0.05, 0.0, 1.0, collective="reduce_scatter")
+    model.all_to_all = AllReduceCost(0.07, 0.0, 1.0, collective="all_to_all")
     try:
         loaded = NeuralCostModel.load(model.save(tmp_path / "with"))
     finally:
-        model.all_reduce = None
+        model.all_reduce = model.reduce_scatter = model.all_to_all = None
     assert loaded.all_reduce == AllReduceCost(0.1, 0.02, 2.0, backend="gloo", points=((2, 4096, 0.12),))
+    assert loaded.reduce_scatter == AllReduceCost(0.05, 0.0, 1.0, collective="reduce_scatter")
+    assert loaded.all_to_all == AllReduceCost(0.07, 0.0, 1.0, collective="all_to_all") and loaded.all_gather is None

@@ -152,3 +152,31 @@ def test_profiled_all_reduces_are_fitted_per_device_count_and_evaluated_held_out
     assert NeuralCostModel.load(model.save(tmp_path / "m")).all_reduce == model.all_reduce
     # a dataset from before all-reduces were profiled trains a model that prices no data-parallel table
     assert train_cost_model(df[df["kind"] != "all_reduce"], 0, TrainConfig(epochs=2, progress=False))[0].all_reduce is None
+
+
+def test_profiled_reduce_scatters_are_fitted_beside_the_all_reduces_and_evaluated_per_kind(tmp_path):
+    from shardwise.costmodel import NeuralCostModel
+    from shardwise.costmodel.data_parallel import AllReduceCost
+
+    line = {2: AllReduceCost(0.05, 0.0, 0.5, collective="reduce_scatter"),
+            4: AllReduceCost(0.2, 0.0, 2.0, collective="reduce_scatter")}
+    sizes = [4096 * 4**k for k in range(5)]
+    scatters = pd.DataFrame([
+        {"kind": "reduce_scatter", "config_id": f"rs{d}-{size}", "repeat": 0, "bwd_ms": 0.0,
+         "fwd_ms": float(line[d].predict_ms(size, d)), "batch_size": 512, "hardware_kind": "cpu-test",
+         "num_devices": d, "size_bytes": size, "backend": "gloo"}
+        for d in (2, 4) for size in sizes])
+    df = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), scatters], ignore_index=True)
+    model, report = train_cost_model(df, 0, TrainConfig(epochs=3, progress=False))
+    assert model.all_reduce is None  # none measured: each collective is its own line
+    assert model.reduce_scatter is not None and model.reduce_scatter.collective == "reduce_scatter"
+    assert float(model.reduce_scatter.predict_ms(2**21, 4)) == pytest.approx(float(line[4].predict_ms(2**21, 4)))
+    assert report.sizes["reduce_scatter_points"] == 10
+    rows = report.evaluation[report.evaluation["split"] == "held-out sizes"]
+    lines = rows[rows["method"] == "reduce_scatter_lines"].set_index("target")
+    assert list(lines.index) == ["2_devices", "4_devices"] and (lines["mape_pct"] < 1e-3).all()
+    assert "reduce_scatter_lines_heldout_sizes_2_devices_mape_pct" in report.metrics
+    assert NeuralCostModel.load(model.save(tmp_path / "m")).reduce_scatter == model.reduce_scatter
+    with pytest.raises(CostDataError, match="'fwd_ms' of reduce_scatter rows"):
+        train_cost_model(pd.concat([df[df["kind"] != "reduce_scatter"], scatters.assign(fwd_ms=0.0)]), 0,
+                         TrainConfig(epochs=1, progress=False))

@@ -60,6 +60,13 @@ def test_the_independent_check_catches_a_plan_over_memory_and_a_mis_tiled_plan(b
     assert bench.check_plan(replicated, task.model_copy(update={"device_memory_bytes": dp_need - 1}))[0] is True
     also_sharded = Plan(num_devices=2, shards=whole.shards, data_parallel=("t",))
     assert bench.check_plan(also_sharded, task)[1] is True
+    # a row-wise table: a block of ceil(1000 / 2) rows on each device, with its outputs for the whole batch
+    by_rows = Plan(num_devices=2, shards=(), row_wise=("t",))
+    rw_need = bench.device_bytes([(500, 16)], 512, "rowwise_adagrad", "fp32")
+    assert bench.check_plan(by_rows, task.model_copy(update={"device_memory_bytes": rw_need})) == (False, False)
+    assert bench.check_plan(by_rows, task.model_copy(update={"device_memory_bytes": rw_need - 1}))[0] is True
+    assert bench.check_plan(Plan(num_devices=2, shards=(), row_wise=("t",), data_parallel=("t",)), task)[1] is True
+    assert bench.check_plan(Plan(num_devices=2, shards=whole.shards, row_wise=("t",)), task)[1] is True
 
 
 def test_the_task_space_reaches_tiny_and_huge_tables(bench):

@@ -34,7 +34,8 @@ from shardwise.search import (
 )
 
 EXPECTED = ("neuroshard", "random", "size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy",
-            "measured_greedy", "torchrec", "torchrec_cw", "torchrec_dp", "dreamshard", "autoshard")
+            "measured_greedy", "torchrec", "torchrec_cw", "torchrec_dp", "torchrec_rw", "dreamshard",
+            "autoshard")
 
 
 class RoundRobinOptions(MethodOptions):

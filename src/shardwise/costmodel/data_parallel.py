@@ -40,11 +40,20 @@ def local_batch_table(table: TableSpec, num_devices: int) -> TableSpec:
                                     "source": table.source or table.name})
 
 
-def _ring_terms(num_devices: np.ndarray, size_bytes: np.ndarray) -> np.ndarray:
-    """[N, 3] the line's terms: 1, hops (D - 1), and the MiB a ring all-reduce moves per device (2 (D-1)/D x size)."""
+#: the collectives a line prices, and how many times (D - 1) / D of its bytes a ring moves per device: an all-reduce
+#: is a reduce-scatter and an all-gather (row-wise tables' pooled outputs are reduce-scattered, their gradients
+#: all-gathered and their ids sent by an even all-to-all, `costmodel.row_wise`)
+RING_VOLUME: dict[str, float] = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0, "all_to_all": 1.0}
+
+
+def _ring_terms(num_devices: np.ndarray, size_bytes: np.ndarray, collective: str = "all_reduce") -> np.ndarray:
+    """[N, 3] the line's terms: 1, hops (D - 1), and the MiB a ring collective moves per device (an all-reduce:
+    2 (D-1)/D x size, a reduce-scatter: (D-1)/D x size)."""
+    if collective not in RING_VOLUME:
+        raise ValueError(f"collective {collective!r} is not one of {sorted(RING_VOLUME)}")
     d = np.asarray(num_devices, dtype=np.float64)
     mib = np.asarray(size_bytes, dtype=np.float64) / MIB
-    return np.stack([np.ones_like(d), d - 1.0, 2.0 * (d - 1.0) / d * mib], axis=-1)
+    return np.stack([np.ones_like(d), d - 1.0, RING_VOLUME[collective] * (d - 1.0) / d * mib], axis=-1)
 
 
 @dataclass(frozen=True)
@@ -56,7 +65,11 @@ class AllReduceCost:
     4 processes put 8 under the 4 measured). Fitted to measured all-reduces on one
     hardware kind and backend (`fit_all_reduce`); `points` are what it was fitted on. One line per device count:
     on a 2-core CPU, 4 processes' all-reduces follow no hop term that 2 processes' do (one line over 2 and 4
-    processes: 48% held-out error, per device count 17-19%, bench_data_parallel_accuracy.py)."""
+    processes: 48% held-out error, per device count 17-19%, bench_data_parallel_accuracy.py).
+
+    `collective` "reduce_scatter", "all_gather" or "all_to_all": the same lines for that collective of `size_bytes`
+    (each device's input, or output for an all-gather; it moves (D - 1) / D of it), what prices row-wise tables'
+    collectives (`costmodel.row_wise`)."""
 
     latency_ms: float
     hop_ms: float
@@ -67,12 +80,13 @@ class AllReduceCost:
     points: tuple[tuple[int, int, float], ...] = field(default_factory=tuple)
     #: (num_devices, latency_ms, ms_per_mib): each measured device count's own line
     by_devices: tuple[tuple[int, float, float], ...] = field(default_factory=tuple)
+    collective: str = "all_reduce"
 
     def predict_ms(self, size_bytes: float | np.ndarray, num_devices: int | np.ndarray) -> np.ndarray:
         """Predicted ms of all-reducing `size_bytes` over `num_devices` (0 for nothing or one device)."""
         size = np.asarray(size_bytes, dtype=np.float64)
         d = np.broadcast_to(np.asarray(num_devices, dtype=np.float64), size.shape)
-        terms = _ring_terms(d, size)
+        terms = _ring_terms(d, size, self.collective)
         ms = terms @ np.array([self.latency_ms, self.hop_ms, self.ms_per_mib])
         for devices, latency_ms, ms_per_mib in sorted(self.by_devices):  # ascending: the largest count under D last
             own = terms @ np.array([latency_ms, 0.0, ms_per_mib])
@@ -96,8 +110,11 @@ class AllReduceCost:
             raise ValueError(f"all_reduce: latency_ms, hop_ms and ms_per_mib must be finite and >= 0, got {coef}"
                              + (f" and by_devices {list(lines)}" if lines else ""))
         points = tuple((int(d), int(b), float(ms)) for d, b, ms in doc.get("points", ()))
+        collective = str(doc.get("collective", "all_reduce"))
+        if collective not in RING_VOLUME:
+            raise ValueError(f"collective {collective!r} is not one of {sorted(RING_VOLUME)}")
         return cls(**coef, backend=str(doc.get("backend", "")), hardware_kind=str(doc.get("hardware_kind", "")),
-                   points=points, by_devices=lines)
+                   points=points, by_devices=lines, collective=collective)
 
 
 def _non_negative_fit(terms: np.ndarray, active: list[int]) -> np.ndarray:
@@ -115,19 +132,20 @@ def _non_negative_fit(terms: np.ndarray, active: list[int]) -> np.ndarray:
 
 
 def fit_all_reduce(points: Sequence[tuple[int, int, float]], *, backend: str = "", hardware_kind: str = "",
-                   per_device_count: bool = True) -> AllReduceCost:
+                   per_device_count: bool = True, collective: str = "all_reduce") -> AllReduceCost:
     """The lines through measured (num_devices, size_bytes, ms) all-reduces, least squares on relative error (a
     10 us latency and a 100 ms transfer both matter), coefficients kept >= 0 (a negative one is dropped and the
     rest refitted): one over every point (hop_ms is 0 where every point has one device count: it cannot be told
-    from the latency) and, with `per_device_count`, one for each device count measured at two sizes or more."""
+    from the latency) and, with `per_device_count`, one for each device count measured at two sizes or more.
+    `collective`: what was measured, "all_reduce", "reduce_scatter", "all_gather" or "all_to_all" (`RING_VOLUME`)."""
     if len(points) < 2:
-        raise ValueError(f"fit_all_reduce needs at least 2 measured all-reduces, got {len(points)}")
+        raise ValueError(f"fit_all_reduce needs at least 2 measured {collective}s, got {len(points)}")
     d = np.array([p[0] for p in points], dtype=np.float64)
     size = np.array([p[1] for p in points], dtype=np.float64)
     ms = np.array([p[2] for p in points], dtype=np.float64)
     if (d < 2).any() or (ms <= 0).any():
         raise ValueError("fit_all_reduce: every point needs num_devices >= 2 and ms > 0")
-    terms = _ring_terms(d, size) / ms[:, None]  # rows scaled by 1 / ms: relative error
+    terms = _ring_terms(d, size, collective) / ms[:, None]  # rows scaled by 1 / ms: relative error
     coef = _non_negative_fit(terms, [0, 2] if np.ptp(d) == 0 else [0, 1, 2])
     lines = []
     for devices in sorted(set(d.tolist())) if per_device_count else ():
@@ -137,17 +155,19 @@ def fit_all_reduce(points: Sequence[tuple[int, int, float]], *, backend: str = "
             lines.append((int(devices), float(own[0]), float(own[2])))
     return AllReduceCost(latency_ms=float(coef[0]), hop_ms=float(coef[1]), ms_per_mib=float(coef[2]), backend=backend,
                          hardware_kind=hardware_kind,
-                         points=tuple((int(a), int(b), float(c)) for a, b, c in points), by_devices=tuple(lines))
+                         points=tuple((int(a), int(b), float(c)) for a, b, c in points), by_devices=tuple(lines),
+                         collective=collective)
 
 
-def heldout_all_reduce_errors(points: Sequence[tuple[int, int, float]], *,
-                              per_device_count: bool = True) -> list[tuple[int, int, float, float]]:
+def heldout_all_reduce_errors(points: Sequence[tuple[int, int, float]], *, per_device_count: bool = True,
+                              collective: str = "all_reduce") -> list[tuple[int, int, float, float]]:
     """Leave one size out: each distinct size's all-reduces predicted by the lines fitted to the other sizes;
     (num_devices, size_bytes, measured ms, predicted ms) per point. The held-out accuracy of `fit_all_reduce`."""
     sizes = sorted({p[1] for p in points})
     out = []
     for size in sizes:
-        fitted = fit_all_reduce([p for p in points if p[1] != size], per_device_count=per_device_count)
+        fitted = fit_all_reduce([p for p in points if p[1] != size], per_device_count=per_device_count,
+                                collective=collective)
         for d, b, ms in (p for p in points if p[1] == size):
             out.append((d, b, ms, float(fitted.predict_ms(b, d))))
     return out

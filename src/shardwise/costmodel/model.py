@@ -18,7 +18,7 @@ from shardwise.errors import ShardwiseError
 from shardwise.workload import NUM_FEATURES, TableSpec
 
 from .coverage import FeatureRanges, outside_line
-from .data_parallel import AllReduceCost
+from .data_parallel import RING_VOLUME, AllReduceCost
 from .features import (
     COMM_FEATURE_NAMES,
     NUM_COMM_FEATURES,
@@ -45,6 +45,9 @@ MIN_MS = 1e-4
 #: far outside the training range (10^8 rows x 512 columns on a model profiled on CPU-sized tables); 10^9 ms is
 #: already absurd, and finite sums keep search and policy training working (bench_memory_property.py found it)
 MAX_LOG_MS = math.log(1e9)
+
+#: the measured collectives' lines a model stores beside its networks (cost_model.json keys)
+COLLECTIVE_LINES = tuple(RING_VOLUME)
 
 
 class ModelFileError(ShardwiseError, ValueError):
@@ -112,6 +115,11 @@ class NeuralCostModel:
         self._matrix = np.zeros((0, NUM_FEATURES + NUM_WORK_CHANNELS), dtype=np.float32)
         #: the measured all-reduce line that prices data-parallel tables' gradients (None: they are not searched)
         self.all_reduce: AllReduceCost | None = None
+        #: the measured reduce-scatter line that prices row-wise tables' outputs (None: they are not searched), and
+        #: the all-gather and all-to-all lines of their gradients and ids (None: the reduce-scatter's prices them)
+        self.reduce_scatter: AllReduceCost | None = None
+        self.all_gather: AllReduceCost | None = None
+        self.all_to_all: AllReduceCost | None = None
         self._compute_offset = torch.tensor(meta.compute_log_offset, dtype=torch.float32)
         self._comm_offset = torch.tensor(meta.comm_log_offset, dtype=torch.float32)
 
@@ -242,7 +250,7 @@ class NeuralCostModel:
                      "feature_ranges": self.meta.feature_ranges.to_json() if self.meta.feature_ranges else None},
             "normaliser": self.normaliser.to_json(),
             "comm_normaliser": self.comm_normaliser.to_json() if self.comm_normaliser else None,
-            "all_reduce": self.all_reduce.to_json() if self.all_reduce else None,
+            **{c: line.to_json() if (line := getattr(self, c)) else None for c in COLLECTIVE_LINES},
         }
         (directory / CONFIG_FILE).write_text(json.dumps(doc, indent=1))
         tensors = {f"compute.{k}": v.detach().cpu() for k, v in self.compute_net.state_dict().items()}
@@ -286,8 +294,9 @@ class NeuralCostModel:
             normaliser = _normaliser("normaliser", doc["normaliser"], TABLE_FEATURE_NAMES)
             comm_norm = (_normaliser("comm_normaliser", doc["comm_normaliser"], COMM_FEATURE_NAMES)
                          if doc.get("comm_normaliser") else None)
-            # optional (a model saved without one prices no data-parallel tables)
-            all_reduce = AllReduceCost.from_json(doc["all_reduce"]) if doc.get("all_reduce") else None
+            # optional (a model saved without an all-reduce prices no data-parallel tables, one without a
+            # reduce-scatter no row-wise tables)
+            lines = {c: AllReduceCost.from_json(doc[c]) if doc.get(c) else None for c in COLLECTIVE_LINES}
         weights_path = directory / WEIGHTS_FILE
         try:
             tensors = torch.load(weights_path, map_location="cpu", weights_only=True)
@@ -306,7 +315,8 @@ class NeuralCostModel:
         except ValueError as err:
             raise ModelFileError(f"{weights_path}: {err}") from None
         model = cls(compute_net, normaliser, meta, config, comm_net, comm_norm)
-        model.all_reduce = all_reduce
+        for collective, line in lines.items():
+            setattr(model, collective, line)
         return model.to(device)
 
 

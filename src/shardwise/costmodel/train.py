@@ -114,9 +114,10 @@ def check_cost_frame(df: pd.DataFrame) -> tuple[str, int]:
     sizes = sorted(int(b) for b in df["batch_size"].unique())
     if len(sizes) != 1:
         raise CostDataError(f"cost dataset mixes batch sizes {sizes}: profile one batch size per model")
-    bad_kinds = set(df["kind"].unique()) - {"compute", "comm", "all_reduce"}
+    bad_kinds = set(df["kind"].unique()) - {"compute", "comm", *COLLECTIVE_MS_COLUMN}
     if bad_kinds:
-        raise CostDataError(f"column 'kind' has values {sorted(bad_kinds)}, expected 'compute', 'comm' or 'all_reduce'")
+        raise CostDataError(f"column 'kind' has values {sorted(bad_kinds)}, expected 'compute', 'comm' or one of "
+                            f"{sorted(COLLECTIVE_MS_COLUMN)}")
     compute = df[df["kind"] == "compute"]
     if compute.empty:
         raise CostDataError("cost dataset has no kind='compute' rows")
@@ -205,40 +206,50 @@ def comm_samples(df: pd.DataFrame) -> CommSamples | None:
     return CommSamples(np.stack(feats), np.asarray(costs, dtype=np.float64), np.asarray(layout))
 
 
-def all_reduce_points(df: pd.DataFrame) -> list[tuple[int, int, float]]:
-    """(num_devices, size_bytes, ms) of each all-reduce the dataset measured, the median over its rows (runs add to
-    one history); [] when it has none (datasets from before all-reduces were profiled)."""
-    rows = df[df["kind"] == "all_reduce"]
+#: the collectives a dataset's rows measured, and the column of a row's ms (where a training step runs it)
+COLLECTIVE_MS_COLUMN = {"all_reduce": "bwd_ms", "reduce_scatter": "fwd_ms", "all_gather": "bwd_ms",
+                        "all_to_all": "fwd_ms"}
+#: what each collective prices, in the evaluation's notes
+_COLLECTIVE_USE = {"all_reduce": "data-parallel gradient all-reduce", "reduce_scatter": "row-wise outputs' reduce-scatter",
+                   "all_gather": "row-wise gradients' all-gather", "all_to_all": "row-wise ids' all-to-all"}
+
+
+def all_reduce_points(df: pd.DataFrame, collective: str = "all_reduce") -> list[tuple[int, int, float]]:
+    """(num_devices, size_bytes, ms) of each all-reduce (or `collective`: "reduce_scatter") the dataset measured, the
+    median over its rows (runs add to one history); [] when it has none (datasets from before they were profiled)."""
+    rows = df[df["kind"] == collective]
     if rows.empty:
         return []
     for col in ("num_devices", "size_bytes"):
         if col not in rows.columns or rows[col].isna().any():
-            raise CostDataError(f"cost dataset lacks column {col!r} for kind='all_reduce' rows")
-    ms = rows.groupby(["num_devices", "size_bytes"], sort=True)["bwd_ms"].median()
+            raise CostDataError(f"cost dataset lacks column {col!r} for kind={collective!r} rows")
+    column = COLLECTIVE_MS_COLUMN[collective]
+    ms = rows.groupby(["num_devices", "size_bytes"], sort=True)[column].median()
     if not np.all(np.isfinite(ms.to_numpy())) or (ms <= 0).any():
-        raise CostDataError("column 'bwd_ms' of all_reduce rows must be finite and > 0")
+        raise CostDataError(f"column {column!r} of {collective} rows must be finite and > 0")
     return [(int(d), int(size), float(v)) for (d, size), v in ms.items()]
 
 
-def fit_all_reduce_rows(df: pd.DataFrame, hardware_kind: str) -> tuple[AllReduceCost | None, pd.DataFrame]:
-    """The all-reduce lines fitted to the dataset's all-reduce rows (None without two of them) and their held-out
-    evaluation: each size left out in turn and predicted by the lines through the rest, per device count, for the
-    line of each device count (what the model stores) and for one line over every device count."""
-    points = all_reduce_points(df)
+def fit_all_reduce_rows(df: pd.DataFrame, hardware_kind: str,
+                        collective: str = "all_reduce") -> tuple[AllReduceCost | None, pd.DataFrame]:
+    """The all-reduce (or `collective`) lines fitted to the dataset's rows of that kind (None without two of them)
+    and their held-out evaluation: each size left out in turn and predicted by the lines through the rest, per device
+    count, for the line of each device count (what the model stores) and for one line over every device count."""
+    points = all_reduce_points(df, collective)
     if len(points) < 2:
         return None, pd.DataFrame()
-    backends = sorted(map(str, df.loc[df["kind"] == "all_reduce", "backend"].dropna().unique()))
-    fitted = fit_all_reduce(points, backend=",".join(backends), hardware_kind=hardware_kind)
+    backends = sorted(map(str, df.loc[df["kind"] == collective, "backend"].dropna().unique()))
+    fitted = fit_all_reduce(points, backend=",".join(backends), hardware_kind=hardware_kind, collective=collective)
     rows = []
     if len({size for _, size, _ in points}) >= 3:  # two sizes left after one is held out
-        for method, per_count in (("all_reduce_lines", True), ("all_reduce_one_line", False)):
-            errors = heldout_all_reduce_errors(points, per_device_count=per_count)
+        for method, per_count in ((f"{collective}_lines", True), (f"{collective}_one_line", False)):
+            errors = heldout_all_reduce_errors(points, per_device_count=per_count, collective=collective)
             for count in sorted({d for d, *_ in errors}):
                 mine = [(ms, pred) for d, _, ms, pred in errors if d == count]
                 rows.append({
                     "split": "held-out sizes", "method": method, "target": f"{count}_devices", "n": len(mine),
                     **regression_metrics(np.array([p for _, p in mine]), np.array([m for m, _ in mine])),
-                    "note": ("data-parallel gradient all-reduce, each size left out; "
+                    "note": (f"{_COLLECTIVE_USE[collective]}, each size left out; "
                              + ("one line per device count" if per_count else "one line over every device count")),
                 })
     return fitted, pd.DataFrame(rows)
@@ -361,8 +372,9 @@ def _fit(
 def train_cost_model(
     df: pd.DataFrame, seed: int, config: TrainConfig | None = None
 ) -> tuple[NeuralCostModel, TrainingReport]:
-    """Train compute (and, if the data has comm rows, communication) networks and fit the all-reduce lines (if it has
-    all_reduce rows: data-parallel tables are priced with them); evaluate on held-out tables, layouts and sizes."""
+    """Train compute (and, if the data has comm rows, communication) networks and fit the all-reduce and
+    reduce-scatter lines (if it has rows of those kinds: data-parallel and row-wise tables are priced with them);
+    evaluate on held-out tables, layouts and sizes."""
     cfg = config or TrainConfig()
     hardware_kind, batch_size = check_cost_frame(df)
     torch.manual_seed(seed)
@@ -437,7 +449,11 @@ def train_cost_model(
         feature_ranges=FeatureRanges.of_training(features(unique_train), [len(s) for s in train.shards], batch_size),
     )
     model = NeuralCostModel(net, normaliser, meta, net_cfg, comm_net, comm_norm)
-    model.all_reduce, all_reduce_evaluation = fit_all_reduce_rows(df, hardware_kind)
+    collective_evaluations = []
+    for collective in COLLECTIVE_MS_COLUMN:  # all_reduce, reduce_scatter, all_gather, all_to_all: model attributes
+        line, evaluation = fit_all_reduce_rows(df, hardware_kind, collective)
+        setattr(model, collective, line)
+        collective_evaluations.append(evaluation)
 
     single = {s[0]: c for s, c in zip(samples.shards, samples.costs_ms) if len(s) == 1}
     frames = [evaluate_compute(model, train, test, single_table_ms=single)]
@@ -453,7 +469,7 @@ def train_cost_model(
              **regression_metrics(pred[:, j], meas[:, j]), "note": "per device"}
             for j, k in enumerate(("fwd", "bwd"))
         ]))
-    frames.append(all_reduce_evaluation)
+    frames += collective_evaluations
     evaluation = pd.concat([f for f in frames if not f.empty], ignore_index=True)
     # a unique first column: pipelines flatten the table to `<label>_<column>` metrics
     evaluation.insert(0, "label", [_label(r.method, r.split, r.target) for r in evaluation.itertuples(index=False)])
@@ -463,7 +479,7 @@ def train_cost_model(
         heldout_num_tables=tuple(sizes_out),
         sizes={"train": len(train), "val": len(val), "test": len(test), "size_test": len(size_test),
                "comm_rows": 0 if comm is None else len(comm.layout),
-               "all_reduce_points": 0 if model.all_reduce is None else len(model.all_reduce.points)},
+               **{f"{c}_points": len(line.points) if (line := getattr(model, c)) else 0 for c in COLLECTIVE_MS_COLUMN}},
         epochs_run=epochs_run, best_epoch=best_epoch, best_val_loss=best_val, evaluation=evaluation,
         metrics=metrics, train=train, test=test, size_test=size_test, single_table_ms=single, notes=notes,
     )
@@ -518,7 +534,8 @@ def fine_tune_cost_model(model: NeuralCostModel, samples: ComputeSamples, seed: 
         model.meta, info={**model.meta.info, "fine_tuned_shards": len(samples)},
         feature_ranges=model.meta.feature_ranges.union(ranges) if model.meta.feature_ranges else ranges)
     tuned = NeuralCostModel(net, model.normaliser, meta, model.config, model.comm_net, model.comm_normaliser)
-    tuned.all_reduce = model.all_reduce  # measured on the same hardware; fine-tuning touches the kernels only
+    for collective in COLLECTIVE_MS_COLUMN:  # measured on the same hardware; fine-tuning touches the kernels only
+        setattr(tuned, collective, getattr(model, collective))
     measured = held.costs_ms.sum(axis=1)
 
     def mape(m: NeuralCostModel) -> float:

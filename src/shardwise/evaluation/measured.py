@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from shardwise.costmodel.data_parallel import gradient_bytes
+from shardwise.costmodel.row_wise import ids_bytes, output_bytes
 from shardwise.profiling import (
     AllToAllSession,
     CommPricing,
@@ -26,7 +27,15 @@ from shardwise.profiling import (
     resolve_timing,
 )
 from shardwise.profiling.comm import default_backend
-from shardwise.search.plan import Plan, data_parallel_specs, device_specs, plan_memory_bytes, validate_plan
+from shardwise.search.plan import (
+    Plan,
+    data_parallel_specs,
+    device_specs,
+    plan_memory_bytes,
+    row_block_specs,
+    row_wise_specs,
+    validate_plan,
+)
 from shardwise.workload import Optimizer, ShardingTask, TableSpec, WeightsPrecision
 
 MEASURED_FORMAT = "shardwise.measured/v1"
@@ -58,6 +67,10 @@ class DeviceCost(BaseModel):
     #: the plan's data-parallel tables' gradient all-reduce, the same on every device (their kernel on the local
     #: batch is in fwd_ms and bwd_ms, their names in `shards`); 0 without data-parallel tables and in older files
     all_reduce_ms: float = 0.0
+    #: the plan's row-wise tables' collectives, the same on every device: their outputs' reduce-scatter, their
+    #: gradients' all-gather and their ids' all-to-all (their kernel on the device's row blocks is in fwd_ms and
+    #: bwd_ms, the blocks' names in `shards`); 0 without row-wise tables and in older files
+    row_wise_comm_ms: float = 0.0
 
     @property
     def compute_ms(self) -> float:
@@ -78,7 +91,7 @@ class DeviceCost(BaseModel):
     @property
     def total_ms(self) -> float:
         """Forward + backward + forward all-to-all + backward all-to-all (+ the data-parallel all-reduce)."""
-        return self.compute_ms + self.comm_ms + self.all_reduce_ms
+        return self.compute_ms + self.comm_ms + self.all_reduce_ms + self.row_wise_comm_ms
 
     @property
     def own_comm_fwd_bwd_ms(self) -> tuple[float, float]:
@@ -105,6 +118,8 @@ class MeasuredPlanCost(BaseModel):
     devices: tuple[DeviceCost, ...]
     #: the tables replicated on every device (empty in older files)
     data_parallel: tuple[str, ...] = ()
+    #: the tables split by rows over every device (empty in older files)
+    row_wise: tuple[str, ...] = ()
 
     @property
     def max_cost_ms(self) -> float:
@@ -140,7 +155,8 @@ class MeasuredPlanCost(BaseModel):
     @property
     def own_comm_max_cost_ms(self) -> float:
         """The plan cost with each device's all-to-all its own median, before any pricing."""
-        return max(d.compute_ms + sum(d.own_comm_fwd_bwd_ms) + d.all_reduce_ms for d in self.devices)
+        return max(d.compute_ms + sum(d.own_comm_fwd_bwd_ms) + d.all_reduce_ms + d.row_wise_comm_ms
+                   for d in self.devices)
 
     @property
     def memory_headroom(self) -> float:
@@ -185,6 +201,11 @@ class MeasuredPlanCost(BaseModel):
             lines.append(
                 f"data-parallel on every device: {', '.join(self.data_parallel)} (their kernel on the local batch in "
                 f"fwd_ms / bwd_ms, their gradient all-reduce {self.devices[0].all_reduce_ms:.3f} ms in total_ms)"
+            )
+        if self.row_wise:
+            lines.append(
+                f"row-wise over every device: {', '.join(self.row_wise)} (the kernel on each device's row blocks in "
+                f"fwd_ms / bwd_ms, their collectives {self.devices[0].row_wise_comm_ms:.3f} ms in total_ms)"
             )
         if self.launch_bound_devices:
             worst = max((d for d in self.devices if d.launch_bound), key=lambda d: d.launch_ms or 0.0)
@@ -301,6 +322,24 @@ def measure_all_reduces(sizes_bytes: Sequence[int], measurement: MeasurementSett
     return [medians.get(int(size), 0.0) for size in sizes_bytes]
 
 
+def measure_row_wise_comm(tables_of: Sequence[Sequence[TableSpec]], batch_size: int, num_devices: int,
+                          measurement: MeasurementSettings, session: AllToAllSession) -> list[float]:
+    """Median ms of each plan's row-wise collectives (`tables_of`: each plan's row-wise tables) in `session`'s
+    process group: the outputs' reduce-scatter, the gradients' all-gather (the same bytes) and the ids' all-to-all,
+    each size timed `comm_rounds` x `comm_iters` times, the sizes taking turns; 0 for a plan without any."""
+    iters = measurement.comm_rounds * measurement.comm_iters
+    sizes = [(output_bytes(tables, batch_size), ids_bytes(tables, batch_size, num_devices)) if tables else (0, 0)
+             for tables in tables_of]
+    medians: dict[tuple[str, int], float] = {}
+    for op, column in (("reduce_scatter", 0), ("all_gather", 0), ("all_to_all", 1)):
+        distinct = sorted({max(4 * num_devices, s[column]) for s, tables in zip(sizes, tables_of) if tables})
+        for size, samples in zip(distinct, session.measure_collective(op, distinct, iters=iters), strict=True):
+            medians[(op, size)] = statistics.median(samples)
+    return [sum(medians[(op, max(4 * num_devices, s[column]))]
+                for op, column in (("reduce_scatter", 0), ("all_gather", 0), ("all_to_all", 1))) if tables else 0.0
+            for s, tables in zip(sizes, tables_of, strict=True)]
+
+
 def measure_comm(
     layouts: Sequence[Sequence[int]], batch_size: int, measurement: MeasurementSettings, *, backend: str,
     session: AllToAllSession | None = None,
@@ -374,14 +413,21 @@ def measure_plans(
     replicated = [data_parallel_specs(plan, task) for task, plan in items]
     shards += [KernelShard(tables, -(-batch // task.num_devices), task.optimizer, task.weights_precision)
                for (task, _), tables, batch in zip(items, replicated, batches) if tables]
+    # row-wise tables: one kernel over each device's row blocks, at the whole batch (a block's lookups are the
+    # batch's ids that fall in its rows); devices with the same blocks are timed once
+    blocks = [row_block_specs(plan, task) for task, plan in items]
+    shards += [KernelShard(device_blocks, batch, task.optimizer, task.weights_precision)
+               for (task, _), devices, batch in zip(items, blocks, batches) for device_blocks in devices if device_blocks]
     timed = iter(time_shards_in_rounds(
         shards, measurement.timing_rounds, device=device, protocol=protocol, progress=progress
     ))
     timings = [[next(timed) if tables else [] for tables in devices] for devices in layouts]
     replicated_ms = [_median_fwd_bwd(next(timed)) if tables else (0.0, 0.0) for tables in replicated]
+    block_ms = [[_median_fwd_bwd(next(timed)) if device_blocks else (0.0, 0.0) for device_blocks in devices]
+                for devices in blocks]
     compute = [[_median_fwd_bwd(t) if t else (0.0, 0.0) for t in devices] for devices in timings]
-    compute = [[(fwd + extra[0], bwd + extra[1]) for fwd, bwd in devices]
-               for devices, extra in zip(compute, replicated_ms, strict=True)]
+    compute = [[(fwd + extra[0] + own[0], bwd + extra[1] + own[1]) for (fwd, bwd), own in zip(devices, rows, strict=True)]
+               for devices, extra, rows in zip(compute, replicated_ms, block_ms, strict=True)]
     launch = [[_median_launch_ms(t) for t in devices] for devices in timings]
 
     widths = [[sum(t.dim for t in tables) for tables in devices] for devices in layouts]
@@ -393,16 +439,25 @@ def measure_plans(
     measured_comm = [list(c) for c in comm]
     backend = comm_backend or default_backend(device.type)
     all_reduce = [0.0] * len(items)
+    row_wise_comm = [0.0] * len(items)
+    split = [row_wise_specs(plan, task) for task, plan in items]
     for (num_devices, batch), members in groups.items():
         group = [widths[k] for k in members]
-        if not any(replicated[k] for k in members):
+        if not any(replicated[k] or split[k] for k in members):
             medians = measure_comm(group, batch, measurement, backend=backend)
-        else:  # the all-reduces of data-parallel gradients in the all-to-alls' process group
+        else:  # data-parallel gradients' all-reduces and row-wise collectives in the all-to-alls' process group
             with AllToAllSession(num_devices, backend=backend) as session:
                 medians = measure_comm(group, batch, measurement, backend=backend, session=session)
-                sizes = measure_all_reduces([gradient_bytes(replicated[k]) for k in members], measurement, session)
-            for k, ms in zip(members, sizes, strict=True):
-                all_reduce[k] = ms
+                if any(replicated[k] for k in members):
+                    sizes = measure_all_reduces([gradient_bytes(replicated[k]) for k in members], measurement,
+                                                session)
+                    for k, ms in zip(members, sizes, strict=True):
+                        all_reduce[k] = ms
+                if any(split[k] for k in members):
+                    collectives = measure_row_wise_comm([split[k] for k in members], batch, num_devices, measurement,
+                                                        session)
+                    for k, ms in zip(members, collectives, strict=True):
+                        row_wise_comm[k] = ms
         for k, raw, priced in zip(members, medians, price_comm(group, medians, measurement.comm_pricing)):
             measured_comm[k], comm[k] = raw, priced
 
@@ -414,7 +469,7 @@ def measure_plans(
         costs = tuple(
             DeviceCost(
                 device=d,
-                shards=tuple(t.name for t in [*tables, *replicated[k]]),
+                shards=tuple(t.name for t in [*tables, *replicated[k], *blocks[k][d]]),
                 width=widths[k][d],
                 fwd_ms=compute[k][d][0],
                 bwd_ms=compute[k][d][1],
@@ -425,6 +480,7 @@ def measure_plans(
                 comm_bwd_measured_ms=measured_comm[k][d][1],
                 launch_ms=launch[k][d],
                 all_reduce_ms=all_reduce[k],
+                row_wise_comm_ms=row_wise_comm[k],
             )
             for d, tables in enumerate(layouts[k])
         )
@@ -439,6 +495,7 @@ def measure_plans(
                 reference_ms=protocol.reference_ms,
                 devices=costs,
                 data_parallel=plan.data_parallel,
+                row_wise=plan.row_wise,
             )
         )
     return results

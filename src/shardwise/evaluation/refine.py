@@ -82,6 +82,7 @@ from .measured import (
     distinct_shards,
     measure_all_reduces,
     measure_comm,
+    measure_plans,
     price_comm,
     time_shards_in_rounds,
 )
@@ -101,7 +102,9 @@ def search_resplit(searcher: Searcher, task: ShardingTask, cost_model: CostModel
     def resplit(table: str, pieces: int) -> Plan | None:
         split = tuple((name, p) for name, p in config.split if name != table) + ((table, pieces),)
         try:
-            return NeuroShardSearch(dataclasses.replace(config, split=split)).search(task, cost_model, seed)
+            # without row-wise tables: refinement moves table-wise and column-wise shards only
+            return NeuroShardSearch(dataclasses.replace(config, split=split, row_wise=False)).search(
+                task, cost_model, seed)
         except PlanError:
             return None
 
@@ -395,10 +398,26 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
     for candidate in (plan, *starts):
         validate_plan(candidate, task)
     started = time.perf_counter()
+    if plan.row_wise:
+        return _measured_as_it_is(task, plan, measurement, started, progress)
+    starts = [start for start in starts if not start.row_wise]
     if dataset is not None:
         prepare_dataset(dataset)  # a path that cannot hold the dataset fails before anything is measured
     with _open_refiner(task, cost_model, measurement, progress, dataset) as refiner:
         return _refine(refiner, plan, starts, rounds, time_budget_s, started, resplit)
+
+
+def _measured_as_it_is(task: ShardingTask, plan: Plan, measurement: MeasurementSettings | None, started: float,
+                       progress: bool) -> tuple[Plan, Refinement]:
+    """A plan with row-wise tables, which refinement does not move yet (its rounds time and move table-wise and
+    column-wise shards): measured once and returned as it is, its record saying so."""
+    measured = measure_plans([(task, plan)], measurement, progress=progress)[0]
+    record = Refinement(rounds=[], starts={plan.method: measured.max_cost_ms}, start=plan.method,
+                        before_ms=measured.max_cost_ms, after_ms=measured.max_cost_ms,
+                        seconds=time.perf_counter() - started, devices_measured=plan.num_devices,
+                        stopped=f"not refined: refinement does not move row-wise tables yet ({', '.join(plan.row_wise)});"
+                                " the searched plan is returned as it is, measured")
+    return plan.model_copy(update={"extra": {**plan.extra, "refinement": record.model_dump()}}), record
 
 
 def measure_side_by_side(task: ShardingTask, plans: Sequence[Plan], cost_model: CostModel,

@@ -37,12 +37,11 @@ from shardwise.search.torchrec_plan import (
     ebc_on_meta,
     parameter_sharding,
     plan_from_module_sharding,
-    row_wise_rows,
     row_wise_sharding,
     to_module_sharding_plan,
     to_sharding_plan,
 )
-from shardwise.workload import Optimizer, ShardingTask, TableSpec, WeightsPrecision
+from shardwise.workload import Optimizer, ShardingTask, TableSpec, WeightsPrecision, row_wise_rows
 from shardwise.workload.memory import activation_buffer_bytes, table_memory_bytes
 
 from .mlflow import MlflowService, champion_uri, cost_model_name
@@ -289,18 +288,23 @@ class ShardwisePlanner(ShardingPlanner):
         return sharding
 
     def _check_plan_constraints(self, plan: Plan, tables: Sequence[ModuleTable]) -> None:
-        """Column splits the constraints forbid (no column_wise, or narrower than min_partition) and data-parallel
-        tables they forbid (no data_parallel, or no dense kernel) are refused."""
+        """Column splits the constraints forbid (no column_wise, or narrower than min_partition), and data-parallel
+        and row-wise tables they forbid (no data_parallel with the dense kernel, no row_wise with the fused one) are
+        refused."""
         for table in tables:
             constraint = self.constraints.get(table.name)
-            if table.key in plan.data_parallel and constraint is not None:
+            for sharding, names, kernel, what in (
+                    ("data_parallel", plan.data_parallel, DATA_PARALLEL_KERNEL, "data-parallel"),
+                    ("row_wise", plan.row_wise, COMPUTE_KERNEL, "row-wise")):
+                if table.key not in names or constraint is None:
+                    continue
                 types = getattr(constraint, "sharding_types", None)
                 kernels = getattr(constraint, "compute_kernels", None)
-                if (types and "data_parallel" not in types) or (kernels and DATA_PARALLEL_KERNEL not in kernels):
+                if (types and sharding not in types) or (kernels and kernel not in kernels):
                     raise PlannerError(
-                        f"table {table.name!r}: the {plan.method} plan makes it data-parallel, which its constraints "
+                        f"table {table.name!r}: the {plan.method} plan makes it {what}, which its constraints "
                         f"(sharding_types {list(types or [])}, compute_kernels {list(kernels or [])}) forbid; allow "
-                        "data_parallel with the dense kernel, or pass searcher=NeuroShardSearch(data_parallel=False)"
+                        f"{sharding} with the {kernel} kernel, or pass searcher=NeuroShardSearch({sharding}=False)"
                     )
             widths = [s.dim for s in plan.shards if s.table == table.key]
             if constraint is None or len(widths) < 2:
@@ -503,7 +507,8 @@ class ShardwisePlanner(ShardingPlanner):
             names = [t.name for t in tables if t.sharding == sharding]
             if names:
                 lines.append(f"{how}, not costed by the cost model (their constraints allow nothing else; it costs "
-                             f"table-wise, column-wise and the data-parallel tables search chooses): {', '.join(names)}")
+                             f"table-wise, column-wise and the data-parallel and row-wise tables search chooses): "
+                             f"{', '.join(names)}")
         sequence = [t.name for t in tables if t.sequence]
         if sequence:
             lines.append(f"sequence tables (EmbeddingCollection), costed as pooled lookups: {', '.join(sequence)}")

@@ -1,4 +1,5 @@
-"""`shardwise profile`: measure sampled shards, all-to-all layouts and all-reduces into a cost dataset (resumable)."""
+"""`shardwise profile`: measure sampled shards, all-to-all layouts and the collectives of data-parallel and row-wise
+tables into a cost dataset (resumable)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ class ProfileJobSettings(JobSettings):
     comm_layouts: int = Field(default=_PROFILER["comm_layouts"].default, ge=0, description="all-to-all layouts to measure")
     all_reduce_max_bytes: int = Field(
         default=_PROFILER["all_reduce_max_bytes"].default, ge=0,
-        description="with --comm-layouts: all-reduces of 4 KiB, 16 KiB, ... up to this many bytes over each device "
-                    "count (data-parallel tables' gradients; 0: none)")
+        description="with --comm-layouts: all-reduces, reduce-scatters, all-gathers and all-to-alls of 4 KiB, 16 KiB, "
+                    "... up to this many bytes over each device count (data-parallel tables' gradients, row-wise "
+                    "tables' outputs, gradients and ids; 0: none)")
     max_tables: int = Field(default=_PROFILER["max_tables"].default, ge=1, description="most tables in one shard")
     repeats: int = Field(default=_PROFILER["repeats"].default, ge=0,
                          description="re-measure some shards this many more times")

@@ -6,7 +6,9 @@ sizes), and backward sends the gradients of those slices back (the reverse excha
 
 A data-parallel table leaves the all-to-all: every device holds a replica and its dense gradient (rows x dim
 fp32) is all-reduced each step (`all_reduce` with sum, what DDP runs on the gradient buckets); `measure_all_reduce`
-times that collective the same way.
+times that collective the same way. A row-wise table's pooled outputs are partial sums on every device: they are
+reduce-scattered in forward and their gradients all-gathered in backward, and its ids are sent to the devices that
+hold their rows (an even all-to-all); `AllToAllSession.measure_collective` times each of these.
 
 Each timed exchange starts after a barrier, but the ranks leave a barrier at different moments (on a shared
 CPU by whole scheduler slices), and a rank's own clock would then count the wait for the last peer to arrive
@@ -146,22 +148,46 @@ def _time_layouts(
             for times, (_, recv, *_), correct in zip(stamps, buffers, checks, strict=True)]
 
 
-def _time_all_reduces(rank: int, sizes_bytes: Sequence[int], device: torch.device, warmup_iters: int,
+#: the collectives `AllToAllSession.measure_collective` times, each of `size_bytes` fp32 per device: all_reduce (a
+#: sum of size_bytes), reduce_scatter (size_bytes in, its 1 / D slice of the sum out), all_gather (a 1 / D slice in,
+#: size_bytes out), all_to_all (size_bytes sent, 1 / D to each device)
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+
+
+def _collective_call(op: str, size_bytes: int, world_size: int,
+                     device: torch.device) -> tuple[Callable[[], object], Callable[[], object]]:
+    """One collective of `size_bytes` per device: (the call to time, what to run after it, untimed)."""
+    if op == "all_reduce":
+        full = torch.ones(max(1, size_bytes // 4), device=device)
+        return (lambda: dist.all_reduce(full)), (lambda: full.fill_(1.0))  # sums of sums would overflow to inf
+    full = torch.ones(max(world_size, size_bytes // 4 // world_size * world_size), device=device)
+    part = torch.ones(full.numel() // world_size, device=device)
+    if op == "reduce_scatter":
+        return (lambda: dist.reduce_scatter_single(part, full)), (lambda: None)
+    if op == "all_gather":
+        return (lambda: dist.all_gather_single(full, part)), (lambda: None)
+    if op == "all_to_all":
+        received = torch.empty_like(full)
+        return (lambda: dist.all_to_all_single(received, full)), (lambda: None)
+    raise ValueError(f"collective {op!r} is not one of {list(COLLECTIVES)}")
+
+
+def _time_collectives(rank: int, op: str, sizes_bytes: Sequence[int], device: torch.device, warmup_iters: int,
                       iters: int) -> list[dict[str, Any]]:
-    """This rank's stamps of every size's timed all-reduces (fp32 sums), the sizes taking turns as layouts do."""
-    buffers = [torch.ones(max(1, size // 4), device=device) for size in sizes_bytes]
+    """This rank's stamps of every size's timed collectives `op`, the sizes taking turns as layouts do."""
+    calls = [_collective_call(op, size, dist.get_world_size(), device) for size in sizes_bytes]
     stamps: list[list[tuple[float, float]]] = [[] for _ in sizes_bytes]
     for i in range(warmup_iters + iters):
-        for k, buffer in enumerate(buffers):
+        for k, (call, after) in enumerate(calls):
             dist.barrier()
             _sync(device)
             t0 = time.perf_counter()
-            dist.all_reduce(buffer)
+            call()
             _sync(device)
             t1 = time.perf_counter()
             if i >= warmup_iters:
                 stamps[k].append((t0, t1))
-            buffer.fill_(1.0)  # sums of sums would overflow to inf over many iterations
+            after()
     return [{"stamps": times} for times in stamps]
 
 
@@ -185,9 +211,9 @@ def _rank_main(rank: int, world_size: int, port: int, backend: str, jobs: Any, r
             if job is None:
                 return
             try:
-                if job.get("op") == "all_reduce":
-                    results.put((rank, _time_all_reduces(rank, job["sizes_bytes"], device, job["warmup_iters"],
-                                                         job["iters"])))
+                if job.get("op") in COLLECTIVES:
+                    results.put((rank, _time_collectives(rank, job["op"], job["sizes_bytes"], device,
+                                                         job["warmup_iters"], job["iters"])))
                 else:
                     results.put((rank, _time_layouts(rank, device=device, **job)))
             except Exception as exc:  # reported to the parent, which stops every rank
@@ -303,16 +329,23 @@ class AllToAllSession:
 
     def measure_all_reduce(self, sizes_bytes: Sequence[int], *, warmup_iters: int = 3,
                            iters: int = 10) -> list[tuple[float, ...]]:
-        """Per size, every timed all-reduce's ms over this session's devices: from the last rank's start to the
-        last rank's end (the step waits for the slowest), the sizes taking turns all-reduce by all-reduce."""
+        """Per size, every timed all-reduce's ms over this session's devices (`measure_collective`)."""
+        return self.measure_collective("all_reduce", sizes_bytes, warmup_iters=warmup_iters, iters=iters)
+
+    def measure_collective(self, op: str, sizes_bytes: Sequence[int], *, warmup_iters: int = 3,
+                           iters: int = 10) -> list[tuple[float, ...]]:
+        """Per size, every timed collective `op` (one of COLLECTIVES, `size_bytes` fp32 per device)'s ms over this
+        session's devices: from the last rank's start to the last rank's end (the step waits for the slowest), the
+        sizes taking turns collective by collective."""
         if not self._ranks:
-            raise RuntimeError("AllToAllSession.measure_all_reduce needs an open session (use it in a `with` block)")
+            raise RuntimeError("AllToAllSession.measure_collective needs an open session (use it in a `with` block)")
+        if op not in COLLECTIVES:
+            raise ValueError(f"collective {op!r} is not one of {list(COLLECTIVES)}")
         if any(size < 4 for size in sizes_bytes):
-            raise ValueError(f"sizes_bytes: an all-reduce of fp32 needs at least 4 bytes, got {list(sizes_bytes)}")
+            raise ValueError(f"sizes_bytes: an {op} of fp32 needs at least 4 bytes, got {list(sizes_bytes)}")
         if not sizes_bytes:
             return []
-        job = {"op": "all_reduce", "sizes_bytes": [int(s) for s in sizes_bytes], "warmup_iters": warmup_iters,
-               "iters": iters}
+        job = {"op": op, "sizes_bytes": [int(s) for s in sizes_bytes], "warmup_iters": warmup_iters, "iters": iters}
         for jobs in self._jobs:
             jobs.put(job)
         per_rank = self._collect(lambda result: not isinstance(result, str))
@@ -361,22 +394,30 @@ def measure_comm_group(
     num_devices: int,
     layouts: Sequence[Sequence[int]],
     batch_size: int,
-    all_reduce_sizes: Sequence[int] = (),
+    collectives: Sequence[tuple[str, int]] = (),
     *,
     backend: str | None = None,
     warmup_iters: int = 3,
     iters: int = 10,
 ) -> tuple[list[list[CommTiming]], list[tuple[float, ...]]]:
-    """All-to-all layouts and all-reduce sizes over `num_devices` processes in one group (spawning one costs
-    seconds): the layouts' per-device timings and each size's timed all-reduce ms."""
+    """All-to-all layouts and collectives ((op, size_bytes): all-reduces, reduce-scatters) over `num_devices`
+    processes in one group (spawning one costs seconds): the layouts' per-device timings and each collective's
+    timed ms, in the order given."""
     _check_layouts(layouts, num_devices, batch_size)
-    if not layouts and not all_reduce_sizes:
+    if not layouts and not collectives:
         return [], []
+    by_op: dict[str, list[int]] = {}
+    for k, (op, _) in enumerate(collectives):
+        by_op.setdefault(op, []).append(k)
+    timed: list[tuple[float, ...]] = [() for _ in collectives]
     with AllToAllSession(num_devices, backend=backend) as session:
         timings = session.measure(layouts, batch_size, warmup_iters=warmup_iters, iters=iters) if layouts else []
-        reduced = (session.measure_all_reduce(all_reduce_sizes, warmup_iters=warmup_iters, iters=iters)
-                   if all_reduce_sizes else [])
-    return timings, reduced
+        for op, members in by_op.items():
+            sizes = [collectives[k][1] for k in members]
+            for k, samples in zip(members, session.measure_collective(op, sizes, warmup_iters=warmup_iters,
+                                                                      iters=iters), strict=True):
+                timed[k] = samples
+    return timings, timed
 
 def _timings(ranks: Sequence[dict]) -> list[CommTiming]:
     """Per-rank medians of one layout, each exchange timed from the last rank's start to this rank's end."""

@@ -41,8 +41,8 @@ from .dataset import (
 from .hardware import hardware_info, resolve_device
 from .kernel import ShardTiming, TimingProtocol, calibrate_reference, measure_shard
 from .sampling import (
-    all_reduce_config_id,
     all_reduce_sizes,
+    collective_config_id,
     comm_config_id,
     comm_device_counts,
     default_max_devices,
@@ -53,6 +53,14 @@ from .sampling import (
 
 #: a shard's state must fit comfortably in host memory next to other jobs on a laptop or CI machine
 DEFAULT_CPU_MEMORY_CAP_BYTES = 1 << 30
+
+
+#: the collectives profiled beside the all-to-all layouts, each at every size of `all_reduce_sizes`: data-parallel
+#: gradients' all-reduce, row-wise tables' outputs' reduce-scatter, their gradients' all-gather and their ids' even
+#: all-to-all (on 2 gloo processes the reduce-scatter's line priced the other two at 128% and 227% MAPE)
+PROFILED_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+#: where a training step runs each: in forward (its ms in fwd_ms) or backward (bwd_ms)
+FORWARD_COLLECTIVES = ("reduce_scatter", "all_to_all")
 
 
 class ProfileSettings(BaseModel):
@@ -76,9 +84,10 @@ class ProfileSettings(BaseModel):
     protocol: TimingProtocol = TimingProtocol()
     comm_warmup_iters: int = Field(default=3, ge=0)
     comm_iters: int = Field(default=10, ge=1)
-    #: with comm_layouts: fp32 sum all-reduces (a data-parallel table's gradient) of 4 KiB, 16 KiB, ... up to this
-    #: many bytes over each device count the layouts span, in the layouts' process groups (0: none). 16 MiB: 4
-    #: processes on 2 cores all-reduced the 7 sizes 13 times each in about a second (gloo, 2026-11-27)
+    #: with comm_layouts: fp32 sum all-reduces (a data-parallel table's gradient) and the row-wise collectives
+    #: (PROFILED_COLLECTIVES) of 4 KiB, 16 KiB, ... up to this many bytes over each device count the layouts span, in
+    #: the layouts' process groups (0: none). 16 MiB: 4 processes on 2 cores all-reduced the 7 sizes 13 times each in
+    #: about a second (gloo, 2026-11-27)
     all_reduce_max_bytes: int = Field(default=16 * 2**20, ge=0)
     max_devices: int | None = Field(default=None, ge=2)  # None: GPU count, or max(4, cores) on CPU
     chunk_size: int = Field(default=25, ge=1)  # rows per flush to disk
@@ -291,9 +300,10 @@ def profile(
     layout_ids = [comm_config_id(w, settings.batch_size, backend, kind) for w in layouts]
     comm_mine = [k for k in range(len(layout_ids)) if k % settings.workers == settings.worker]
     comm_todo = [k for k in comm_mine if (layout_ids[k], 0) not in done]
-    reduces = [(count, size) for count in (comm_device_counts(max_devices) if settings.comm_layouts else [])
-               for size in all_reduce_sizes(settings.all_reduce_max_bytes)]
-    reduce_ids = [all_reduce_config_id(size, count, backend, kind) for count, size in reduces]
+    # all-reduces (data-parallel gradients) and the row-wise collectives, of the same sizes
+    reduces = [(op, count, size) for count in (comm_device_counts(max_devices) if settings.comm_layouts else [])
+               for op in PROFILED_COLLECTIVES for size in all_reduce_sizes(settings.all_reduce_max_bytes)]
+    reduce_ids = [collective_config_id(op, size, count, backend, kind) for op, count, size in reduces]
     reduce_mine = [k for k in range(len(reduces)) if k % settings.workers == settings.worker]
     reduce_todo = [k for k in reduce_mine if (reduce_ids[k], 0) not in done]
 
@@ -346,34 +356,34 @@ def _profile_comm(
     layouts: list[list[int]],
     layout_ids: list[str],
     todo: list[int],
-    reduces: list[tuple[int, int, str]],
+    reduces: list[tuple[str, int, int, str]],
     settings: ProfileSettings,
     backend: str,
     common: dict[str, Any],
     buffer: _RowBuffer,
     bar: tqdm,
 ) -> int:
-    """Measure the layouts in `todo` and the all-reduces `reduces` ((num_devices, size_bytes, config id)), one
+    """Measure the layouts in `todo` and the collectives `reduces` ((op, num_devices, size_bytes, config id)), one
     process group per device count (spawning costs seconds)."""
     timing = json.dumps(
         {"warmup_iters": settings.comm_warmup_iters, "iters": settings.comm_iters, "barrier": True},
         sort_keys=True,
     )
     measured = 0
-    for num_devices in sorted({len(layouts[k]) for k in todo} | {count for count, _, _ in reduces}):
+    for num_devices in sorted({len(layouts[k]) for k in todo} | {count for _, count, _, _ in reduces}):
         group = [k for k in todo if len(layouts[k]) == num_devices]
-        sizes = [(size, cid) for count, size, cid in reduces if count == num_devices]
+        sizes = [(op, size, cid) for op, count, size, cid in reduces if count == num_devices]
         # a group cannot be cut: interrupted while spawning, the parent would leave ranks waiting for a peer
         # that never comes (and wait for them at exit); so an interrupt waits for the group, whose rows are kept
-        note = (f"interrupted: waiting for the {len(group)} all-to-all layout(s) and {len(sizes)} all-reduce(s) in "
-                "flight (ranks cannot be cut)")
+        note = (f"interrupted: waiting for the {len(group)} all-to-all layout(s) and {len(sizes)} collective(s) "
+                "(all-reduces, reduce-scatters, all-gathers, even all-to-alls) in flight (ranks cannot be cut)")
         with interrupts_deferred(note) as held:
             try:
                 results, reduced = measure_comm_group(
                     num_devices,
                     [layouts[k] for k in group],
                     settings.batch_size,
-                    [size for size, _ in sizes],
+                    [(op, size) for op, size, _ in sizes],
                     backend=backend,
                     warmup_iters=settings.comm_warmup_iters,
                     iters=settings.comm_iters,
@@ -386,22 +396,24 @@ def _profile_comm(
             for k, per_device in zip(group, results):
                 rows = _comm_rows(layouts[k], layout_ids[k], per_device, backend, common, timing, measured_at)
                 buffer.add(rows)
-            buffer.add([_all_reduce_row(num_devices, size, cid, samples, backend, common, timing, measured_at)
-                        for (size, cid), samples in zip(sizes, reduced, strict=True)])
+            buffer.add([_collective_row(op, num_devices, size, cid, samples, backend, common, timing, measured_at)
+                        for (op, size, cid), samples in zip(sizes, reduced, strict=True)])
             buffer.flush()  # a group's rows are stored once measured: spawning the next group takes seconds
         measured += len(group) + len(sizes)
         bar.update(len(group) + len(sizes))
     return measured
 
 
-def _all_reduce_row(num_devices: int, size_bytes: int, config_id: str, samples_ms: Sequence[float], backend: str,
-                    common: dict[str, Any], timing: str, measured_at: float) -> dict[str, Any]:
-    """The row of one measured all-reduce size: the median of its timed all-reduces (each from the last rank's start
-    to the last rank's end) as bwd_ms, where a training step runs a gradient's all-reduce."""
+def _collective_row(op: str, num_devices: int, size_bytes: int, config_id: str, samples_ms: Sequence[float],
+                    backend: str, common: dict[str, Any], timing: str, measured_at: float) -> dict[str, Any]:
+    """The row of one measured collective size: the median of its timed collectives (each from the last rank's start
+    to the last rank's end) where a training step runs it: an all-reduce (a gradient's) or all-gather (row-wise
+    gradients') as bwd_ms, a reduce-scatter (row-wise outputs') or all-to-all (row-wise ids) as fwd_ms."""
     ms = statistics.median(samples_ms)
+    fwd_ms, bwd_ms = (ms, 0.0) if op in FORWARD_COLLECTIVES else (0.0, ms)
     return {
-        **common, "num_threads": 1, "kind": "all_reduce", "config_id": config_id, "repeat": 0,
-        "fwd_ms": 0.0, "bwd_ms": ms, "raw_fwd_ms": 0.0, "raw_bwd_ms": ms, "measured_at": measured_at,
+        **common, "num_threads": 1, "kind": op, "config_id": config_id, "repeat": 0,
+        "fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "raw_fwd_ms": fwd_ms, "raw_bwd_ms": bwd_ms, "measured_at": measured_at,
         "timing": timing, "num_devices": num_devices, "size_bytes": int(size_bytes), "backend": backend,
         "provenance": "profile",
     }

@@ -37,9 +37,10 @@ def comm_config_id(widths: Sequence[int], batch_size: int, backend: str, hardwar
     return config_id("comm", [int(w) for w in widths], batch_size, backend, hardware_kind)
 
 
-def all_reduce_config_id(size_bytes: int, num_devices: int, backend: str, hardware_kind: str) -> str:
-    """The resume key of one all-reduce measurement (a size over a device count)."""
-    return config_id("all_reduce", int(size_bytes), int(num_devices), backend, hardware_kind)
+def collective_config_id(collective: str, size_bytes: int, num_devices: int, backend: str, hardware_kind: str) -> str:
+    """The resume key of one collective's measurement ("all_reduce" or "reduce_scatter", a size over a device
+    count)."""
+    return config_id(collective, int(size_bytes), int(num_devices), backend, hardware_kind)
 
 
 #: the smallest all-reduce profiled: a data-parallel table of 1,000 rows x dim 1 in fp32

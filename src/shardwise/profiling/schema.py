@@ -1,5 +1,5 @@
 """Columns of the cost dataset (Parquet), `shardwise.costs/v1`: one row per measured shard, per device
-of a measured all-to-all, or per measured all-reduce size and device count. A dataset is a directory of part files with these columns (`dataset.py`); a single
+of a measured all-to-all, or per measured all-reduce (or reduce-scatter) size and device count. A dataset is a directory of part files with these columns (`dataset.py`); a single
 file from before part files reads the same. Other tools read these files: add columns, never rename or drop them."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ DATASET_FORMAT = "shardwise.costs/v1"
 COMMON_COLUMNS = (
     # "compute" (one shard's fused TBE kernel), "comm" (one device's share of an all-to-all) or "all_reduce" (an fp32
     # sum all-reduce of `size_bytes` over `num_devices`, a data-parallel table's gradient: its median ms in bwd_ms,
-    # fwd_ms 0; from 2026-11-27, datasets before hold none)
+    # fwd_ms 0; from 2026-11-27, datasets before hold none), or the row-wise tables' collectives of `size_bytes` on
+    # each device over `num_devices` (from 2026-11-27 afternoon): "reduce_scatter" (their outputs, its median ms in
+    # fwd_ms), "all_gather" (their gradients, in bwd_ms) and "all_to_all" (an even one, their ids, in fwd_ms)
     "kind",
     "config_id",  # stable hash of what was measured; with `repeat`, the resume key
     "repeat",  # 0 for the first measurement of a config, 1.. for repeats (the noise floor)
@@ -43,12 +45,13 @@ PROVENANCE_COLUMNS = ("provenance",)
 #: on CPU; a device pays it once a step: above the kernels' ms, the shard is launch-bound), and what timed the
 #: call (the CUDA timer, "held", "queued", "graph" or "events", or the CPU clock, "thread" or "wall")
 TIMER_COLUMNS = ("launch_ms", "timer")
-#: kind == "comm" (and "all_reduce": num_devices, backend)
+#: kind == "comm" (and the collectives, "all_reduce" ... "all_to_all": num_devices, backend)
 COMM_COLUMNS = (
     "num_devices",
     "device",  # which device's time this row holds
     "widths_json",  # JSON list: per-device pooled output width (sum of dims) for the whole layout
     "backend",  # "nccl" or "gloo"
 )
-#: kind == "all_reduce": the bytes all-reduced (null on other rows and in datasets from before)
+#: the collectives' kinds: the fp32 bytes each device puts in (an all-gather: gets out) (null on other rows and in
+#: datasets from before)
 ALL_REDUCE_COLUMNS = ("size_bytes",)

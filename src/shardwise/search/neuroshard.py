@@ -11,6 +11,14 @@ all-reduced) leave the placement: they add the same kernel and all-reduce ms and
 (`costmodel.data_parallel`). Which ones: the tables in ascending rows (the gradient bytes all-reduced per column
 taken out of the all-to-all), as prefixes of 1, 2, 4, ... tables, each placed by the greedy grid; the best prefix
 (or none) is the root of the beam over column splits. Only with a cost model that has a measured all-reduce.
+
+Row-wise tables (split by rows over every device, each device looking up its block's share of the whole batch's
+ids, the partial outputs reduce-scattered) also leave the placement: each device gets a block of each, and the
+collectives' ms (`costmodel.row_wise`). They are for a table that alone sets the slowest device: the costliest tables,
+each at least 3/4 of a device's even share of the predicted work, as prefixes of 1, 2, 4, ... tables on top of the
+best data-parallel set (a table that fits on no device even split by columns is row-wise in every prefix); the best of
+them roots the beam beside the data-parallel set, so that column splits of the same tables compete with them. Only
+with a cost model that has a measured reduce-scatter.
 """
 
 from __future__ import annotations
@@ -23,8 +31,9 @@ import torch
 from pydantic import Field
 
 from shardwise.costmodel.data_parallel import all_reduce_of, data_parallel_cost
+from shardwise.costmodel.row_wise import reduce_scatter_of, row_blocks, row_wise_cost
 from shardwise.costmodel.types import CostModel
-from shardwise.workload import ShardingTask, TableSpec
+from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
 from shardwise.workload.tables import DIM_ALIGNMENT
 
 from .plan import Plan, PlanError, Shard, check_memory_bounds, data_parallel_bytes, shard_state_bytes
@@ -38,9 +47,16 @@ from .threads import single_thread
 #: by about 1 / devices, and re-pricing all of them is the slowest part of a step at a thousand devices
 COMM_REFRESH_STEPS = 8
 COMM_REFRESH_DEVICES = 32
-#: pieces per table (1 = whole table, 2 = halves, 4 = quarters, ...; 0 = data-parallel), indexed like task.tables
+#: pieces per table (1 = whole table, 2 = halves, 4 = quarters, ...; 0 = data-parallel, -1 = row-wise), indexed like
+#: task.tables
 SplitState = tuple[int, ...]
 DATA_PARALLEL = 0
+ROW_WISE = -1
+#: row-wise is tried for tables whose predicted cost alone is at least this share of a device's even share of the
+#: work (the sum of the tables' costs / devices): a table that alone sets the slowest device, not one that balances
+ROW_WISE_MIN_SHARE = 0.75
+#: the most tables tried row-wise (prefixes 1, 2, 4, 8 of the costliest)
+ROW_WISE_MAX_TABLES = 8
 
 
 @dataclass(frozen=True)
@@ -65,6 +81,8 @@ class NeuroShardConfig:
     time_budget_s: float | None = None
     #: try data-parallel tables (where the cost model has a measured all-reduce to price them with)
     data_parallel: bool = True
+    #: try row-wise tables (where the cost model has a measured reduce-scatter to price them with)
+    row_wise: bool = True
     #: (table name, pieces): tables split into this many column slices from the root on (the beam may split them
     #: further); refinement asks for the table that holds its measured slowest device up split (evaluation.refine)
     split: tuple[tuple[str, int], ...] = ()
@@ -100,12 +118,21 @@ class _Placer:
         self.head_calls = 0
 
     def replicated(self, state: SplitState) -> tuple[float, int]:
-        """The state's data-parallel tables: ms (kernel on the local batch + all-reduce) and bytes on every device."""
-        key = tuple(i for i, p in enumerate(state) if p == DATA_PARALLEL)
+        """The state's tables on every device: ms and bytes each device adds for its data-parallel tables (kernel on
+        the local batch + all-reduce) and row-wise tables (kernel on its blocks + collectives), the most of any
+        device for the row-wise ones (blocks of ceil(rows / devices): the last may be smaller)."""
+        key = tuple(i if p == DATA_PARALLEL else -1 - i for i, p in enumerate(state) if p in (DATA_PARALLEL, ROW_WISE))
         if key not in self._replicated:
-            tables = [self.task.tables[i] for i in key]
-            cost = data_parallel_cost(self.model, tables, self.task.num_devices) if key else None
-            self._replicated[key] = (cost.total_ms if cost else 0.0, data_parallel_bytes(tables, self.task))
+            task = self.task
+            tables = [task.tables[i] for i in key if i >= 0]
+            cost = data_parallel_cost(self.model, tables, task.num_devices) if tables else None
+            ms, used = (cost.total_ms if cost else 0.0), data_parallel_bytes(tables, task)
+            split = [task.tables[-1 - i] for i in key if i < 0]
+            if split:
+                ms += float(row_wise_cost(self.model, split, task.num_devices, task.batch_size).total_ms.max())
+                used += max(shard_memory_bytes(blocks, task.batch_size, task.optimizer, task.weights_precision)
+                            for blocks in row_blocks(split, task.num_devices))
+            self._replicated[key] = (ms, used)
         return self._replicated[key]
 
     def piece_spec(self, i: int, pieces: int, k: int = 0) -> TableSpec:
@@ -140,9 +167,9 @@ class _Placer:
         step places one shard in every (state, cap) row with one head call and one all-to-all call."""
         by_count: dict[int, list[int]] = {}
         for j, state in enumerate(states):
-            by_count.setdefault(sum(state), []).append(j)
+            by_count.setdefault(sum(max(p, 0) for p in state), []).append(j)
         results: list[_Evaluated] = [_Evaluated(float("inf"), None)] * len(states)
-        for j in by_count.pop(0, []):  # every table data-parallel: nothing to place
+        for j in by_count.pop(0, []):  # every table data-parallel or row-wise: nothing to place
             ms, used = self.replicated(states[j])
             if used <= self.task.device_memory_bytes:
                 results[j] = _Evaluated(ms, np.zeros(0, dtype=np.int64))
@@ -263,6 +290,14 @@ class _Placer:
         return results
 
 
+def _too_big_for_columns(task: ShardingTask, table: TableSpec) -> bool:
+    """Whether `table` fits on no device even split by columns into as many 4-aligned slices as there are devices."""
+    pieces = max(1, min(task.num_devices, table.dim // DIM_ALIGNMENT))
+    widest = -(-table.dim // pieces)
+    widest += -widest % DIM_ALIGNMENT
+    return shard_state_bytes(table.with_dim(widest), task) > task.device_memory_bytes
+
+
 def _distinct_pairs(same: np.ndarray, devices: np.ndarray, num_devices: int) -> tuple[np.ndarray, np.ndarray]:
     """The distinct (layout, device) pairs of [R, C] `devices` (row r's layout is `same[r]`): flat positions in
     `devices` of one occurrence of each, and [R, C] which of them each position is."""
@@ -372,6 +407,43 @@ class NeuroShardSearch:
             states += more
         return min(states, key=lambda state: seen[state].cost_ms)
 
+    def _row_wise_possible(self, task: ShardingTask, cost_model: CostModel) -> bool:
+        """Whether row-wise tables are tried: on, on 2 devices or more, with a measured reduce-scatter to price them."""
+        return self.config.row_wise and task.num_devices >= 2 and reduce_scatter_of(cost_model) is not None
+
+    def _row_wise_order(self, placer: _Placer, root: SplitState) -> list[int]:
+        """The tables tried row-wise (never those the config's `split` splits by columns): first those that fit on no
+        device even split by columns (every prefix holds them), then the costliest: those not data-parallel in `root` whose predicted cost alone is at least
+        ROW_WISE_MIN_SHARE of a device's even share of the work, with a row for every device; at most
+        ROW_WISE_MAX_TABLES of those. Empty where none are tried."""
+        task = placer.task
+        if not self._row_wise_possible(task, placer.model):
+            return []
+        placer._fill([(i, 1) for i in range(len(task.tables))])
+        alone = {i: placer.piece_cost(i, 1)[0] for i in range(len(task.tables))}
+        share = sum(alone.values()) / task.num_devices
+        split = self._forced_splits(task)  # tables the config splits by columns stay so
+        candidates = [i for i, p in enumerate(root) if p != DATA_PARALLEL and i not in split
+                      and task.tables[i].rows >= task.num_devices]
+        forced = [i for i in candidates if _too_big_for_columns(task, task.tables[i])]
+        costly = [i for i in candidates if alone[i] >= ROW_WISE_MIN_SHARE * share and i not in forced]
+        return forced + sorted(costly, key=lambda i: -alone[i])[:ROW_WISE_MAX_TABLES]
+
+    def _row_wise_search(self, placer: _Placer, seen: dict[SplitState, _Evaluated], root: SplitState,
+                         order: list[int]) -> SplitState:
+        """The best of `root` and `root` with a prefix of `order` (1, 2, 4, ... tables) row-wise, each state's
+        other tables placed by the greedy grid (a state over memory costs inf)."""
+        forced = sum(1 for i in order if _too_big_for_columns(placer.task, placer.task.tables[i]))
+        counts = sorted({c for c in (forced, 1, 2, 4, 8) if 0 < c < len(order) and c >= forced}
+                        | ({len(order)} if order else set()))
+        states = []
+        for count in counts:
+            chosen = set(order[:count])
+            states.append(tuple(ROW_WISE if i in chosen else p for i, p in enumerate(root)))
+        states = [s for s in states if s not in seen]
+        seen.update(zip(states, placer.evaluate(states)))
+        return min([root, *states], key=lambda state: seen[state].cost_ms)
+
     def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
         """The lowest-predicted-cost plan found; PlanError when nothing fits in memory."""
         if cost_model is None:
@@ -381,7 +453,7 @@ class NeuroShardSearch:
 
     def _search(self, task: ShardingTask, cost_model: CostModel, seed: int) -> Plan:
         started = time.perf_counter()
-        check_memory_bounds(task, column_split=True)
+        check_memory_bounds(task, column_split=True, row_wise=self._row_wise_possible(task, cost_model))
         placer = _Placer(task, cost_model, self.config)
         seen: dict[SplitState, _Evaluated] = {}
         forced = self._forced_splits(task)
@@ -389,7 +461,12 @@ class NeuroShardSearch:
         best = self._data_parallel_search(placer, seen, [i for i in self._data_parallel_order(placer)
                                                          if i not in forced], forced)
         data_parallel_sets = len(seen) - 1
-        beam = [best]
+        # the costliest tables row-wise on top of it: the best such set roots the beam beside it, so that splitting
+        # those tables by columns instead is tried too
+        split_rows = self._row_wise_search(placer, seen, best, self._row_wise_order(placer, best))
+        row_wise_sets = len(seen) - 1 - data_parallel_sets
+        beam = list(dict.fromkeys([split_rows, best]))
+        best = split_rows
         depth_reached = 0
         for depth in range(1, self.config.max_depth + 1):
             budget = self.config.time_budget_s
@@ -423,7 +500,9 @@ class NeuroShardSearch:
             width = table.dim // p
             shards.append(Shard(table=table.name, col_offset=k * width, dim=width, device=int(device)))
         replicated = tuple(t.name for t, p in zip(task.tables, best) if p == DATA_PARALLEL)
-        plan = Plan(num_devices=task.num_devices, shards=tuple(shards), data_parallel=replicated, method=self.name)
+        by_rows = tuple(t.name for t, p in zip(task.tables, best) if p == ROW_WISE)
+        plan = Plan(num_devices=task.num_devices, shards=tuple(shards), data_parallel=replicated, row_wise=by_rows,
+                    method=self.name)
         plan = plan.model_copy(
             update={
                 "extra": {
@@ -434,6 +513,7 @@ class NeuroShardSearch:
                             task.tables[i].name: p for i, p in enumerate(best) if p > 1
                         },
                         "data_parallel_sets_tried": data_parallel_sets,
+                        "row_wise_sets_tried": row_wise_sets,
                         "predicted_max_cost_ms": round(result.cost_ms, 4),
                     }
                 }
@@ -470,6 +550,8 @@ class NeuroShardOptions(MethodOptions):
                                         description="stop widening the beam after this many seconds")
     data_parallel: bool = Field(default=_DEFAULT.data_parallel,
                                 description="try data-parallel tables (a cost model with a measured all-reduce)")
+    row_wise: bool = Field(default=_DEFAULT.row_wise,
+                           description="try the costliest tables row-wise (a cost model with a measured reduce-scatter)")
 
 
 register_method(MethodSpec(

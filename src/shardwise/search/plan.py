@@ -1,5 +1,5 @@
-"""A sharding plan: which column slice of which table sits on which device, and which tables are replicated on every
-device (data-parallel); `shardwise.plan/v1` JSON IO."""
+"""A sharding plan: which column slice of which table sits on which device, which tables are replicated on every
+device (data-parallel) and which are split by rows over every device (row-wise); `shardwise.plan/v1` JSON IO."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shardwise.costmodel.row_wise import row_blocks
 from shardwise.errors import ShardwiseError
 from shardwise.workload import ShardingTask, TableSpec, data_parallel_memory_bytes, shard_memory_bytes
 from shardwise.workload.documents import describe_validation_error, read_json_document, write_json_document
@@ -39,9 +40,10 @@ class Shard(BaseModel):
 
 
 class Plan(BaseModel):
-    """Shards over `num_devices` devices, and the tables replicated on every device (`data_parallel`: each device
-    looks up its own samples, the gradients are all-reduced); `extra` holds method, predicted costs, memory,
-    provenance."""
+    """Shards over `num_devices` devices, the tables replicated on every device (`data_parallel`: each device
+    looks up its own samples, the gradients are all-reduced) and the tables split by rows over every device
+    (`row_wise`: blocks of ceil(rows / devices) as TorchRec lays them out, the pooled outputs reduce-scattered);
+    `extra` holds method, predicted costs, memory, provenance."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -50,6 +52,8 @@ class Plan(BaseModel):
     shards: tuple[Shard, ...]
     #: tables sharded data-parallel (no shard entries): a replica on every device
     data_parallel: tuple[str, ...] = ()
+    #: tables sharded row-wise (no shard entries): a block of rows on every device
+    row_wise: tuple[str, ...] = ()
     method: str = "unknown"
     extra: dict[str, Any] = Field(default_factory=dict)
 
@@ -58,17 +62,19 @@ class Plan(BaseModel):
         return [s for s in self.shards if s.device == device]
 
     def sharding_types(self) -> dict[str, str]:
-        """Each table's sharding type in TorchRec's words: "table_wise", "column_wise" or "data_parallel"."""
+        """Each table's sharding type in TorchRec's words: "table_wise", "column_wise", "data_parallel" or
+        "row_wise"."""
         pieces: dict[str, int] = {}
         for s in self.shards:
             pieces[s.table] = pieces.get(s.table, 0) + 1
         types = {name: "table_wise" if n == 1 else "column_wise" for name, n in pieces.items()}
-        return types | dict.fromkeys(self.data_parallel, "data_parallel")
+        return types | dict.fromkeys(self.data_parallel, "data_parallel") | dict.fromkeys(self.row_wise, "row_wise")
 
     def to_json(self) -> dict[str, Any]:
-        """The `shardwise.plan/v1` document (extra keys at the top level; `data_parallel` only where there are
-        any, so a table-wise plan reads as before)."""
-        doc = self.model_dump(mode="json", exclude={"extra"} | (set() if self.data_parallel else {"data_parallel"}))
+        """The `shardwise.plan/v1` document (extra keys at the top level; `data_parallel` and `row_wise` only where
+        there are any, so a table-wise plan reads as before)."""
+        empty = {key for key in ("data_parallel", "row_wise") if not getattr(self, key)}
+        doc = self.model_dump(mode="json", exclude={"extra"} | empty)
         doc.update(self.extra)
         return doc
 
@@ -77,7 +83,7 @@ def plan_from_json(doc: Any, source: str = "plan") -> Plan:
     """Parse a `shardwise.plan/v1` document; unknown top-level keys go to `extra`."""
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
         raise PlanError(f"{source}: field 'format' must be {PLAN_FORMAT!r}")
-    known = {"format", "num_devices", "shards", "data_parallel", "method"}
+    known = {"format", "num_devices", "shards", "data_parallel", "row_wise", "method"}
     try:
         return Plan.model_validate(
             {**{k: v for k, v in doc.items() if k in known}, "extra": {k: v for k, v in doc.items() if k not in known}}
@@ -122,6 +128,16 @@ def data_parallel_specs(plan: Plan, task: ShardingTask) -> list[TableSpec]:
     return [task.table(name) for name in plan.data_parallel]
 
 
+def row_wise_specs(plan: Plan, task: ShardingTask) -> list[TableSpec]:
+    """The row-wise tables of `plan`, in plan order."""
+    return [task.table(name) for name in plan.row_wise]
+
+
+def row_block_specs(plan: Plan, task: ShardingTask) -> list[list[TableSpec]]:
+    """Per device, its row blocks of `plan`'s row-wise tables (`TableSpec.row_block`: `t[rows lo:hi]`)."""
+    return row_blocks(row_wise_specs(plan, task), plan.num_devices)
+
+
 def local_batch_size(task: ShardingTask) -> int:
     """The most samples one device looks up for a data-parallel table: ceil(batch / devices)."""
     return -(-task.batch_size // task.num_devices)
@@ -133,12 +149,13 @@ def data_parallel_bytes(tables: list[TableSpec], task: ShardingTask) -> int:
 
 
 def plan_memory_bytes(plan: Plan, task: ShardingTask) -> list[int]:
-    """Memory each device holds under `plan` (weights + optimizer state + kernel buffers, and the data-parallel
-    tables' replicas), in bytes."""
+    """Memory each device holds under `plan` (weights + optimizer state + kernel buffers, the data-parallel
+    tables' replicas, and its row blocks with their optimizer state and their partial outputs for the whole batch),
+    in bytes."""
     replicated = data_parallel_bytes(data_parallel_specs(plan, task), task)
     return [
-        shard_memory_bytes(specs, task.batch_size, task.optimizer, task.weights_precision) + replicated
-        for specs in device_specs(plan, task)
+        shard_memory_bytes([*specs, *blocks], task.batch_size, task.optimizer, task.weights_precision) + replicated
+        for specs, blocks in zip(device_specs(plan, task), row_block_specs(plan, task), strict=True)
     ]
 
 
@@ -148,17 +165,20 @@ def validate_plan(plan: Plan, task: ShardingTask) -> None:
     if plan.num_devices != task.num_devices:
         raise PlanError(f"plan has num_devices {plan.num_devices}, the task has {task.num_devices}")
     by_name = {t.name: t for t in task.tables}
-    replicated: set[str] = set()
-    for name in plan.data_parallel:
-        if name not in by_name:
-            raise PlanError(f"data_parallel table {name!r}: no such table in the task")
-        if name in replicated:
-            raise PlanError(f"data_parallel table {name!r} is listed twice")
-        replicated.add(name)
-    columns: dict[str, list[tuple[int, int]]] = {name: [] for name in by_name if name not in replicated}
+    everywhere: dict[str, str] = {}  # data-parallel and row-wise tables: on every device, no shard entries
+    for kind, names in (("data_parallel", plan.data_parallel), ("row_wise", plan.row_wise)):
+        for name in names:
+            if name not in by_name:
+                raise PlanError(f"{kind} table {name!r}: no such table in the task")
+            if name in everywhere:
+                again = "listed twice" if everywhere[name] == kind else f"also {everywhere[name]}"
+                raise PlanError(f"{kind} table {name!r} is {again} (a table has one sharding type)")
+            everywhere[name] = kind
+    columns: dict[str, list[tuple[int, int]]] = {name: [] for name in by_name if name not in everywhere}
     for s in plan.shards:
-        if s.table in replicated:
-            raise PlanError(f"table {s.table!r} is data-parallel and also has a shard on device {s.device}")
+        if s.table in everywhere:
+            what = "data-parallel" if everywhere[s.table] == "data_parallel" else "row-wise"
+            raise PlanError(f"table {s.table!r} is {what} and also has a shard on device {s.device}")
         if s.table not in by_name:
             raise PlanError(f"shard of table {s.table!r}: no such table in the task")
         if not 0 <= s.device < task.num_devices:
@@ -196,11 +216,12 @@ def validate_plan(plan: Plan, task: ShardingTask) -> None:
             )
 
 
-def check_memory_bounds(task: ShardingTask, *, column_split: bool) -> None:
+def check_memory_bounds(task: ShardingTask, *, column_split: bool, row_wise: bool = False) -> None:
     """Raise PlanError saying how much memory is missing when no plan can fit, whatever the search.
 
     Two bounds: all tables together against the total capacity, and the largest unit a method cannot
-    split further (a whole table, or its narrowest slice spread over all devices) against one device."""
+    split further (a whole table, or its narrowest slice spread over all devices, or with `row_wise` its largest
+    block of rows with the outputs for the whole batch, if that is smaller) against one device."""
     cap = task.device_memory_bytes
     total = sum(shard_state_bytes(t, task) for t in task.tables)
     capacity = cap * task.num_devices
@@ -214,8 +235,12 @@ def check_memory_bounds(task: ShardingTask, *, column_split: bool) -> None:
         widest = -(-t.dim // pieces)
         widest += -widest % DIM_ALIGNMENT
         need = shard_state_bytes(t.with_dim(widest), task)
+        block = t.row_block(0, task.num_devices) if row_wise and task.num_devices > 1 else None
+        if block is not None and (block_need := shard_state_bytes(block, task)) < need:
+            need, widest, pieces = block_need, t.dim, 0
         if need > cap:
-            what = f"its widest slice ({widest} of {t.dim} columns)" if pieces > 1 else "the table alone"
+            what = (f"its largest block of rows ({block.rows if block else t.rows} of {t.rows})" if pieces == 0
+                    else f"its widest slice ({widest} of {t.dim} columns)" if pieces > 1 else "the table alone")
             raise PlanError(
                 f"no plan fits: table {t.name!r}: {what} needs {need / GIB:.3f} GiB, over the device cap of "
                 f"{cap / GIB:.3f} GiB by {(need - cap) / GIB:.3f} GiB"

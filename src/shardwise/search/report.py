@@ -77,7 +77,7 @@ def sharding_types_line(plan: Plan) -> str:
     for table, kind in plan.sharding_types().items():
         by_type.setdefault(kind, []).append(table)
     parts = []
-    for kind in ("table_wise", "column_wise", "data_parallel"):
+    for kind in ("table_wise", "column_wise", "data_parallel", "row_wise"):
         names = by_type.get(kind, [])
         if names:
             shown = f" ({', '.join(names)})" if kind != "table_wise" and len(names) <= 12 else ""
@@ -109,6 +109,11 @@ def format_plan(plan: Plan) -> str:
         reduce = f", all-reduce {predicted['all_reduce_ms'][0]:.3f} ms" if predicted and "all_reduce_ms" in predicted else ""
         lines.append(f"data-parallel on every device (not counted in shards and dim; their kernel on the local batch is "
                      f"in fwd/bwd ms{reduce}, in total ms): {', '.join(plan.data_parallel)}")
+    if plan.row_wise:
+        collectives = (f", their collectives {predicted['row_wise_comm_ms'][0]:.3f} ms"
+                       if predicted and "row_wise_comm_ms" in predicted else "")
+        lines.append(f"row-wise over every device (not counted in shards and dim; the kernel on each device's row blocks "
+                     f"is in fwd/bwd ms{collectives}, in total ms): {', '.join(plan.row_wise)}")
     if predicted:
         lines.append(
             f"predicted plan cost (slowest device) {predicted['max_cost_ms']:.3f} ms, "

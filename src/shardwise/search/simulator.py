@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 
 from shardwise.costmodel.data_parallel import data_parallel_cost
+from shardwise.costmodel.row_wise import row_wise_cost
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import ShardingTask, TableSpec
 
-from .plan import Plan, PlanError, data_parallel_specs, device_specs
+from .plan import Plan, PlanError, data_parallel_specs, device_specs, row_wise_specs
 
 ShardKey = tuple[tuple[str, int, int, float], ...]
 
@@ -28,6 +29,9 @@ class PlanCost:
     #: the data-parallel tables' gradient all-reduce per device (zeros where a plan has none); their kernel on the
     #: local batch is in fwd_ms and bwd_ms
     all_reduce_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: the row-wise tables' collectives per device (outputs' reduce-scatter, gradients' all-gather, ids'
+    #: redistribution; zeros where a plan has none); their kernel on the device's row blocks is in fwd_ms and bwd_ms
+    row_wise_comm_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def compute_ms(self) -> np.ndarray:
@@ -38,7 +42,10 @@ class PlanCost:
     def total_ms(self) -> np.ndarray:
         """Compute plus communication per device."""
         total = self.fwd_ms + self.bwd_ms + self.comm_fwd_ms + self.comm_bwd_ms
-        return total + self.all_reduce_ms if self.all_reduce_ms.size else total
+        for extra in (self.all_reduce_ms, self.row_wise_comm_ms):
+            if extra.size:
+                total = total + extra
+        return total
 
     @property
     def max_cost_ms(self) -> float:
@@ -63,6 +70,7 @@ class PlanCost:
             "comm_fwd_ms": ms(self.comm_fwd_ms),
             "comm_bwd_ms": ms(self.comm_bwd_ms),
             **({"all_reduce_ms": ms(self.all_reduce_ms)} if self.all_reduce_ms.size else {}),
+            **({"row_wise_comm_ms": ms(self.row_wise_comm_ms)} if self.row_wise_comm_ms.size else {}),
             "total_ms": ms(self.total_ms),
             "max_cost_ms": round(self.max_cost_ms, 3),
             "imbalance": round(self.imbalance, 4),
@@ -153,17 +161,22 @@ def simulate(
     plan: Plan, task: ShardingTask, cost_model: CostModel, cache: ShardCostCache | None = None
 ) -> PlanCost:
     """Predicted per-device forward, backward and communication ms of `plan`, and its cost (data-parallel tables:
-    their kernel on the local batch and their all-reduce on every device, `data_parallel_cost`)."""
+    their kernel on the local batch and their all-reduce on every device, `data_parallel_cost`; row-wise tables:
+    each device's kernel on its row blocks and their collectives, `row_wise_cost`)."""
     cost = simulate_devices(device_specs(plan, task), cost_model, cache)
-    if not plan.data_parallel:
+    if not plan.data_parallel and not plan.row_wise:
         return cost
     try:
         replicated = data_parallel_cost(cost_model, data_parallel_specs(plan, task), plan.num_devices)
+        rows = row_wise_cost(cost_model, row_wise_specs(plan, task), plan.num_devices, task.batch_size)
     except ValueError as err:
         raise PlanError(f"plan {plan.method!r}: {err}") from None
-    return PlanCost(fwd_ms=cost.fwd_ms + replicated.fwd_ms, bwd_ms=cost.bwd_ms + replicated.bwd_ms,
+    every = np.ones(plan.num_devices)
+    return PlanCost(fwd_ms=cost.fwd_ms + replicated.fwd_ms + rows.fwd_ms,
+                    bwd_ms=cost.bwd_ms + replicated.bwd_ms + rows.bwd_ms,
                     comm_fwd_ms=cost.comm_fwd_ms, comm_bwd_ms=cost.comm_bwd_ms,
-                    all_reduce_ms=np.full(plan.num_devices, replicated.all_reduce_ms))
+                    all_reduce_ms=every * replicated.all_reduce_ms if plan.data_parallel else np.zeros(0),
+                    row_wise_comm_ms=every * rows.comm_ms if plan.row_wise else np.zeros(0))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from shardwise.workload import Optimizer, ShardingTask
+from shardwise.workload import Optimizer, ShardingTask, row_wise_rows
 
 from .plan import Plan, PlanError, Shard, validate_plan
 
@@ -87,14 +87,10 @@ def to_module_sharding_plan(
     }
     module_plan |= {renamed[name]: data_parallel_sharding(plan.num_devices)
                     for name in plan.data_parallel if name in renamed}
+    module_plan |= {renamed[name]: row_wise_sharding(task.table(name).rows, task.table(name).dim, plan.num_devices,
+                                                     device_type=device_type, local_world_size=local)
+                    for name in plan.row_wise if name in renamed}
     return EmbeddingModuleShardingPlan(module_plan)
-
-
-def row_wise_rows(rows: int, world_size: int) -> list[int]:
-    """Each rank's rows under TorchRec's row-wise sharding: blocks of ceil(rows / ranks), the rest on the last
-    rank that gets any (10 rows on 4 ranks: 3, 3, 3, 1)."""
-    block = -(-rows // world_size)
-    return [max(0, min(block, rows - rank * block)) for rank in range(world_size)]
 
 
 def row_wise_sharding(
@@ -147,12 +143,23 @@ def to_sharding_plan(
 
 
 def plan_from_module_sharding(module_plan: EmbeddingModuleShardingPlan, num_devices: int, method: str) -> Plan:
-    """A TorchRec `EmbeddingModuleShardingPlan` (table-wise / column-wise / data-parallel) as a shardwise plan."""
+    """A TorchRec `EmbeddingModuleShardingPlan` (table-wise / column-wise / data-parallel / row-wise over every rank
+    in ceil(rows / ranks) blocks) as a shardwise plan."""
     shards: list[Shard] = []
     replicated: list[str] = []
+    by_rows: list[str] = []
     for table, sharding in module_plan.items():
         if sharding.sharding_type == "data_parallel":
             replicated.append(table)
+            continue
+        if sharding.sharding_type == "row_wise":
+            assert sharding.sharding_spec is not None  # row-wise shardings always carry one
+            metas = sorted(sharding.sharding_spec.shards, key=lambda m: m.placement.rank())  # type: ignore[attr-defined]
+            sizes = [m.shard_sizes[0] for m in metas if m.shard_sizes[0]]
+            if sizes != [r for r in row_wise_rows(sum(sizes), num_devices) if r]:
+                raise PlanError(f"table {table!r}: row-wise blocks {sizes} are not ceil(rows / {num_devices}) in rank "
+                                "order (shardwise's row-wise layout)")
+            by_rows.append(table)
             continue
         if sharding.sharding_type not in ("table_wise", "column_wise"):
             raise PlanError(f"table {table!r}: sharding type {sharding.sharding_type!r} has no shardwise form")
@@ -164,7 +171,8 @@ def plan_from_module_sharding(module_plan: EmbeddingModuleShardingPlan, num_devi
             shards.append(
                 Shard(table=table, col_offset=col_offset, dim=meta.shard_sizes[1], device=meta.placement.rank())
             )
-    return Plan(num_devices=num_devices, shards=tuple(shards), data_parallel=tuple(replicated), method=method)
+    return Plan(num_devices=num_devices, shards=tuple(shards), data_parallel=tuple(replicated),
+                row_wise=tuple(by_rows), method=method)
 
 
 def _optimizer_class(optimizer: Optimizer) -> type:

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from shardwise.costmodel.data_parallel import all_reduce_of
+from shardwise.costmodel.row_wise import reduce_scatter_of
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import ShardingTask
 
@@ -33,18 +34,20 @@ class TorchRecPlannerSearch:
     """TorchRec's `EmbeddingShardingPlanner` run on the task; its plan converted to `shardwise.plan/v1`."""
 
     def __init__(self, column_wise: bool = False, min_partition: int = 32, timeout_s: int | None = None,
-                 data_parallel: bool = False) -> None:
-        self.column_wise = column_wise or data_parallel
-        self.data_parallel = data_parallel
+                 data_parallel: bool = False, row_wise: bool = False) -> None:
+        self.column_wise = column_wise or data_parallel or row_wise
+        self.data_parallel = data_parallel or row_wise
+        self.row_wise = row_wise
         self.min_partition = min_partition
         self.timeout_s = timeout_s
-        self.name = "torchrec_dp" if data_parallel else "torchrec_cw" if column_wise else "torchrec"
+        self.name = ("torchrec_rw" if row_wise else "torchrec_dp" if data_parallel else "torchrec_cw" if column_wise
+                     else "torchrec")
 
     @property
     def sharding_types(self) -> list[str]:
         """The sharding types TorchRec's planner is offered, in its words."""
         return ["table_wise"] + (["column_wise"] if self.column_wise else []) + (
-            ["data_parallel"] if self.data_parallel else [])
+            ["data_parallel"] if self.data_parallel else []) + (["row_wise"] if self.row_wise else [])
 
     def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
         """TorchRec's plan for `task`; PlanError when it finds none or it breaks shardwise's memory cap."""
@@ -86,6 +89,8 @@ class TorchRecPlannerSearch:
                                                                 "torchrec_hbm_cap": cap}}})
         if plan.data_parallel and cost_model is not None and all_reduce_of(cost_model) is None:
             cost_model = None  # no measured all-reduce to price its replicas with: the plan goes out unpriced
+        if plan.row_wise and cost_model is not None and reduce_scatter_of(cost_model) is None:
+            cost_model = None  # nor a measured reduce-scatter to price its row-wise tables with
         try:
             return finish_plan(
                 plan, task, cost_model, planning_time_s=planner_s, seed=seed,
@@ -129,5 +134,10 @@ register_method(MethodSpec(
 ))
 register_method(MethodSpec(
     name="torchrec_dp", factory=lambda options: TorchRecPlannerSearch(data_parallel=True), options=NoOptions,
-    description="TorchRec's EmbeddingShardingPlanner, table-wise, column-wise and data-parallel (NeuroShard's types)",
+    description="TorchRec's EmbeddingShardingPlanner, table-wise, column-wise and data-parallel",
+))
+register_method(MethodSpec(
+    name="torchrec_rw", factory=lambda options: TorchRecPlannerSearch(row_wise=True), options=NoOptions,
+    description="TorchRec's EmbeddingShardingPlanner, table-wise, column-wise, data-parallel and row-wise "
+                "(NeuroShard's types)",
 ))

@@ -25,6 +25,7 @@ from .tables import (
     TableSpec,
     derive_reuse_bins,
     reuse_histogram,
+    row_wise_rows,
     sample_batch,
     stable_seed,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "derive_reuse_bins",
     "load_task",
     "reuse_histogram",
+    "row_wise_rows",
     "sample_batch",
     "stable_seed",
     "save_task",

@@ -71,6 +71,19 @@ class TableSpec(BaseModel):
             update={"dim": dim, "name": name or self.name, "source": self.source or self.name}
         )
 
+    def row_block(self, rank: int, num_devices: int) -> TableSpec | None:
+        """Rank `rank`'s block of this table split row-wise over `num_devices` (`row_wise_rows`), as a table of its own
+        named `t[rows lo:hi]`: its rows, and the lookups that fall in them (ids spread over the rows, as the hashed
+        hot rows of `zipf_row_sampler` are: pooling factor x block rows / rows); None where the rank holds no rows."""
+        sizes = row_wise_rows(self.rows, num_devices)
+        rows = sizes[rank]
+        if rows == 0:
+            return None
+        lo = sum(sizes[:rank])
+        return self.model_copy(update={"name": f"{self.name}[rows {lo}:{lo + rows}]", "rows": rows,
+                                       "pooling_factor": self.pooling_factor * rows / self.rows,
+                                       "source": self.source or self.name})
+
     def reuse_features(self, batch_size: int) -> np.ndarray:
         """The 17 reuse-bin fractions: given ones, else derived from `zipf_alpha` (uniform when neither)."""
         if self.reuse_bins is not None:
@@ -78,6 +91,13 @@ class TableSpec(BaseModel):
         return np.array(
             derive_reuse_bins(self.rows, self.pooling_factor, batch_size, self.zipf_alpha or 0.0)
         )
+
+
+def row_wise_rows(rows: int, world_size: int) -> list[int]:
+    """Each rank's rows under TorchRec's row-wise sharding: blocks of ceil(rows / ranks), the rest on the last
+    rank that gets any (10 rows on 4 ranks: 3, 3, 3, 1)."""
+    block = -(-rows // world_size)
+    return [max(0, min(block, rows - rank * block)) for rank in range(world_size)]
 
 
 def reuse_histogram(indices: np.ndarray) -> np.ndarray:
