@@ -109,6 +109,15 @@ def test_neuroshard_keeps_every_table_sharded_where_the_all_reduce_is_dear_or_un
             TASK, model, 0).extra["predicted"]["max_cost_ms"]
 
 
+def test_a_dear_all_reduce_stops_the_doubling_of_replicated_sets_early():
+    """Where replicating the one or two tables with the fewest gradient bytes does not pay, longer prefixes of
+    the 16 tables (4, 8, 16) are not priced; where it does, the doubling goes on past them."""
+    dear = NeuroShardSearch().search(TASK, _model(AllReduceCost(50.0, 0.0, 1e3)), 0)
+    cheap = NeuroShardSearch().search(TASK, _model(AllReduceCost(0.001, 0.0, 0.1)), 0)
+    assert dear.extra["search"]["data_parallel_sets_tried"] == 2
+    assert cheap.extra["search"]["data_parallel_sets_tried"] > 2 and cheap.data_parallel
+
+
 def test_neuroshard_never_replicates_more_than_a_device_holds():
     model = _model(AllReduceCost(0.001, 0.0, 0.1))
     # room for the big tables spread out, but not for every small table's replica beside them

@@ -380,7 +380,11 @@ class NeuroShardSearch:
                               order: list[int], forced: dict[int, int] | None = None) -> SplitState:
         """The best root: no data-parallel table, or a prefix of `order` (1, 2, 4, ... tables, then the counts
         halfway to the best one's neighbours), each prefix's other tables placed by the greedy grid (the `forced`
-        ones in their pieces)."""
+        ones in their pieces). Past 2 tables, the doubling goes on only while the longest prefix so far is the best:
+        where replicating the tables with the fewest gradient bytes costs more (an all-reduce on every device) than
+        it saves, longer prefixes are not priced (3 roots instead of 2 + log2(tables); on 1,000 tables on 64
+        devices each root is a greedy grid of most of a second of CPU). One table alone may not pay where two do
+        (the all-reduce's latency is paid once for both), so 1 and 2 are always priced."""
         task = placer.task
         forced = forced or {}
 
@@ -397,8 +401,12 @@ class NeuroShardSearch:
         # a longer prefix holds more bytes on every device: stop at the first that does not fit by itself
         fitting = [c for c in counts if placer.replicated(prefix(c))[1] <= task.device_memory_bytes]
         counts = counts[:len(fitting)]
-        states = [prefix(c) for c in counts]
+        states = [prefix(c) for c in counts[:3]]
         seen.update(zip(states, placer.evaluate(states)))
+        while len(states) < len(counts) and seen[states[-1]].cost_ms < min(seen[s].cost_ms for s in states[:-1]):
+            states.append(prefix(counts[len(states)]))
+            seen[states[-1]] = placer.evaluate(states[-1:])[0]
+        counts = counts[:len(states)]
         at = min(range(len(counts)), key=lambda j: seen[states[j]].cost_ms)
         between = {(counts[at] + counts[j]) // 2 for j in (at - 1, at + 1) if 0 <= j < len(counts)} - set(counts)
         if between:
@@ -413,9 +421,9 @@ class NeuroShardSearch:
 
     def _row_wise_order(self, placer: _Placer, root: SplitState) -> list[int]:
         """The tables tried row-wise (never those the config's `split` splits by columns): first those that fit on no
-        device even split by columns (every prefix holds them), then the costliest: those not data-parallel in `root` whose predicted cost alone is at least
-        ROW_WISE_MIN_SHARE of a device's even share of the work, with a row for every device; at most
-        ROW_WISE_MAX_TABLES of those. Empty where none are tried."""
+        device even split by columns (every prefix holds them), then the costliest: those not data-parallel in
+        `root` whose predicted cost alone is at least ROW_WISE_MIN_SHARE of a device's even share of the work, with
+        a row for every device; at most ROW_WISE_MAX_TABLES of those. Empty where none are tried."""
         task = placer.task
         if not self._row_wise_possible(task, placer.model):
             return []
