@@ -125,15 +125,14 @@ def run_fault(name: str, tries: int) -> dict[str, Any]:
 
 
 def _quiet_harness() -> None:
-    """The scenarios' own services and checks in this process say nothing on the console: moto's server logs each
-    request, MLflow its waits and download bars (what the tool under test prints is captured per try)."""
+    """The scenarios' own services and checks in this process say nothing on the console, as the CLI without -v:
+    MLflow's waits and download bars, and moto's server, which logs each request."""
     import logging
-    import os
 
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when mlflow is first imported
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    for name in ("werkzeug", "mlflow"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    from shardwise.cli import quiet_libraries
+
+    quiet_libraries(verbose=False)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -113,7 +113,7 @@ def main() -> None:
     model, first = models[devices[0]], devices[0]
     print(f"cost model: {source}, on {' and '.join(devices)}")
     baselines = ["torchrec", "torchrec_cw"] if args.with_cw else ["torchrec"]
-    header = (f"{'task':>12}  {'neuroshard s':>12}  {'(cpu s)':>8}  {'peak GiB':>8}  {'all s':>7}  {'cost/all':>8}  "
+    header = (f"{'task':>12}  {'neuroshard s':>12}  {'(cpu s)':>8}  {'peak GiB':>8}  {'all s':>7}  {'cost/all':>8}  {'no dp s':>7}  "
               + "".join(f"{'on ' + d + ' s':>12}  {d + '/' + first:>10}  " for d in devices[1:])
               + "  ".join(f"{b + ' s':>14}  {'ratio':>6}" for b in baselines))
     print(header + f"  {'target':>8}")
@@ -131,11 +131,19 @@ def main() -> None:
             everywhere = make_searcher("neuroshard", device_candidates=num_devices).search(task, model, args.seed)
             all_s = time.perf_counter() - started
             quality = plan.extra["predicted"]["max_cost_ms"] / everywhere.extra["predicted"]["max_cost_ms"]
+        # the same search without data-parallel roots (priced only where the model has a measured all-reduce)
+        no_dp_s = None
+        if num_tables <= args.quality_max_tables:
+            started = time.perf_counter()
+            make_searcher("neuroshard", data_parallel=False).search(task, model, args.seed)
+            no_dp_s = time.perf_counter() - started
         cells = [f"{all_s:>7.2f}  {quality:>8.4f}" if quality and all_s else f"{'-':>7}  {'-':>8}"]
+        cells[0] += f"  {no_dp_s:>7.2f}" if no_dp_s is not None else f"  {'-':>7}"
         row = {"task": f"{num_tables}x{num_devices}", "neuroshard_s": round(neuro_s, 2),
                "neuroshard_cpu_s": round(neuro_cpu_s, 2), "peak_gib": round(peak_gib, 2),
                "every_device_priced_s": all_s and round(all_s, 2),
-               "predicted_cost_over_every_device_priced": quality and round(quality, 4)}
+               "predicted_cost_over_every_device_priced": quality and round(quality, 4),
+               "without_data_parallel_s": no_dp_s and round(no_dp_s, 2)}
         for device in devices[1:]:
             started = time.perf_counter()
             other = make_searcher("neuroshard").search(task, models[device], args.seed)
@@ -177,6 +185,8 @@ def main() -> None:
     print("all s, cost/all = the search pricing every device for every shard (device_candidates = devices: the "
           "search without the shortlist): its seconds, and the predicted plan cost over its plan (1.0: the shortlist of "
           "least-loaded devices costs nothing)")
+    print("no dp s = the same search without data-parallel roots (they are priced where the model has a measured "
+          "all-reduce)")
     for device in devices[1:]:
         print(f"on {device} s, {device}/{first} = the same search with the cost model on {device}: its seconds, and "
               f"its time over the {first} one (above 1: slower on {device})")

@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -223,6 +223,26 @@ def _versions(db: Path, name: str) -> int:
         return -1
 
 
+@contextlib.contextmanager
+def _registry_for(tmp: Path, server: MlflowProcess | None) -> Iterator[tuple[MlflowProcess, str]]:
+    """(the registry, the hardware kind to register under) for one try: `server` shared between tries (started if
+    it is down, left running; a kind of this try's own), or one started for this try and stopped after."""
+    from service_processes import MlflowProcess
+
+    if server is not None:
+        if server.proc is None:
+            server.start()
+        yield server, _kind(tmp)
+        return
+    (tmp / "server").mkdir(exist_ok=True)
+    own = MlflowProcess(tmp / "server")
+    own.start()
+    try:
+        yield own, HARDWARE_KIND
+    finally:
+        own.kill()
+
+
 def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: float = 0.0,
                                server: MlflowProcess | None = None) -> FaultOutcome:
     """The MLflow tracking server SIGKILLed `delay_s` after `verb`'s new model version appears in its store (the
@@ -232,7 +252,6 @@ def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: fl
 
     Wrong champions: after the kill, an alias that moved off the champion before it, or points at a version without
     the gate's evidence or whose files do not load; after the rerun, the same, or no alias on the new version."""
-    from service_processes import MlflowProcess
 
     from shardwise.integrations.mlflow import (
         CHAMPION,
@@ -243,15 +262,10 @@ def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: fl
     )
 
     tmp.mkdir(parents=True, exist_ok=True)
-    kind = _kind(tmp) if server else HARDWARE_KIND
-    name = cost_model_name(kind) if verb == "pretrain" else policy_name("dreamshard", kind)
-    own = server is None
-    if server is None:
-        (tmp / "server").mkdir(exist_ok=True)
-        server = MlflowProcess(tmp / "server")
-    url = server.start() if server.proc is None else server.url
     outcome = FaultOutcome(f"tracking server killed during {verb} registration")
-    try:
+    with _registry_for(tmp, server) as (server, kind):
+        name = cost_model_name(kind) if verb == "pretrain" else policy_name("dreamshard", kind)
+        url = server.url
         data = _cost_data(tmp, kind)
         env = {**os.environ, "SHARDWISE_CACHE": str(tmp / "cache")}
         if verb == "train-policy":  # the cost model it trains against
@@ -313,9 +327,6 @@ def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: fl
             outcome.wrong_champions += 1
             outcome.notes["champion_load"] = str(err)[:300]
         return outcome
-    finally:
-        if own:
-            server.kill()
 
 
 def _half_logged_aliases(aliases: dict[str, str], tags: dict[str, dict[str, str]]) -> int:
@@ -367,21 +378,14 @@ def concurrent_registration(tmp: Path, *, costs: tuple[float, float] = (5.0, 3.0
     lower cost is better. Wrong champions: the champion afterwards is not the lowest cost, or any alias points
     at a version without the gate's decision for it. `server`: a running registry to share between tries (each
     try registers its own policy name there); by default one is started for this try and stopped after."""
-    from service_processes import MlflowProcess
 
     from shardwise.integrations.mlflow import CHAMPION, MlflowService, policy_name
 
     tmp.mkdir(parents=True, exist_ok=True)
-    kind = _kind(tmp) if server else HARDWARE_KIND
-    name = policy_name("dreamshard", kind)
-    own = server is None
-    if server is None:
-        (tmp / "server").mkdir(exist_ok=True)
-        server = MlflowProcess(tmp / "server")
-        server.start()
-    url = server.url
     outcome = FaultOutcome("two runs registering to one registry at once")
-    try:
+    with _registry_for(tmp, server) as (server, kind):
+        name = policy_name("dreamshard", kind)
+        url = server.url
         policy = _policy_dir(tmp / "policy")
         MlflowService(url).log_policy(policy, method="dreamshard", hardware_kind=kind, history=[], params={},
                                       validation_cost=10.0)
@@ -405,9 +409,6 @@ def concurrent_registration(tmp: Path, *, costs: tuple[float, float] = (5.0, 3.0
         outcome.wrong_champions = int(float(tags.get(champion, {}).get("gate.value", "nan")) != min(costs))
         outcome.wrong_champions += _half_logged_aliases(aliases, tags)
         return outcome
-    finally:
-        if own:
-            server.kill()
 
 
 # -- a process SIGKILLed while it makes a new embedded MLflow store ----------------------------------------------

@@ -127,17 +127,23 @@ def test_device_timers_mix_and_cpu_rows_from_before_the_timer_column_still_train
     assert check_cost_frame(cpu)[1] == int(frame["batch_size"].iloc[0])
 
 
+def _collective_rows(kind: str, lines: dict, timed: str) -> pd.DataFrame:
+    """Profiled rows of one collective `kind` on 2 and 4 gloo devices at 5 sizes, timed exactly by `lines` (per
+    device count) in the `timed` column ("fwd_ms" or "bwd_ms"; the other 0)."""
+    other = "fwd_ms" if timed == "bwd_ms" else "bwd_ms"
+    return pd.DataFrame([
+        {"kind": kind, "config_id": f"{kind}{d}-{size}", "repeat": 0, other: 0.0,
+         timed: float(lines[d].predict_ms(size, d)), "batch_size": 512, "hardware_kind": "cpu-test",
+         "num_devices": d, "size_bytes": size, "backend": "gloo"}
+        for d in (2, 4) for size in (4096 * 4**k for k in range(5))])
+
+
 def test_profiled_all_reduces_are_fitted_per_device_count_and_evaluated_held_out(tmp_path):
     from shardwise.costmodel import NeuralCostModel
     from shardwise.costmodel.data_parallel import AllReduceCost
 
     truth = {2: AllReduceCost(0.1, 0.0, 1.0), 4: AllReduceCost(0.4, 0.0, 5.0)}
-    sizes = [4096 * 4**k for k in range(5)]
-    reduces = pd.DataFrame([
-        {"kind": "all_reduce", "config_id": f"ar{d}-{size}", "repeat": 0, "fwd_ms": 0.0,
-         "bwd_ms": float(truth[d].predict_ms(size, d)), "batch_size": 512, "hardware_kind": "cpu-test",
-         "num_devices": d, "size_bytes": size, "backend": "gloo"}
-        for d in (2, 4) for size in sizes])
+    reduces = _collective_rows("all_reduce", truth, "bwd_ms")
     df = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), reduces], ignore_index=True)
     model, report = train_cost_model(df, 0, TrainConfig(epochs=5, progress=False))
     assert model.all_reduce is not None and model.all_reduce.backend == "gloo"
@@ -160,12 +166,7 @@ def test_profiled_reduce_scatters_are_fitted_beside_the_all_reduces_and_evaluate
 
     line = {2: AllReduceCost(0.05, 0.0, 0.5, collective="reduce_scatter"),
             4: AllReduceCost(0.2, 0.0, 2.0, collective="reduce_scatter")}
-    sizes = [4096 * 4**k for k in range(5)]
-    scatters = pd.DataFrame([
-        {"kind": "reduce_scatter", "config_id": f"rs{d}-{size}", "repeat": 0, "bwd_ms": 0.0,
-         "fwd_ms": float(line[d].predict_ms(size, d)), "batch_size": 512, "hardware_kind": "cpu-test",
-         "num_devices": d, "size_bytes": size, "backend": "gloo"}
-        for d in (2, 4) for size in sizes])
+    scatters = _collective_rows("reduce_scatter", line, "fwd_ms")
     df = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), scatters], ignore_index=True)
     model, report = train_cost_model(df, 0, TrainConfig(epochs=3, progress=False))
     assert model.all_reduce is None  # none measured: each collective is its own line
