@@ -115,25 +115,37 @@ class _Placer:
         self.config = config
         self._piece: dict[tuple[int, int], tuple[np.ndarray, float, int]] = {}
         self._replicated: dict[tuple[int, ...], tuple[float, int]] = {}
+        self._replicated_bytes: dict[tuple[int, ...], int] = {}
         self.head_calls = 0
 
     def replicated(self, state: SplitState) -> tuple[float, int]:
         """The state's tables on every device: ms and bytes each device adds for its data-parallel tables (kernel on
         the local batch + all-reduce) and row-wise tables (kernel on its blocks + collectives), the most of any
         device for the row-wise ones (blocks of ceil(rows / devices): the last may be smaller)."""
-        key = tuple(i if p == DATA_PARALLEL else -1 - i for i, p in enumerate(state) if p in (DATA_PARALLEL, ROW_WISE))
+        key = _replicated_key(state)
         if key not in self._replicated:
             task = self.task
             tables = [task.tables[i] for i in key if i >= 0]
             cost = data_parallel_cost(self.model, tables, task.num_devices) if tables else None
-            ms, used = (cost.total_ms if cost else 0.0), data_parallel_bytes(tables, task)
+            ms = cost.total_ms if cost else 0.0
             split = [task.tables[-1 - i] for i in key if i < 0]
             if split:
                 ms += float(row_wise_cost(self.model, split, task.num_devices, task.batch_size).total_ms.max())
+            self._replicated[key] = (ms, self.replicated_bytes(state))
+        return self._replicated[key]
+
+    def replicated_bytes(self, state: SplitState) -> int:
+        """`replicated`'s bytes alone (no cost model call: what a memory check of many states needs)."""
+        key = _replicated_key(state)
+        if key not in self._replicated_bytes:
+            task = self.task
+            used = data_parallel_bytes([task.tables[i] for i in key if i >= 0], task)
+            split = [task.tables[-1 - i] for i in key if i < 0]
+            if split:
                 used += max(shard_memory_bytes(blocks, task.batch_size, task.optimizer, task.weights_precision)
                             for blocks in row_blocks(split, task.num_devices))
-            self._replicated[key] = (ms, used)
-        return self._replicated[key]
+            self._replicated_bytes[key] = used
+        return self._replicated_bytes[key]
 
     def piece_spec(self, i: int, pieces: int, k: int = 0) -> TableSpec:
         table = self.task.tables[i]
@@ -215,6 +227,7 @@ class _Placer:
         alive = np.ones(rows, dtype=bool)
         chosen = np.full((rows, emb.shape[1]), -1)
         row_idx = np.arange(rows)
+        across = row_idx[:, None]  # fancy indexing by [R, C] column ids: np.take_along_axis's arithmetic, less overhead
         # rows that have placed every shard alike so far hold the same layout (the grid's caps bind late), so the
         # networks price each (layout, device) once: `same[r]` is one row of r's layout
         same = state_of * grid
@@ -237,23 +250,23 @@ class _Placer:
             # shard adds grows with what a device holds, so the best device is among them, and one head call
             # over every device of every row is what makes hundreds of devices slow
             near = _lowest(np.where(allowed, compute + comm_now, np.inf), near_count)  # [R, near] device ids
-            near_allowed = np.take_along_axis(allowed, near, axis=1)
+            near_allowed = allowed[across, near]
             pair, at = _distinct_pairs(same, near, num_devices)  # [P] flat positions in [R, near], [R, near]
             pair_row, pair_device = pair // near_count, near.reshape(-1)[pair]
             new_compute = model.compute_from_embeddings(summed[pair_row, pair_device] + e[pair_row])
             new_compute = np.asarray(new_compute, dtype=np.float64).sum(axis=1)[at]
             # shortlist by compute plus the device's current all-to-all, then price the candidate device's own
             # all-to-all exactly in the layout it would make
-            approx = np.where(near_allowed, new_compute + np.take_along_axis(comm_now, near, axis=1), np.inf)
+            approx = np.where(near_allowed, new_compute + comm_now[across, near], np.inf)
             pos = _lowest(approx, k)  # [R, k] positions in `near`
-            short = np.take_along_axis(near, pos, axis=1)
-            short_compute = np.take_along_axis(new_compute, pos, axis=1)
+            short = near[across, pos]
+            short_compute = new_compute[across, pos]
             pair, at = _distinct_pairs(same, short, num_devices)
             pair_row = pair // k
             own_comm = predict_comm_after_ms(model, width[pair_row], compute[pair_row], short.reshape(-1)[pair, None],
                                              dm[pair_row], short_compute.reshape(-1)[pair, None])
             own_comm = own_comm.sum(axis=2)[:, 0][at]
-            score = np.where(np.take_along_axis(near_allowed, pos, axis=1), short_compute + own_comm, np.inf)
+            score = np.where(near_allowed[across, pos], short_compute + own_comm, np.inf)
             pick = np.argmin(score, axis=1)
             live = row_idx[alive]
             d = short[live, pick[live]]
@@ -288,6 +301,34 @@ class _Placer:
             else:
                 results.append(_Evaluated(float("inf"), None, su))
         return results
+
+
+def _replicated_key(state: SplitState) -> tuple[int, ...]:
+    """The data-parallel (i) and row-wise (-1 - i) tables of a state: what its replicated ms and bytes depend on."""
+    return tuple(i if p == DATA_PARALLEL else -1 - i for i, p in enumerate(state) if p in (DATA_PARALLEL, ROW_WISE))
+
+
+def _cost(seen: dict[SplitState, _Evaluated], state: SplitState) -> float:
+    """A root's predicted plan cost; inf for one not placed (bounded: never below the best root before it)."""
+    return seen[state].cost_ms if state in seen else float("inf")
+
+
+def _place_unless_bounded(placer: _Placer, seen: dict[SplitState, _Evaluated], bounded: set[SplitState],
+                          state: SplitState, best_ms: float) -> None:
+    """Place `state` by the greedy grid unless its lower bound reaches `best_ms` (then it joins `bounded`).
+
+    The bound is the ms its data-parallel and row-wise tables add to every device: a plan's cost is that plus its
+    slowest device's compute and all-to-all, both >= 0 (the networks predict exp(...)), so a state bounded here
+    costs at least `best_ms`, which an earlier root reached: the search picks the same root without placing it
+    (on 1,000 tables on 64 devices, one all-reduce alone was 1.7x the best plan, and each root most of a second).
+    The placed tables' predicted work (their sum / devices, the costliest alone) would bound it tighter only if
+    a device's predicted cost never fell below its tables' work, which a learned head does not promise."""
+    if state in seen or state in bounded:
+        return
+    if placer.replicated(state)[0] >= best_ms:
+        bounded.add(state)
+    else:
+        seen[state] = placer.evaluate([state])[0]
 
 
 def _too_big_for_columns(task: ShardingTask, table: TableSpec) -> bool:
@@ -376,7 +417,7 @@ class NeuroShardSearch:
             forced[index[name]] = pieces
         return forced
 
-    def _data_parallel_search(self, placer: _Placer, seen: dict[SplitState, _Evaluated],
+    def _data_parallel_search(self, placer: _Placer, seen: dict[SplitState, _Evaluated], bounded: set[SplitState],
                               order: list[int], forced: dict[int, int] | None = None) -> SplitState:
         """The best root: no data-parallel table, or a prefix of `order` (1, 2, 4, ... tables, then the counts
         halfway to the best one's neighbours), each prefix's other tables placed by the greedy grid (the `forced`
@@ -384,7 +425,8 @@ class NeuroShardSearch:
         where replicating the tables with the fewest gradient bytes costs more (an all-reduce on every device) than
         it saves, longer prefixes are not priced (3 roots instead of 2 + log2(tables); on 1,000 tables on 64
         devices each root is a greedy grid of most of a second of CPU). One table alone may not pay where two do
-        (the all-reduce's latency is paid once for both), so 1 and 2 are always priced."""
+        (the all-reduce's latency is paid once for both), so 1 and 2 are always priced; roots are placed one at a
+        time, and one whose replicated ms alone reach the best root's cost so far is not placed (`bounded`)."""
         task = placer.task
         forced = forced or {}
 
@@ -399,21 +441,21 @@ class NeuroShardSearch:
         if order:
             counts.append(len(order))
         # a longer prefix holds more bytes on every device: stop at the first that does not fit by itself
-        fitting = [c for c in counts if placer.replicated(prefix(c))[1] <= task.device_memory_bytes]
+        fitting = [c for c in counts if placer.replicated_bytes(prefix(c)) <= task.device_memory_bytes]
         counts = counts[:len(fitting)]
         states = [prefix(c) for c in counts[:3]]
-        seen.update(zip(states, placer.evaluate(states)))
-        while len(states) < len(counts) and seen[states[-1]].cost_ms < min(seen[s].cost_ms for s in states[:-1]):
+        for state in states:
+            _place_unless_bounded(placer, seen, bounded, state, min(_cost(seen, s) for s in states))
+        while len(states) < len(counts) and _cost(seen, states[-1]) < min(_cost(seen, s) for s in states[:-1]):
             states.append(prefix(counts[len(states)]))
-            seen[states[-1]] = placer.evaluate(states[-1:])[0]
+            _place_unless_bounded(placer, seen, bounded, states[-1], min(_cost(seen, s) for s in states))
         counts = counts[:len(states)]
-        at = min(range(len(counts)), key=lambda j: seen[states[j]].cost_ms)
+        at = min(range(len(counts)), key=lambda j: _cost(seen, states[j]))
         between = {(counts[at] + counts[j]) // 2 for j in (at - 1, at + 1) if 0 <= j < len(counts)} - set(counts)
-        if between:
-            more = [prefix(c) for c in sorted(between)]
-            seen.update(zip(more, placer.evaluate(more)))
-            states += more
-        return min(states, key=lambda state: seen[state].cost_ms)
+        for count in sorted(between):
+            states.append(prefix(count))
+            _place_unless_bounded(placer, seen, bounded, states[-1], min(_cost(seen, s) for s in states))
+        return min(states, key=lambda state: _cost(seen, state))
 
     def _row_wise_possible(self, task: ShardingTask, cost_model: CostModel) -> bool:
         """Whether row-wise tables are tried: on, on 2 devices or more, with a measured reduce-scatter to price them."""
@@ -437,10 +479,11 @@ class NeuroShardSearch:
         costly = [i for i in candidates if alone[i] >= ROW_WISE_MIN_SHARE * share and i not in forced]
         return forced + sorted(costly, key=lambda i: -alone[i])[:ROW_WISE_MAX_TABLES]
 
-    def _row_wise_search(self, placer: _Placer, seen: dict[SplitState, _Evaluated], root: SplitState,
-                         order: list[int]) -> SplitState:
+    def _row_wise_search(self, placer: _Placer, seen: dict[SplitState, _Evaluated], bounded: set[SplitState],
+                         root: SplitState, order: list[int]) -> SplitState:
         """The best of `root` and `root` with a prefix of `order` (1, 2, 4, ... tables) row-wise, each state's
-        other tables placed by the greedy grid (a state over memory costs inf)."""
+        other tables placed by the greedy grid (a state over memory costs inf; one whose replicated ms alone reach
+        the best cost so far is not placed)."""
         forced = sum(1 for i in order if _too_big_for_columns(placer.task, placer.task.tables[i]))
         counts = sorted({c for c in (forced, 1, 2, 4, 8) if 0 < c < len(order) and c >= forced}
                         | ({len(order)} if order else set()))
@@ -449,8 +492,9 @@ class NeuroShardSearch:
             chosen = set(order[:count])
             states.append(tuple(ROW_WISE if i in chosen else p for i, p in enumerate(root)))
         states = [s for s in states if s not in seen]
-        seen.update(zip(states, placer.evaluate(states)))
-        return min([root, *states], key=lambda state: seen[state].cost_ms)
+        for state in states:
+            _place_unless_bounded(placer, seen, bounded, state, min(_cost(seen, s) for s in [root, *states]))
+        return min([root, *states], key=lambda state: _cost(seen, state))
 
     def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
         """The lowest-predicted-cost plan found; PlanError when nothing fits in memory."""
@@ -464,15 +508,17 @@ class NeuroShardSearch:
         check_memory_bounds(task, column_split=True, row_wise=self._row_wise_possible(task, cost_model))
         placer = _Placer(task, cost_model, self.config)
         seen: dict[SplitState, _Evaluated] = {}
+        bounded: set[SplitState] = set()  # roots not placed: their replicated ms alone reach a better root's cost
         forced = self._forced_splits(task)
         # the beam over column splits starts from the best set of data-parallel tables (or none)
-        best = self._data_parallel_search(placer, seen, [i for i in self._data_parallel_order(placer)
-                                                         if i not in forced], forced)
-        data_parallel_sets = len(seen) - 1
+        best = self._data_parallel_search(placer, seen, bounded, [i for i in self._data_parallel_order(placer)
+                                                                  if i not in forced], forced)
+        data_parallel_sets = len(seen) + len(bounded) - 1
+        data_parallel_bounded = len(bounded)
         # the costliest tables row-wise on top of it: the best such set roots the beam beside it, so that splitting
         # those tables by columns instead is tried too
-        split_rows = self._row_wise_search(placer, seen, best, self._row_wise_order(placer, best))
-        row_wise_sets = len(seen) - 1 - data_parallel_sets
+        split_rows = self._row_wise_search(placer, seen, bounded, best, self._row_wise_order(placer, best))
+        row_wise_sets = len(seen) + len(bounded) - 1 - data_parallel_sets
         beam = list(dict.fromkeys([split_rows, best]))
         best = split_rows
         depth_reached = 0
@@ -522,6 +568,8 @@ class NeuroShardSearch:
                         },
                         "data_parallel_sets_tried": data_parallel_sets,
                         "row_wise_sets_tried": row_wise_sets,
+                        "data_parallel_sets_bounded": data_parallel_bounded,
+                        "row_wise_sets_bounded": len(bounded) - data_parallel_bounded,
                         "predicted_max_cost_ms": round(result.cost_ms, 4),
                     }
                 }
