@@ -8,7 +8,8 @@ synthesize the tables, split off the held-out ones, augment the rest; time a few
 (CUDA: held, graph, events; a CPU has its clock alone); profile the training tables and, apart, the held-out tables,
 with repeats for the noise floor, and a small probe at `--probe-batch`; pre-train on the device; plan two tasks of
 held-out tables (half the preset's devices and tables, and the preset's) with neuroshard, measured_greedy,
-size_lookup_greedy, torchrec and torchrec_cw; measure every plan's device shards on the device's kernels in
+size_lookup_greedy, torchrec and torchrec_cw, and NeuroShard's plan refined on the device's kernels as `plan
+--refine` refines (neuroshard_refined); measure every plan's device shards on the device's kernels in
 interleaved rounds. One GPU holds no NCCL group of several ranks, so plans are compared on their kernels alone
 (the slowest device's forward + backward): no all-to-all is measured. No MLflow: everything stays in `--out`.
 Figures are written to `--out`/gpu_method.json after every step (a run cut short keeps what it measured), and with
@@ -33,6 +34,7 @@ from record import record
 
 from shardwise.costmodel import TrainConfig, train_cost_model
 from shardwise.evaluation import KernelShard, time_shards_in_rounds
+from shardwise.evaluation.refine import refine_plan, search_resplit
 from shardwise.pipelines.params import pipeline_params
 from shardwise.profiling import MeasurementSettings, TimingProtocol, resolve_timing
 from shardwise.profiling.dataset import load_costs, noise_floor
@@ -53,6 +55,8 @@ from shardwise.workload import (
 
 METHODS = ("neuroshard", "measured_greedy", "size_lookup_greedy", "torchrec", "torchrec_cw")
 BASELINE = "torchrec"
+#: NeuroShard's plan refined on the device's kernels (the planning_s of its row: the refinement's), in rounds
+REFINED, REFINE_ROUNDS = "neuroshard_refined", 3
 #: the issue's bars (issue 34): noise floor at the small batch and at 65536, widest spread, work correlation,
 #: held-out MAPE and Spearman, shards/s at 65536, NeuroShard's plan over TorchRec's
 TARGETS = {"noise_small_batch": 0.02, "noise_large_batch": 0.01, "max_spread": 0.10, "work_correlation": 0.6,
@@ -87,6 +91,11 @@ def compare_timers(shards: list[list[TableSpec]], batch: int, device: torch.devi
     the median host launch ms, the median wall ms a shard's timing took (warm-up and timed calls), what actually
     timed (graphs fall back to held, a queue's first call is held) and calls a hold did not cover."""
     names = list(CUDA_TIMERS) if device.type == "cuda" else [str(protocol.for_device(device).clock)]
+    # the protocol's warm-up on CUDA (one call) against the 3 calls it used before, both queued
+    updates: dict[str, dict[str, Any]] = {n: {"cuda_timer": n if device.type == "cuda" else None} for n in names}
+    if device.type == "cuda" and protocol.warmup_calls != 3:
+        names.append("queued, 3 warm-up")
+        updates[names[-1]] = {"cuda_timer": "queued", "warmup_iters": 3}
     totals: dict[str, list[list[float]]] = {n: [[] for _ in shards] for n in names}
     launches: dict[str, list[float]] = {n: [] for n in names}
     walls: dict[str, list[float]] = {n: [] for n in names}
@@ -96,7 +105,7 @@ def compare_timers(shards: list[list[TableSpec]], batch: int, device: torch.devi
         kernel = build_shard_kernel(tables, batch, device=device)
         for _ in range(rounds):
             for name in names:
-                timed = protocol.model_copy(update={"cuda_timer": name if device.type == "cuda" else None})
+                timed = protocol.model_copy(update=updates[name])
                 began = time.perf_counter()
                 timing = time_kernel(kernel, device, timed.for_device(device))
                 walls[name].append((time.perf_counter() - began) * 1e3)
@@ -107,7 +116,7 @@ def compare_timers(shards: list[list[TableSpec]], batch: int, device: torch.devi
         if device.type == "cuda":  # calls a hold did not cover, counted on one timing per shard
             for name in ("held", "queued"):
                 probe = _Timer(device, protocol.model_copy(update={"cuda_timer": name}).for_device(device))
-                probe.calls(kernel, protocol.warmup_iters + protocol.iters)
+                probe.calls(kernel, protocol.warmup_calls + protocol.iters)
                 uncovered[name] += probe.uncovered + (probe.cuda_timer != name)  # a queue that fell back
     medians = {n: [statistics.median(t) for t in totals[n]] for n in names}
     counts = [float(len(t)) for t in shards]
@@ -146,11 +155,20 @@ def profile_figures(costs: Path, seconds: float, measured: int) -> dict[str, Any
         "noise_median_rel_dev": _round(noise["median_rel_dev"]), "noise_median_spread": _round(noise["median_spread"]),
         "noise_max_spread": _round(noise["max_spread"]), "repeated_configs": int(noise["configs"]),
         "work_correlation": _round(_correlation(first["num_tables"].astype(float).tolist(), totals.tolist())),
+        # the work in the lookups (the tables' pooling x dim summed): what a shard's cost follows where the number
+        # of tables does not
+        "lookup_correlation": _round(_correlation([_lookup_width(t) for t in first["tables_json"]],
+                                                  totals.tolist())),
         "median_total_ms": round(float(np.median(totals)), 4),
         "median_launch_ms": round(float(np.median(launch[known])), 4) if known.any() else None,
         "launch_bound_share": round(float((launch[known] > totals[known]).mean()), 4) if known.any() else None,
         "timers": sorted(str(t) for t in first["timer"].dropna().unique()),
     }
+
+
+def _lookup_width(tables_json: str) -> float:
+    """A shard's pooled lookups per sample times their width: sum over its tables of pooling factor x dim."""
+    return float(sum(t["pooling_factor"] * t["dim"] for t in json.loads(tables_json)))
 
 
 #: shards profiled first to learn the device's speed, when the profile has a time budget
@@ -202,6 +220,16 @@ def plan_and_measure(tasks: list[ShardingTask], model: Any, measurement: Measure
                              "method": method, "kernel_ms": None, "over_torchrec": None, "planning_s": None})
                 continue
             rows.append({"task": index, "devices": task.num_devices, "tables": len(task.tables), "method": method,
+                         "planning_s": round(time.perf_counter() - started, 2)})
+        if "neuroshard" in plans:
+            # as `shardwise plan --refine` does (from the measured greedy's plan too, tables re-split where the
+            # measurements say), on the kernels alone: one GPU hosts no all-to-all of several ranks
+            started = time.perf_counter()
+            starts = [plans["measured_greedy"]] if "measured_greedy" in plans else []
+            plans[REFINED], _ = refine_plan(task, plans["neuroshard"], model, measurement, rounds=REFINE_ROUNDS,
+                                            starts=starts, progress=False, exchange=False,
+                                            resplit=search_resplit(make_searcher("neuroshard"), task, model, 0))
+            rows.append({"task": index, "devices": task.num_devices, "tables": len(task.tables), "method": REFINED,
                          "planning_s": round(time.perf_counter() - started, 2)})
         layouts = {m: device_specs(p, task) for m, p in plans.items()}
         shards = [KernelShard(tables, task.batch_size, task.optimizer, task.weights_precision)
@@ -360,6 +388,7 @@ def summary_rows(args: argparse.Namespace, doc: dict[str, Any]) -> list[dict[str
         add(f"{key}: noise floor (median deviation of repeats)", f["noise_median_rel_dev"], ("<=", noise))
         add(f"{key}: widest spread of a repeated shard", f["noise_max_spread"], ("<=", TARGETS["max_spread"]))
         add(f"{key}: cost ~ number of tables (Pearson)", f["work_correlation"], (">=", TARGETS["work_correlation"]))
+        add(f"{key}: cost ~ pooling x dim of its tables (Pearson)", f.get("lookup_correlation"))
         add(f"{key}: shards/s", f["shards_per_s"], (">=", TARGETS["shards_per_s"]) if name == "profile" else None)
         add(f"{key}: median host launch ms of a shard (fwd+bwd)", f["median_launch_ms"])
         add(f"{key}: share of shards whose launch outlasts their kernels", f["launch_bound_share"])
@@ -374,12 +403,13 @@ def summary_rows(args: argparse.Namespace, doc: dict[str, Any]) -> list[dict[str
     for row in plans:
         task = f"task {row['task']} ({row['tables']} tables, {row['devices']} devices)"
         add(f"{task}: {row['method']} kernels over torchrec", row.get("over_torchrec"),
-            ("<=", TARGETS["plan_over_torchrec"]) if row["method"] == "neuroshard" else None)
+            ("<=", TARGETS["plan_over_torchrec"]) if row["method"] in ("neuroshard", REFINED) else None)
     for index in sorted({row["task"] for row in plans}):
         ms = {row["method"]: row.get("kernel_ms") for row in plans if row["task"] == index}
-        if ms.get("neuroshard") and ms.get("measured_greedy"):
-            add(f"task {index}: neuroshard kernels over measured_greedy",
-                round(ms["neuroshard"] / ms["measured_greedy"], 4), ("<=", 1.0))
+        for method in ("neuroshard", REFINED):
+            if ms.get(method) and ms.get("measured_greedy"):
+                add(f"task {index}: {method} kernels over measured_greedy",
+                    round(ms[method] / ms["measured_greedy"], 4), ("<=", 1.0))
     for step, at in (("timers", doc["batch_size"]), ("probe_timers", args.probe_batch)):
         for row in steps.get(step, {}).get("figures", []):
             add(f"batch {at}: timer {row['timer']} (timed by {row['timed_by']}): median spread / over "

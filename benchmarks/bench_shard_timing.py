@@ -71,7 +71,7 @@ def main() -> None:
                 "no reference": protocol.model_copy(update={"reference_normalised": False})}
     seconds: dict[str, list[float]] = {"build": [], **{name: [] for name in variants}}
     print(f"{len(task.tables)} tables over {devices} devices, batch {task.batch_size}, {args.rounds} rounds; "
-          f"protocol: {protocol.warmup_iters} warm-up + {protocol.iters} timed iterations")
+          f"protocol: {protocol.warmup_calls} warm-up + {protocol.iters} timed iterations")
     for r in range(args.rounds):
         for tables in shards:
             started = time.perf_counter()
@@ -180,10 +180,10 @@ def _time_kernel_one_flush(kernel: ShardKernel, device: torch.device, protocol: 
     timer, reference = _Timer(device, protocol), _reference_kernel(device)
     unflushed = _Timer(device, protocol.model_copy(update={"flush_cache": False}))
     fwd, bwd, ref = [], [], []
-    for i in range(protocol.warmup_iters + protocol.iters):
+    for i in range(protocol.warmup_calls + protocol.iters):
         ref_ms = sum(timer.run(reference))
         fwd_ms, bwd_ms = unflushed.run(kernel)
-        if i >= protocol.warmup_iters:
+        if i >= protocol.warmup_calls:
             fwd.append(fwd_ms)
             bwd.append(bwd_ms)
             ref.append(ref_ms)

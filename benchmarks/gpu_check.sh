@@ -11,15 +11,18 @@
 #   1. bench_batch_build.py --device cuda (40 s): a shard's batch at 65536 built on the host against the tensor path
 #      the profiler uses (batch_build_cuda.json);
 #   2. bench_gpu_method.py --preset gpu-check --cuda-timer queued (320 s): the timers compared (held, queued, graph,
-#      events: agreement, noise, and each one's wall time a shard), profile with the queued timer (training and
+#      events, and queued with the 3 warm-up calls used before the GPU's 1: agreement, noise, and each one's wall
+#      time a shard), profile with the queued timer (the next shard built while the device runs this one; training and
 #      held-out tables apart, repeats for the noise floor; as many of the preset's 600 + 100 shards as a pilot's
 #      speed fits in 120 s) at batch 65536 and a probe at 2048, pre-train, plan (neuroshard,
-#      measured_greedy, size_lookup_greedy, torchrec, torchrec_cw) two tasks of held-out tables (16 on 4 devices,
-#      32 on 8) and measure the plans' kernels (compute alone: one GPU holds no NCCL group of several ranks);
+#      measured_greedy, size_lookup_greedy, torchrec, torchrec_cw; and neuroshard refined on the kernels, as `plan
+#      --refine` does) two tasks of held-out tables (16 on 4 devices, 32 on 8) and measure the plans' kernels
+#      (compute alone: one GPU holds no NCCL group of several ranks);
 #      gpu_method.json, and gpu_method_steps.json written after every step, so a step cut short keeps the rest;
 #   3. tests/gpu (120 s): the cost model, NeuroShard and the RL policies on CUDA; the CUDA timers on a torch
 #      EmbeddingBag; fbgemm shards whose cost grows with their tables and whose repeats agree, at batch 2048 and
-#      65536; the three timers agreeing where the kernels dominate, and the hold covering every TBE call.
+#      65536; the three timers agreeing where the kernels dominate, and the hold covering every TBE call; shards
+#      timed while the next is built, and with 1 warm-up call, as when timed alone with 3.
 set -u
 out=${1:?OUT: a folder for the logs and results}
 mkdir -p "$out"

@@ -229,3 +229,21 @@ def test_fbgemm_timer_candidates_agree_where_kernels_dominate():
     # and one hold covered a queue of them: no call fell back to its own hold
     queue = _Timer(device, TimingProtocol(cuda_timer="queued").for_device(device))
     assert {c.timer for c in queue.calls(kernel, 13)[1:]} == {"queued"} and queue.cuda_timer == "queued"
+
+
+@needs_fbgemm
+def test_fbgemm_shards_timed_while_the_next_is_built_match_those_timed_alone():
+    """The profiler builds the next shard's kernel while the device runs this one's queued calls: the same
+    timings (within 3%) as each shard built and timed on its own, in the protocol's GPU warm-up (one call)."""
+    from shardwise.profiling import TimingProtocol, measure_shard
+    from shardwise.profiling.kernel import measure_shards
+
+    protocol = TimingProtocol(iters=10)
+    assert protocol.for_device(DEVICE).warmup_calls == 1
+    shards = [_tables(n) for n in (3, 8, 1, 12, 5)]
+    alone = [measure_shard(tables, 65536, device=DEVICE, protocol=protocol).total_ms for tables in shards]
+    overlapped = [t.total_ms for t in measure_shards(shards, 65536, device=DEVICE, protocol=protocol)]
+    assert overlapped == pytest.approx(alone, rel=0.03), (alone, overlapped)
+    three = [measure_shard(tables, 65536, device=DEVICE, protocol=TimingProtocol(warmup_iters=3, iters=10)).total_ms
+             for tables in shards]
+    assert alone == pytest.approx(three, rel=0.03), (alone, three)

@@ -36,15 +36,19 @@ def test_interrupted_profile_resumes_without_remeasuring(tmp_path: Path, monkeyp
     settings = ProfileSettings(num_shards=6, max_tables=4, repeats=1, repeat_shards=2, batch_size=64, seed=5,
                                protocol=FAST, chunk_size=2)
     calls: list[list[str]] = []
-    real_measure = runner.measure_shard
+    real_measure = runner.measure_shards
 
-    def interrupted_after_four(tables, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        calls.append([t.name for t in tables])
-        return real_measure(tables, *args, **kwargs)
+    def measuring(interrupt_after: int | None):  # type: ignore[no-untyped-def]
+        def measure(shards, *args, **kwargs):  # type: ignore[no-untyped-def]
+            timings = real_measure(shards, *args, **kwargs)
+            for tables in shards:
+                if len(calls) == interrupt_after:
+                    raise KeyboardInterrupt
+                calls.append([t.name for t in tables])
+                yield next(timings)
+        return measure
 
-    monkeypatch.setattr(runner, "measure_shard", interrupted_after_four)
+    monkeypatch.setattr(runner, "measure_shards", measuring(interrupt_after=4))
     with pytest.raises(KeyboardInterrupt):
         profile(TABLES, out, settings, progress=False)
     stored = load_costs(out)
@@ -52,8 +56,7 @@ def test_interrupted_profile_resumes_without_remeasuring(tmp_path: Path, monkeyp
     reference_ms = stored["reference_ms"].iloc[0]
 
     calls.clear()
-    monkeypatch.setattr(runner, "measure_shard", lambda tables, *a, **k: (calls.append([t.name for t in tables]),
-                                                                           real_measure(tables, *a, **k))[1])
+    monkeypatch.setattr(runner, "measure_shards", measuring(interrupt_after=None))
     summary = profile(TABLES, out, settings, progress=False)
     assert summary.measured == len(calls) == 6 + 2 - 4 and summary.skipped == 4
     df = load_costs(out)

@@ -24,6 +24,12 @@ def test_protocol_defaults_depend_on_the_device() -> None:
     assert TimingProtocol(reference_normalised=False).for_device("cpu").reference_normalised is False
     settings = json.loads(TimingProtocol(reference_ms=1.5).settings_json())
     assert "reference_ms" not in settings and settings["iters"] == 10
+    # warm-up: a CPU's 3 calls (its stored settings as before), a GPU's one (its first, allocating, call); asked, kept
+    assert cpu.warmup_calls == 3 and json.loads(cpu.settings_json())["warmup_iters"] == 3
+    assert TimingProtocol(warmup_iters=0).for_device("cpu").warmup_calls == 0
+    assert MeasurementSettings(warmup_iters=2).protocol().for_device("cpu").warmup_calls == 2
+    with pytest.raises(ValueError, match="for a device first"):
+        _ = TimingProtocol().warmup_calls
 
 
 @pytest.mark.parametrize(("cache_mib", "flush_mib"), [(16, 32), (32, 64), (480, 64)])
@@ -99,6 +105,7 @@ def test_cuda_timer_is_decided_for_cuda_and_left_out_on_cpu() -> None:
     assert cpu.cuda_timer is None and "cuda_timer" not in json.loads(cpu.settings_json())
     if torch.cuda.is_available():
         assert TimingProtocol().for_device("cuda").cuda_timer == "queued"
+        assert TimingProtocol().for_device("cuda").warmup_calls == 1
         assert json.loads(TimingProtocol(cuda_timer="graph").for_device("cuda").settings_json())["cuda_timer"] == "graph"
     with pytest.raises(ValidationError, match="cuda_timer"):
         TimingProtocol(cuda_timer="profiler")

@@ -386,13 +386,15 @@ def measured_greedy_start(task: ShardingTask, measurement: MeasurementSettings) 
 def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measurement: MeasurementSettings | None = None,
                 *, rounds: int = 3, time_budget_s: float | None = None, dataset: str | Path | None = None,
                 starts: Sequence[Plan] = (), progress: bool = True,
-                resplit: Resplit | None = None) -> tuple[Plan, Refinement]:
+                resplit: Resplit | None = None, exchange: bool = True) -> tuple[Plan, Refinement]:
     """`plan` refined on this machine's kernels (see the module docstring); the refinement record. With
     `starts`, other plans of the task are measured too and refinement goes on from the fastest. With `resplit`
     (`search_resplit`), a table whose shard alone keeps the slowest device above the mean (predicted or measured)
     is tried split in a re-searched plan first. With `dataset`
     (a cost dataset directory or s3:// prefix), every device shard it times is appended there (`provenance`
-    "refine"), so the next pre-training learns from the shards plans actually produce."""
+    "refine"), so the next pre-training learns from the shards plans actually produce. `exchange=False` refines on
+    the kernels alone, no all-to-all measured: where this machine cannot host the task's ranks (one GPU for a
+    task of several devices: bench_gpu_method.py)."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     for candidate in (plan, *starts):
@@ -403,7 +405,7 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
     starts = [start for start in starts if not start.row_wise]
     if dataset is not None:
         prepare_dataset(dataset)  # a path that cannot hold the dataset fails before anything is measured
-    with _open_refiner(task, cost_model, measurement, progress, dataset) as refiner:
+    with _open_refiner(task, cost_model, measurement, progress, dataset, exchange) as refiner:
         return _refine(refiner, plan, starts, rounds, time_budget_s, started, resplit)
 
 
@@ -436,12 +438,13 @@ def measure_side_by_side(task: ShardingTask, plans: Sequence[Plan], cost_model: 
 
 @contextlib.contextmanager
 def _open_refiner(task: ShardingTask, cost_model: CostModel, measurement: MeasurementSettings | None,
-                  progress: bool, dataset: str | Path | None) -> Iterator[_Refiner]:
-    """A refiner with its all-to-all process group open (none on one device), closed on the way out."""
+                  progress: bool, dataset: str | Path | None, exchange: bool = True) -> Iterator[_Refiner]:
+    """A refiner with its all-to-all process group open (none on one device, or without `exchange`), closed on
+    the way out."""
     measurement = measurement or MeasurementSettings()
     with contextlib.ExitStack() as stack:
         session = None
-        if task.num_devices > 1:
+        if task.num_devices > 1 and exchange:
             backend = default_backend(resolve_timing(measurement)[0].type)
             session = stack.enter_context(AllToAllSession(task.num_devices, backend=backend))
         yield _Refiner(task, cost_model, measurement, progress, dataset, session)

@@ -7,7 +7,7 @@ from pydantic import Field, model_validator
 
 from shardwise.errors import ShardwiseError
 from shardwise.profiling import DeviceName, ProfileSettings, TimingProtocol, load_costs, noise_floor, profile
-from shardwise.profiling.protocol import CUDA_TIMER_HELP, CudaTimer
+from shardwise.profiling.protocol import CUDA_TIMER_HELP, CudaTimer, MeasurementSettings
 from shardwise.workload import Optimizer, WeightsPrecision, load_tables, read_dlrm_dataset
 
 from .base import JobResult, JobSettings
@@ -43,8 +43,8 @@ class ProfileJobSettings(JobSettings):
     weights_precision: WeightsPrecision = _PROFILER["weights_precision"].default
     memory_cap_bytes: int | None = Field(default=None, ge=1, description="per shard (default: 1 GiB on CPU)")
     max_devices: int | None = Field(default=None, ge=2, description="largest all-to-all (default: GPUs or 4)")
-    warmup_iters: int = Field(default=_TIMING["warmup_iters"].default, ge=0,
-                              description="kernel warm-up iterations per shard")
+    warmup_iters: int | None = Field(default=None, ge=0,
+                                     description=MeasurementSettings.model_fields["warmup_iters"].description)
     timing_iters: int = Field(default=_TIMING["iters"].default, ge=1, description="timed kernel iterations per shard")
     threads: int = Field(default=_TIMING["num_threads"].default, ge=1,
                          description="CPU threads per measurement (one device)")

@@ -24,7 +24,7 @@ import logging
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -297,16 +297,22 @@ class _Timer:
                 return self._held(kernel, graphs)
         return self._held(kernel, None)
 
-    def calls(self, kernel: ShardKernel, n: int) -> list[CallTiming]:
+    def calls(self, kernel: ShardKernel, n: int, meanwhile: Callable[[], None] | None = None) -> list[CallTiming]:
         """`n` forward + backward calls, timed in turn. With the queued timer on CUDA the first is timed held on
         its own (it allocates, and tells the host's launch time and the device's time of a call), the rest are
-        launched back to back behind one hold (`_queued`); otherwise `call` n times."""
+        launched back to back behind one hold (`_queued`); otherwise `call` n times. `meanwhile` runs once: while
+        the device runs the queued calls, else after the calls."""
         if self.device.type != "cuda" or self.cuda_timer != "queued" or n < 2:
-            return [self.call(kernel) for _ in range(n)]
-        first = self._held(kernel, None)
-        if self.cuda_timer != "queued":  # the hold failed: the timer fell back to events
-            return [first, *(self.call(kernel) for _ in range(n - 1))]
-        return [first, *self._queued(kernel, n - 1, first)]
+            timed = [self.call(kernel) for _ in range(n)]
+        else:
+            first = self._held(kernel, None)
+            if self.cuda_timer != "queued":  # the hold failed: the timer fell back to events
+                timed = [first, *(self.call(kernel) for _ in range(n - 1))]
+            else:
+                return [first, *self._queued(kernel, n - 1, first, meanwhile)]
+        if meanwhile is not None:
+            meanwhile()
+        return timed
 
     def _flush(self) -> None:
         if self.flush_buffer is not None:
@@ -368,13 +374,15 @@ class _Timer:
             return call.timing("graph", graphs.launch_ms)
         return call.timing("held")
 
-    def _queued(self, kernel: ShardKernel, n: int, first: CallTiming) -> list[CallTiming]:
+    def _queued(self, kernel: ShardKernel, n: int, first: CallTiming,
+                meanwhile: Callable[[], None] | None = None) -> list[CallTiming]:
         """`n` calls launched back to back behind one device-side hold, each between its own flush and events.
         The hold covers the lead the host needs: one call's launch, and where launching a call takes longer than
         running it (`first` tells both), the gap that grows by their difference with every call. A call is covered
         when the GPU reached its start event after the host had launched it; where one is not, all are timed again
         behind a longer hold, and where even that fails (a host that waits on the GPU inside a call) call by call,
-        held."""
+        held. `meanwhile` runs once, after the first launches and before waiting for the device: host work (and
+        device work queued after the calls' last event) that does not touch the timings."""
         launch, work = first.launch_ms or 0.0, first.fwd_ms + first.bwd_ms
         hold = _QUEUE_MARGIN * (launch + max(0.0, (n - 1) * (launch - work))) + launch
         for _ in range(_HOLD_RETRIES + 1):
@@ -386,6 +394,9 @@ class _Timer:
             if not self._hold(hold):
                 return [self._events(kernel) for _ in range(n)]
             calls = [self._launch(kernel) for _ in range(n)]
+            if meanwhile is not None:
+                meanwhile()
+                meanwhile = None
             torch.cuda.synchronize(self.device)
             # how long before each call's start event the GPU would have been idle; the least of them, if negative,
             # is how much longer the hold had to be
@@ -481,33 +492,37 @@ def calibrate_reference(
     with _threads(protocol.num_threads):
         kernel = _reference_kernel(dev)
         timer = _Timer(dev, protocol)
-        for _ in range(max(protocol.warmup_iters, 3)):
+        for _ in range(max(protocol.warmup_calls, 3)):
             timer.run(kernel)
         return statistics.median(sum(timer.run(kernel)) for _ in range(protocol.calibration_runs))
 
 
-def time_kernel(kernel: ShardKernel, device: torch.device, protocol: TimingProtocol) -> ShardTiming:
-    """Time a built kernel under `protocol` (`reference_ms` set when normalised)."""
+def time_kernel(kernel: ShardKernel, device: torch.device, protocol: TimingProtocol,
+                meanwhile: Callable[[], None] | None = None) -> ShardTiming:
+    """Time a built kernel under `protocol` (`reference_ms` set when normalised). `meanwhile` runs once, while the
+    device runs the timed calls where it can (CUDA's queued timer), else after them."""
     protocol = protocol.for_device(device)
     normalised = bool(protocol.reference_normalised)
     if normalised and protocol.reference_ms is None:
         raise ValueError("protocol.reference_ms: calibrate it (calibrate_reference) before timing normalised")
     timer = _Timer(device, protocol)
     if not normalised:
-        calls = timer.calls(kernel, protocol.warmup_iters + protocol.iters)[protocol.warmup_iters :]
+        calls = timer.calls(kernel, protocol.warmup_calls + protocol.iters, meanwhile)[protocol.warmup_calls :]
         return shard_timing([c.fwd_ms for c in calls], [c.bwd_ms for c in calls], [1.0] * len(calls), None,
                             calls=calls)
     reference = _reference_kernel(device)
     calls, ref = [], []
-    for i in range(protocol.warmup_iters + protocol.iters):
+    for i in range(protocol.warmup_calls + protocol.iters):
         timed = timer.call(kernel)
         # the reference runs right after the shard, so both see the same machine speed; each after its own flush:
         # with one flush (256 MiB) per pair, shards timed 1.3% faster (median; 7.5% on one; bench_shard_timing
         # --pairing)
         ref_ms = sum(timer.run(reference))
-        if i >= protocol.warmup_iters:
+        if i >= protocol.warmup_calls:
             calls.append(timed)
             ref.append(ref_ms)
+    if meanwhile is not None:
+        meanwhile()
     return shard_timing([c.fwd_ms for c in calls], [c.bwd_ms for c in calls], ref, protocol.reference_ms,
                         calls=calls)
 
@@ -547,6 +562,46 @@ def resolve_timing(measurement: MeasurementSettings) -> tuple[torch.device, Timi
     return device, protocol
 
 
+def measure_shards(
+    shards: Sequence[Sequence[TableSpec]],
+    batch_size: int,
+    *,
+    device: str | torch.device | None = None,
+    protocol: TimingProtocol | None = None,
+    optimizer: Optimizer = "rowwise_adagrad",
+    weights_precision: WeightsPrecision = "fp32",
+    index_data: IndexData | None = None,
+) -> Iterator[ShardTiming]:
+    """`measure_shard` of each of `shards` in turn, yielded as each is timed. On CUDA the next shard's kernel is
+    built while the device runs this one's queued calls, so the host's part of building it (fbgemm's module, the
+    batch's launches) hides behind them; two shards' kernels are alive at once there. On a CPU one at a time."""
+    dev = resolve_device(device)
+    protocol = (protocol or TimingProtocol()).for_device(dev)
+    threads = protocol.num_threads if dev.type == "cpu" else None
+    with _threads(threads):
+        if protocol.reference_normalised and protocol.reference_ms is None:
+            protocol = protocol.model_copy(update={"reference_ms": calibrate_reference(dev, protocol)})
+
+    def build(tables: Sequence[TableSpec]) -> ShardKernel:
+        return build_shard_kernel(tables, batch_size, device=dev, optimizer=optimizer,
+                                  weights_precision=weights_precision, index_data=index_data)
+
+    upcoming: ShardKernel | None = None
+    for i, tables in enumerate(shards):
+        with _threads(threads):
+            kernel = upcoming if upcoming is not None else build(tables)
+            upcoming = None
+
+            def build_next(after: int = i) -> None:
+                nonlocal upcoming
+                upcoming = build(shards[after + 1])
+
+            overlap = dev.type == "cuda" and i + 1 < len(shards)
+            timing = time_kernel(kernel, dev, protocol, meanwhile=build_next if overlap else None)
+            del kernel
+        yield timing
+
+
 def measure_shard(
     tables: Sequence[TableSpec],
     batch_size: int,
@@ -558,17 +613,5 @@ def measure_shard(
     index_data: IndexData | None = None,
 ) -> ShardTiming:
     """Median forward and backward ms of the fused TBE over `tables` on `device` (CUDA or CPU)."""
-    dev = resolve_device(device)
-    protocol = (protocol or TimingProtocol()).for_device(dev)
-    with _threads(protocol.num_threads if dev.type == "cpu" else None):
-        if protocol.reference_normalised and protocol.reference_ms is None:
-            protocol = protocol.model_copy(update={"reference_ms": calibrate_reference(dev, protocol)})
-        kernel = build_shard_kernel(
-            tables,
-            batch_size,
-            device=dev,
-            optimizer=optimizer,
-            weights_precision=weights_precision,
-            index_data=index_data,
-        )
-        return time_kernel(kernel, dev, protocol)
+    return next(measure_shards([tables], batch_size, device=device, protocol=protocol, optimizer=optimizer,
+                               weights_precision=weights_precision, index_data=index_data))

@@ -49,6 +49,11 @@ CudaTimer = Literal["events", "held", "queued", "graph"]
 #: read 1.0011x "held" at 65536 and 1.0073x at 2048, no call uncovered, in 27.5 wall ms a shard against 51.5
 #: (gpu_method_queued.json)
 DEFAULT_CUDA_TIMER: CudaTimer = "queued"
+#: warm-up calls per shard where the protocol names none: a CPU's caches, thread pool and clock settle over a few;
+#: on CUDA the first call (timed held on its own: it allocates the call's buffers) is the one warm-up needed. On an
+#: NVIDIA H100 (2026-11-27, gpu_diag) 1 warm-up instead of 3 profiled 60 shards of batch 65536 in 43.8 ms a shard
+#: against 47.5 ms; bench_gpu_method.py compares the two on the same shards (gpu_check.sh)
+DEFAULT_WARMUP_ITERS = {"cpu": 3, "cuda": 1}
 
 #: the option's help, where a command offers the choice
 CUDA_TIMER_HELP = (f"how a GPU times a kernel call (default {DEFAULT_CUDA_TIMER}): held (the stream held behind a "
@@ -62,7 +67,8 @@ class TimingProtocol(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    warmup_iters: int = Field(default=3, ge=0)
+    #: None: DEFAULT_WARMUP_ITERS of the device
+    warmup_iters: int | None = Field(default=None, ge=0)
     iters: int = Field(default=10, ge=1)
     #: pair each timed iteration with the reference kernel and keep the ratio; None: on for CPU, off for CUDA
     reference_normalised: bool | None = None
@@ -87,10 +93,12 @@ class TimingProtocol(BaseModel):
     calibration_runs: int = Field(default=60, ge=1)
 
     def for_device(self, device: str | torch.device | None) -> TimingProtocol:
-        """This protocol with its automatic choices made for `device` (normalisation: CPU on, CUDA off; the
-        clock; the flush's size)."""
+        """This protocol with its automatic choices made for `device` (warm-up calls; normalisation: CPU on, CUDA
+        off; the clock; the flush's size)."""
         on_cpu = resolve_device(device).type == "cpu"
         update: dict[str, object] = {}
+        if self.warmup_iters is None:
+            update["warmup_iters"] = DEFAULT_WARMUP_ITERS["cpu" if on_cpu else "cuda"]
         if self.reference_normalised is None:
             update["reference_normalised"] = on_cpu
         if self.clock is None:
@@ -103,6 +111,13 @@ class TimingProtocol(BaseModel):
         elif not on_cpu and self.cuda_timer is None:
             update["cuda_timer"] = DEFAULT_CUDA_TIMER
         return self.model_copy(update=update) if update else self
+
+    @property
+    def warmup_calls(self) -> int:
+        """Warm-up calls per shard, as decided for a device (`for_device`)."""
+        if self.warmup_iters is None:
+            raise ValueError("warmup_iters: decide it for a device first (TimingProtocol.for_device)")
+        return self.warmup_iters
 
     def settings_json(self) -> str:
         """The settings stored with every row (without the calibrated `reference_ms`, stored on its own; without
@@ -121,9 +136,10 @@ class MeasurementSettings(BaseModel):
     batch_size: int | None = Field(
         default=None, ge=1, description="measure at this batch (default: the cost model's, else the task's)"
     )
-    warmup_iters: int = Field(
-        default=TimingProtocol.model_fields["warmup_iters"].default, ge=0,
-        description="kernel warm-up iterations per shard",
+    warmup_iters: int | None = Field(
+        default=None, ge=0,
+        description=f"kernel warm-up iterations per shard (default: {DEFAULT_WARMUP_ITERS['cpu']} on a CPU, "
+        f"{DEFAULT_WARMUP_ITERS['cuda']} on a GPU)",
     )
     timing_iters: int = Field(
         default=TimingProtocol.model_fields["iters"].default, ge=1, description="timed kernel iterations per shard"

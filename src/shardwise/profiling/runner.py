@@ -39,7 +39,7 @@ from .dataset import (
     write_part,
 )
 from .hardware import hardware_info, resolve_device
-from .kernel import ShardTiming, TimingProtocol, calibrate_reference, measure_shard
+from .kernel import ShardTiming, TimingProtocol, calibrate_reference, measure_shards
 from .sampling import (
     all_reduce_sizes,
     collective_config_id,
@@ -320,17 +320,12 @@ def profile(
                disable=not progress)
     try:
         with _sigterm_as_interrupt():
-            for job in todo:
+            # on a GPU the next shard's kernel is built while the device runs this one's timed calls
+            timings = measure_shards([configs[job.index] for job in todo], settings.batch_size, device=device,
+                                     protocol=protocol, optimizer=settings.optimizer,
+                                     weights_precision=settings.weights_precision, index_data=index_data)
+            for job, timing_result in zip(todo, timings):
                 shard = configs[job.index]
-                timing_result = measure_shard(
-                    shard,
-                    settings.batch_size,
-                    device=device,
-                    protocol=protocol,
-                    optimizer=settings.optimizer,
-                    weights_precision=settings.weights_precision,
-                    index_data=index_data,
-                )
                 buffer.add([compute_row(shard, timing_result, config_id=ids[job.index], repeat=job.repeat,
                                         common=common, timing=timing, optimizer=settings.optimizer,
                                         weights_precision=settings.weights_precision, provenance="profile")])
