@@ -106,3 +106,29 @@ def test_where_no_root_is_bounded_the_plan_stays_the_same(monkeypatch):
     )
     assert rows_bounded.row_wise == ("hot",) and rows_bounded.extra["search"]["row_wise_sets_bounded"] == 0
     _assert_same(rows_bounded, rows_unbounded)
+
+
+def test_a_state_with_a_shard_bigger_than_an_empty_devices_room_is_not_placed(monkeypatch):
+    """A table that fills a device alone leaves no room beside any replica: every data-parallel root costs inf
+    without a greedy run, and the plan is the one the greedy runs give."""
+    huge = TableSpec(name="huge", rows=2_000_000, dim=64, pooling_factor=50.0)
+    task = ShardingTask(num_devices=4, device_memory_bytes=1, batch_size=4096, tables=(huge, *SMALL, *BIG))
+    room = neuroshard._Placer(task, _model(None), neuroshard.NeuroShardConfig()).piece_cost(0, 1)[1]
+    task = task.model_copy(update={"device_memory_bytes": room})  # huge fits an empty device exactly
+    placed: list[int] = []
+    greedy = neuroshard._Placer._evaluate_lockstep
+
+    def counting(self, states):  # noqa: ANN001, ANN202 - as the greedy's
+        placed.append(len(states))
+        return greedy(self, states)
+
+    monkeypatch.setattr(neuroshard._Placer, "_evaluate_lockstep", counting)
+    model = _model(all_reduce_ms=0.001)
+    plan = NeuroShardSearch().search(task, model, 0)
+    assert plan.data_parallel == () and plan.extra["search"]["data_parallel_sets_tried"] >= 2
+    greedy_runs = sum(placed)
+    with monkeypatch.context() as patch:
+        patch.setattr(neuroshard._Placer, "_fits_empty_device", lambda self, state: True)
+        every = NeuroShardSearch().search(task, model, 0)
+    assert greedy_runs <= sum(placed) - greedy_runs - plan.extra["search"]["data_parallel_sets_tried"]
+    assert (plan.shards, plan.extra["predicted"]) == (every.shards, every.extra["predicted"])
