@@ -24,6 +24,20 @@ def round_robin():
     unregister_method("round_robin")
 
 
+@pytest.fixture(scope="session")
+def mlflow_registry(tmp_path_factory):
+    """One real `mlflow server` (service_processes.MlflowProcess: sqlite store, artifacts proxied) for the whole run,
+    started by the first test that asks (each start costs seconds): the modules that need a tracking server share
+    it, each test registering under names of its own (its hardware kind), so none sees another's versions. Fault
+    tests kill it and start it again; a test that finds it down starts it (`.proc is None`)."""
+    from service_processes import MlflowProcess
+
+    server = MlflowProcess(tmp_path_factory.mktemp("mlflow-registry"))
+    server.start()
+    yield server
+    server.kill()
+
+
 #: fixtures that start a server for their module (an MLflow tracking server over moto's S3): a test that uses one is
 #: `slow` (make test-all), the rule of pyproject's markers applied where the fixture, not the test, costs the time
 SLOW_FIXTURES = frozenset({"s3_tracking_server"})

@@ -11,15 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 from search_doubles import random_task
 
-from shardwise.costmodel import TrainConfig, train_cost_model
+from shardwise.cli import main
 from shardwise.integrations.mlflow import MlflowService, champion_uri, policy_name
 from shardwise.integrations.mlflow_registry import ENTRY_FILE, ModelCache, cache_root, find_version
-from shardwise.profiling import hardware_kind
 from shardwise.workload import save_task
 
 pytestmark = pytest.mark.integration
@@ -67,29 +65,25 @@ def _mark_in_fresh_process(uri: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=os.environ)
 
 
-def test_the_second_plan_with_the_registered_champion_imports_no_mlflow(store, tmp_path):
-    from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
-
-    df = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), comm_rows(10, 0)],
-                   ignore_index=True)
-    df["hardware_kind"] = hardware_kind("cpu")  # the champion `plan --device cpu` looks up
-    model, report = train_cost_model(df, 0, TrainConfig(epochs=3, comm_epochs=3, progress=False))
-    MlflowService(store).log_cost_model(model, report)
+def test_the_second_plan_with_the_registered_champion_imports_no_mlflow(store, tmp_path, tiny_cost_model):
+    MlflowService(store).log_cost_model(*tiny_cost_model)  # labelled with this machine's kind: the champion here
     task = save_task(random_task(0, 12, 4), tmp_path / "task.json")
+    argv = ["plan", "--task", str(task), "--device", "cpu", "--tracking-uri", store, "--out"]
+    entries = cache_root() / "models"
+    assert not entries.exists() or not any(entries.iterdir())  # registering cached nothing
+    # the first plan (here) downloads the champion with MLflow into the cache
+    assert main([*argv, str(tmp_path / "a.json")]) == 0
+    assert len([p for p in entries.iterdir() if not p.name.startswith(".")]) == 1
+    # the second, in a fresh interpreter, reads the alias with sqlite3 and the files from the cache
     code = ("import sys\n"
             "from shardwise.cli import main\n"
             "status = main(sys.argv[1:])\n"
             f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n"
             "sys.exit(status)\n")
-    loaded = []
-    for out in ("a.json", "b.json"):
-        done = subprocess.run([sys.executable, "-c", code, "plan", "--task", str(task), "--device", "cpu",
-                               "--tracking-uri", store, "--out", str(tmp_path / out)],
-                              capture_output=True, text=True, timeout=300, env=os.environ)
-        assert done.returncode == 0, done.stderr[-2000:]
-        loaded.append(done.stdout.strip().splitlines()[-1])
-    assert "'mlflow'" in loaded[0]  # the first plan downloads the champion with MLflow
-    assert loaded[1] == "[]"  # the second reads the alias with sqlite3 and the files from the cache
+    done = subprocess.run([sys.executable, "-c", code, *argv, str(tmp_path / "b.json")], capture_output=True,
+                          text=True, timeout=300, env=os.environ)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
     plans = [json.loads((tmp_path / out).read_text()) for out in ("a.json", "b.json")]
     assert plans[0]["shards"] == plans[1]["shards"]
 
