@@ -25,6 +25,24 @@ def round_robin():
 
 
 @pytest.fixture(scope="session")
+def fitted_cost_model():
+    """(model, training report): a NeuralCostModel fitted for 40 epochs on synthetic measurements of 26 tables in
+    two sources (one held out) and all-to-alls, once per test session: for tests that only read it (predictions,
+    save and load, searches with a learned model). A test that changes an attribute puts it back."""
+    import pandas as pd
+    from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
+
+    from shardwise.costmodel import TrainConfig, train_cost_model
+
+    frame = pd.concat(
+        [cost_frame({"a": synthetic_tables("a", 20, 0), "h": synthetic_tables("h", 6, 1)}, {"a": 120, "h": 30}, 0),
+         comm_rows(20, 0)],
+        ignore_index=True,
+    )
+    return train_cost_model(frame, 0, TrainConfig(epochs=40, comm_epochs=40, progress=False))
+
+
+@pytest.fixture(scope="session")
 def mlflow_registry(tmp_path_factory):
     """One real `mlflow server` (service_processes.MlflowProcess: sqlite store, artifacts proxied) for the whole run,
     started by the first test that asks (each start costs seconds): the modules that need a tracking server share

@@ -1,10 +1,9 @@
 import json
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
-from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
+from costmodel_synthetic import cost_frame, synthetic_tables
 
 from shardwise.costmodel import CostModel, ModelFileError, NeuralCostModel, TrainConfig, train_cost_model
 
@@ -12,13 +11,9 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def trained():
-    df = pd.concat(
-        [cost_frame({"a": synthetic_tables("a", 20, 0), "h": synthetic_tables("h", 6, 1)}, {"a": 120, "h": 30}, 0),
-         comm_rows(20, 0)],
-        ignore_index=True,
-    )
-    return train_cost_model(df, 0, TrainConfig(epochs=40, comm_epochs=40, progress=False))
+def trained(fitted_cost_model):
+    """The session's fitted model (conftest), trained once for this module and the searches that use it."""
+    return fitted_cost_model
 
 
 def test_implements_the_cost_model_protocol(trained):

@@ -1,7 +1,6 @@
 import time
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 from search_doubles import FeatureCostModel, random_task
@@ -44,17 +43,8 @@ def test_neuroshard_beats_every_greedy_baseline_on_synthetic_dlrm_tasks(tableset
         assert costs["neuroshard"] <= cost, (method, costs)
 
 
-def test_neuroshard_with_a_fitted_neural_cost_model(tableset):
-    from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
-
-    from shardwise.costmodel import TrainConfig, train_cost_model
-
-    df = pd.concat(
-        [cost_frame({"a": synthetic_tables("a", 20, 0), "h": synthetic_tables("h", 6, 1)}, {"a": 120, "h": 30}, 0),
-         comm_rows(20, 0)],
-        ignore_index=True,
-    )
-    model, _ = train_cost_model(df, 0, TrainConfig(epochs=40, comm_epochs=40, progress=False))
+def test_neuroshard_with_a_fitted_neural_cost_model(tableset, fitted_cost_model):
+    model, _ = fitted_cost_model
     tasks = [sample_task(tableset, n, 4, seed=s) for s, n in enumerate([12, 30])]
     costs = mean_costs(tasks, model, ("neuroshard", *GREEDY))
     assert costs["neuroshard"] <= min(costs[m] for m in GREEDY), costs
