@@ -14,16 +14,11 @@ from fault_injection import concurrent_registration, registration_server_killed
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    """One `mlflow server` for the module, killed and started again by the tests that fault it (each test
+@pytest.fixture
+def registry(mlflow_registry):
+    """The run's shared `mlflow server` (conftest), killed and started again by the tests that fault it (each test
     registers under a hardware kind of its own)."""
-    from service_processes import MlflowProcess
-
-    server = MlflowProcess(tmp_path_factory.mktemp("registry"))
-    server.start()
-    yield server
-    server.kill()
+    return mlflow_registry
 
 
 @pytest.mark.parametrize("verb, delay_s", [("pretrain", 0.0), ("pretrain", 0.3), ("train-policy", 0.0)])

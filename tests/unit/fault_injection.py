@@ -6,6 +6,7 @@ from the fault to the tool's error."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -41,6 +42,8 @@ class FaultOutcome:
     seconds_to_error: float | None = None
     error: str = ""  # the tool's error line
     notes: dict[str, object] = field(default_factory=dict)
+    # pipeline_killed: the cost rows the steps finished before the kill had stored (pipeline_costs), read at the kill
+    rows_at_kill: Counter[tuple[str, str, int, int]] | None = None
 
 
 def _wait_for(condition: Callable[[], bool], timeout_s: float, every_s: float = 0.02) -> bool:
@@ -243,6 +246,27 @@ def _registry_for(tmp: Path, server: MlflowProcess | None) -> Iterator[tuple[Mlf
         own.kill()
 
 
+def _run_here(argv: list[str], env: dict[str, str], what: str) -> None:
+    """`argv` (a `CLI` command line) in this process with `env`'s model cache, its output kept unless it fails: a
+    run that needs no fresh interpreter (a child imports torch and MLflow again, seconds on 2 cores)."""
+    from shardwise.cli import main
+
+    assert argv[: len(CLI)] == CLI, argv
+    output = io.StringIO()
+    saved = os.environ.get("SHARDWISE_CACHE")
+    os.environ["SHARDWISE_CACHE"] = env["SHARDWISE_CACHE"]
+    try:
+        with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+            code = main(argv[len(CLI):])
+    finally:
+        if saved is None:
+            os.environ.pop("SHARDWISE_CACHE", None)
+        else:
+            os.environ["SHARDWISE_CACHE"] = saved
+    if code != 0:
+        raise RuntimeError(f"{what} failed: exit {code}: {output.getvalue()[-1500:]}")
+
+
 def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: float = 0.0,
                                server: MlflowProcess | None = None) -> FaultOutcome:
     """The MLflow tracking server SIGKILLed `delay_s` after `verb`'s new model version appears in its store (the
@@ -268,13 +292,10 @@ def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: fl
         url = server.url
         data = _cost_data(tmp, kind)
         env = {**os.environ, "SHARDWISE_CACHE": str(tmp / "cache")}
+        # the runs before the fault in this process: the one it kills and the rerun are fresh processes
         if verb == "train-policy":  # the cost model it trains against
-            subprocess.run([*_verb_argv("pretrain", tmp, data, url, 0), "--no-register"], env=env, check=True,
-                           capture_output=True, timeout=900)
-        first = subprocess.run(_verb_argv(verb, tmp, data, url, 0), env=env, capture_output=True, text=True,
-                               timeout=900)
-        if first.returncode != 0:
-            raise RuntimeError(f"the first {verb} failed: {first.stderr[-1500:]}")
+            _run_here([*_verb_argv("pretrain", tmp, data, url, 0), "--no-register"], env, "the cost model's pretrain")
+        _run_here(_verb_argv(verb, tmp, data, url, 0), env, f"the first {verb}")
         before_versions, before_aliases, _ = _registry(server.db, name)
         champion_before = before_aliases[CHAMPION]
 
@@ -498,14 +519,23 @@ def _failed_step_tail(log: str) -> str:
     return "\n".join(log[: end.end() if end else len(log)].splitlines()[-12:])
 
 
+def finished_profile_steps(workdir: Path) -> list[Path]:
+    """The folders of the profiling steps (each worker's profile-costs, profile-all-to-alls) that finished under
+    `workdir`: their executor output is written. kfp.local's log shows two instances of a step finishing at once
+    as one or two lines; the folders count each."""
+    return [d for d in sorted((workdir / "pipeline_root").glob("*/**/profile-*"))
+            if (d / "executor_output.json").is_file()]
+
+
 def pipeline_costs(workdir: Path) -> Counter[tuple[str, str, int, int]]:
     """(kind, config_id, repeat, device) of every row the finished profiling steps under `workdir` stored: what
     a rerun's pretrain step reads (a finished step is taken from the cache, never run twice; an unfinished step's
     partial dataset is read by nobody)."""
     from shardwise.profiling.dataset import load_costs
 
-    done = [d / "costs" for d in sorted((workdir / "pipeline_root").glob("*/**/profile-*"))
-            if (d / "executor_output.json").is_file() and (d / "costs").exists()]
+    done = [d / "costs" for d in finished_profile_steps(workdir) if (d / "costs").exists()]
+    if not done:  # killed before any profiling step finished
+        return Counter()
     rows = load_costs(done)
     return Counter(zip(rows["kind"].astype(str), rows["config_id"].astype(str), rows["repeat"].astype(int),
                        rows["device"].fillna(-1).astype(int), strict=True))
@@ -531,7 +561,8 @@ def pipeline_killed(tmp: Path, *, step: str = "pretrain-cost-model", delay_s: fl
     tables and migrations, 2-3 s on a 2-core machine in the first step that logs), then run again with the
     same arguments. Rows lost / duplicated: the cost rows the rerun's pretrain step read (`pipeline_costs`)
     against `expected` (a fault-free run's); steps that finished before the kill and ran again (not taken from
-    the cache) are in notes["ran_again"]; the rerun's last lines in notes["rerun_tail"] when it failed."""
+    the cache) are in notes["ran_again"]; the rerun's last lines in notes["rerun_tail"] when it failed. Without
+    `expected`, rows lost are those the steps finished before the kill had stored (`rows_at_kill`)."""
     import signal
 
     tmp.mkdir(parents=True, exist_ok=True)
@@ -558,6 +589,8 @@ def pipeline_killed(tmp: Path, *, step: str = "pretrain-cost-model", delay_s: fl
         proc.wait(60)
     finished = Counter(_FINISHED.findall(before))
     outcome.notes["finished_before_kill"] = sorted(finished.elements())
+    outcome.rows_at_kill = pipeline_costs(tmp / "run")
+    outcome.notes["profile_steps_finished_before_kill"] = len(finished_profile_steps(tmp / "run"))
     rerun = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     outcome.notes["rerun_exit"] = rerun.returncode
     # a step cache per version of shardwise's source: two, and the rerun ran other code (the checkout edited
@@ -576,5 +609,7 @@ def pipeline_killed(tmp: Path, *, step: str = "pretrain-cost-model", delay_s: fl
     if expected is not None:
         outcome.rows_lost = sum((expected - keys).values())
         outcome.duplicated_rows = max(outcome.duplicated_rows, sum((keys - expected).values()))
+    else:  # at least the rows the finished steps had stored at the kill are all there
+        outcome.rows_lost = sum((outcome.rows_at_kill - keys).values())
     outcome.notes["rows"] = sum(keys.values())
     return outcome
