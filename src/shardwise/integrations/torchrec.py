@@ -83,6 +83,11 @@ DEFAULT_ADAPT_S = 120.0
 DEFAULT_REFINE_S = 50.0
 #: refinement's rounds at most (its time budget ends it first)
 REFINE_ROUNDS = 20
+#: interleaved kernel timings per device shard while refining within that budget, as `make run`'s evaluate step
+#: (presets.yaml `local`): 3 instead of MeasurementSettings' 9. With 9, measuring the first three starts of the DCNv2
+#: tables side by side took 71 s of a 44 s budget on 2 busy cores (2026-11-27), 196 s of planning in all; paired
+#: comparisons keep their meaning, two sessions' ratio moves about 2.8% instead of 1.1% (bench_measurement_noise.py)
+REFINE_TIMING_ROUNDS = 3
 
 
 class PlannerError(PlanError):
@@ -400,7 +405,7 @@ class ShardwisePlanner(ShardingPlanner):
         if reason:
             raise PlannerError(f"ShardwisePlanner(refine={budget:g}): {reason.replace('adaptation', 'refinement')}")
         started = time.perf_counter()
-        measurement = MeasurementSettings(device=self.device_type).for_cost_model(
+        measurement = MeasurementSettings(device=self.device_type, timing_rounds=REFINE_TIMING_ROUNDS).for_cost_model(
             getattr(model, "reference_ms", None), model.batch_size)
         starts = measured_greedy_start(task, measurement)
         refined, self.last_refinement = refine_plan(
