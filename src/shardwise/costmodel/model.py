@@ -207,12 +207,14 @@ class NeuralCostModel:
 
     @torch.inference_mode()
     def predict_comm_after(self, widths: np.ndarray, compute_ms: np.ndarray, devices: np.ndarray,
-                           added_width: np.ndarray, new_compute_ms: np.ndarray) -> np.ndarray:
+                           added_width: np.ndarray, new_compute_ms: np.ndarray,
+                           layout_of: np.ndarray | None = None) -> np.ndarray:
         """[N, K, 2] fwd/bwd all-to-all ms of device `devices[n, j]` of layout n ([N, D] `widths`, `compute_ms`)
         once it takes `added_width[n]` more columns and computes for `new_compute_ms[n, j]`: `predict_comm`'s row
-        for that device in that changed layout, with the network run on N x K rows instead of N x K x D."""
+        for that device in that changed layout, with the network run on N x K rows instead of N x K x D. With
+        `layout_of` ([N]), row n's layout is row `layout_of[n]` of [L, D] `widths` and `compute_ms`."""
         self._check_comm()
-        return self._comm_ms(comm_features_after(widths, compute_ms, devices, added_width, new_compute_ms))
+        return self._comm_ms(comm_features_after(widths, compute_ms, devices, added_width, new_compute_ms, layout_of))
 
     def _check_comm(self) -> None:
         if self.comm_net is None or self.comm_normaliser is None:

@@ -282,8 +282,11 @@ class _Placer:
             short_compute = new_compute[across, pos]
             pair, at = _distinct_pairs(same, short, num_devices)
             pair_row = pair // k
-            own_comm = predict_comm_after_ms(model, width[pair_row], compute[pair_row], short.reshape(-1)[pair, None],
-                                             dm[pair_row], short_compute.reshape(-1)[pair, None])
+            # each layout's totals once, not once per candidate device (what a step at 1,024 devices spent most on)
+            one, layout_of = _representatives(pair_row, rows)
+            own_comm = predict_comm_after_ms(model, width[pair_row[one]], compute[pair_row[one]],
+                                             short.reshape(-1)[pair, None], dm[pair_row],
+                                             short_compute.reshape(-1)[pair, None], layout_of=layout_of)
             own_comm = own_comm.sum(axis=2)[:, 0][at]
             score = np.where(near_allowed[across, pos], short_compute + own_comm, np.inf)
             pick = np.argmin(score, axis=1)

@@ -125,16 +125,23 @@ def predict_comm_ms(cost_model: CostModel, widths: np.ndarray, compute_ms: np.nd
 
 
 def predict_comm_after_ms(cost_model: CostModel, widths: np.ndarray, compute_ms: np.ndarray, devices: np.ndarray,
-                          added_width: np.ndarray, new_compute_ms: np.ndarray) -> np.ndarray:
+                          added_width: np.ndarray, new_compute_ms: np.ndarray,
+                          layout_of: np.ndarray | None = None) -> np.ndarray:
     """[N, K, 2] all-to-all ms of candidate device `devices[n, j]` of layout n once it takes `added_width[n]` more
     columns and computes for `new_compute_ms[n, j]`: through the model's `predict_comm_after` where it has one,
-    else `predict_comm_ms` on each changed layout."""
+    else `predict_comm_ms` on each changed layout. With `layout_of` ([N]), layout n is row `layout_of[n]` of
+    [L, D] `widths` and `compute_ms` (candidates that share a layout pass it once)."""
     devices = np.asarray(devices)
     if not getattr(cost_model, "has_comm", True):
         return np.zeros((*devices.shape, 2))
     after = getattr(cost_model, "predict_comm_after", None)
     if after is not None:
-        return np.asarray(after(widths, compute_ms, devices, added_width, new_compute_ms), dtype=np.float64)
+        if layout_of is None:
+            return np.asarray(after(widths, compute_ms, devices, added_width, new_compute_ms), dtype=np.float64)
+        return np.asarray(after(widths, compute_ms, devices, added_width, new_compute_ms, layout_of=layout_of),
+                          dtype=np.float64)
+    if layout_of is not None:
+        widths, compute_ms = np.asarray(widths)[layout_of], np.asarray(compute_ms)[layout_of]
     n, k = devices.shape
     num_devices = widths.shape[1]
     onehot = np.arange(num_devices)[None, None, :] == devices[:, :, None]  # [N, K, D]
