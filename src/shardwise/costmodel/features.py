@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -101,20 +102,17 @@ def _device_features(own_width: np.ndarray, total: np.ndarray, peak: np.ndarray,
                      num_devices: int) -> np.ndarray:
     """The features of devices of width `own_width` in layouts of `total` and `peak` width, `skew` ms below the
     slowest device's compute (all broadcast to `own_width`'s shape) -> [..., 7]."""
-    shape = own_width.shape
-    feats = np.stack(
-        [
-            np.log1p(own_width),
-            np.broadcast_to(np.log1p(total), shape),
-            np.broadcast_to(np.log1p(peak), shape),
-            np.broadcast_to(np.log1p(total / num_devices), shape),
-            own_width / np.maximum(peak, 1.0),
-            np.full(shape, np.log(float(num_devices))),
-            np.log1p(np.maximum(skew, 0.0)),
-        ],
-        axis=-1,
-    )
-    return feats.astype(np.float32)
+    # each column computed in float64 and written into float32 (the rounding np.stack(...).astype made): search
+    # asks this thousands of times on small layouts, where broadcast_to and stack cost more than the arithmetic
+    feats = np.empty((*own_width.shape, 7), dtype=np.float32)
+    feats[..., 0] = np.log1p(own_width)
+    feats[..., 1] = np.log1p(total)
+    feats[..., 2] = np.log1p(peak)
+    feats[..., 3] = np.log1p(total / num_devices)
+    feats[..., 4] = own_width / np.maximum(peak, 1.0)
+    feats[..., 5] = np.log(float(num_devices))
+    feats[..., 6] = np.log1p(np.maximum(skew, 0.0))
+    return feats
 
 
 def comm_features(widths: np.ndarray, compute_ms: np.ndarray) -> np.ndarray:
@@ -182,10 +180,17 @@ class FeatureNormaliser:
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
         """Standardised features, same shape, float32 (0 for features constant in training)."""
+        mean, divisor, varies = self._arrays
+        scaled = (np.asarray(features, dtype=np.float32) - mean) / divisor
+        return np.where(varies, scaled, 0.0).astype(np.float32)
+
+    @cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """float32 mean, the divisor (std, 1 where constant) and where std > 0: once, not per call (search calls
+        thousands of times)."""
         mean = np.asarray(self.mean, dtype=np.float32)
         std = np.asarray(self.std, dtype=np.float32)
-        scaled = (np.asarray(features, dtype=np.float32) - mean) / np.where(std > 0, std, 1.0)
-        return np.where(std > 0, scaled, 0.0).astype(np.float32)
+        return mean, np.where(std > 0, std, 1.0), std > 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""

@@ -182,7 +182,7 @@ class NeuralCostModel:
     def _ms_from_summed(self, summed: torch.Tensor) -> torch.Tensor:
         ms = torch.exp((self.compute_net.head_log_ms(summed) + self._compute_offset).clamp(max=MAX_LOG_MS))
         empty = summed[:, -1:] < 0.5  # the count channel: a device with no tables computes nothing
-        return torch.where(empty, torch.zeros_like(ms), ms)
+        return ms.masked_fill_(empty, 0.0)
 
     @torch.inference_mode()
     def predict_compute(self, shards: Sequence[Sequence[TableSpec]]) -> np.ndarray:
