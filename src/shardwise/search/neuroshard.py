@@ -10,7 +10,9 @@ Data-parallel tables (a replica on every device, each device looking up its own 
 all-reduced) leave the placement: they add the same kernel and all-reduce ms and the same memory to every device
 (`costmodel.data_parallel`). Which ones: the tables in ascending rows (the gradient bytes all-reduced per column
 taken out of the all-to-all), as prefixes of 1, 2, 4, ... tables, each placed by the greedy grid; the best prefix
-(or none) is the root of the beam over column splits. Only with a cost model that has a measured all-reduce.
+(or none) is the root of the beam over column splits. Only with a cost model that has a measured all-reduce. A root
+whose replicated ms alone (every device pays them) reach the best root's cost so far is not placed: its plan could
+not be cheaper, so the search picks what it would have picked placing it.
 
 Row-wise tables (split by rows over every device, each device looking up its block's share of the whole batch's
 ids, the partial outputs reduce-scattered) also leave the placement: each device gets a block of each, and the
