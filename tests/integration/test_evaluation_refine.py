@@ -133,6 +133,25 @@ def test_refinement_goes_on_from_the_fastest_start(fixed_all_to_all):
     assert {s.device for s in refined.shards if s.table.startswith("h")} != {0}
 
 
+def test_a_start_with_another_starts_layout_is_measured_once(fixed_all_to_all, monkeypatch):
+    """The measured greedy and TorchRec's planner often give one layout (here the good start's, its devices numbered
+    otherwise): measured once, the record names both at the same figure, and the time goes to the others."""
+    from shardwise.evaluation.refine import _Refiner
+
+    exchanged: list[int] = []  # layouts per all-to-all session
+    measure_comm = _Refiner.measure_comm
+    monkeypatch.setattr(_Refiner, "measure_comm",
+                        lambda self, layouts: (exchanged.append(len(layouts)), measure_comm(self, layouts))[1])
+    task = _task()
+    bad, good = _bad_and_good()
+    renumbered = good.model_copy(update={"method": "same", "shards": tuple(
+        s.model_copy(update={"device": (s.device + 1) % 3}) for s in good.shards)})
+    _, record = refine_plan(task, bad, FeatureCostModel(), MEASUREMENT, rounds=1, starts=[good, renumbered],
+                            progress=False)
+    assert set(record.starts) == {"bad", "good", "same"} and record.starts["same"] == record.starts["good"]
+    assert exchanged[0] == 2  # the starts' first session: two layouts, not three
+
+
 class _CommWrongModel(FeatureCostModel):
     """The test double with an all-to-all prediction far off on the last device (1,000 ms)."""
 

@@ -176,6 +176,24 @@ class _Layout:
         return [s for s in self.shards if s.device == device]
 
 
+def _distinct(candidates: Sequence[tuple[str, _Layout]],
+              num_devices: int) -> tuple[list[tuple[str, _Layout]], dict[str, str]]:
+    """The candidates with one of each layout (devices are alike: the same groups on other devices are the same
+    layout), and which start was left out as the same as which."""
+    kept: list[tuple[str, _Layout]] = []
+    seen: dict[object, str] = {}
+    same_as: dict[str, str] = {}
+    for name, layout in candidates:
+        groups = sorted(tuple(sorted((s.table, s.col_offset, s.dim) for s in layout.on(d))) for d in range(num_devices))
+        key = (tuple(groups), tuple(sorted(layout.data_parallel)))
+        if key in seen:
+            same_as[name] = seen[key]
+        else:
+            seen[key] = name
+            kept.append((name, layout))
+    return kept, same_as
+
+
 def _specs(shards: Sequence[Shard], task: ShardingTask) -> list[TableSpec]:
     return [s.spec(task.table(s.table)) for s in shards]
 
@@ -492,6 +510,8 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
             validate_plan(other, task)
             candidates.append((f"{plan.method} with {split[0]} in {split[1]}",
                                _Layout(list(other.shards), other.data_parallel)))
+    # a start with another's layout (the measured greedy and TorchRec's planner often agree) is measured once
+    candidates, same_as = _distinct(candidates, task.num_devices)
     # the start and the slowest device are chosen on measured kernels and exchanges, every start's side by side
     measured_of, comm_of, totals = _side_by_side(refiner, [layout for _, layout in candidates])
     best = int(np.argmin(totals))
@@ -591,7 +611,8 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
             layout, after_ms = layouts[fastest], final[fastest]
             stopped += (f"; measured side by side at the end, {candidates[fastest - 1][0]}'s plan was faster than "
                         "the refined one: it is returned")
-    record = Refinement(rounds=history, starts={m: ms for (m, _), ms in zip(candidates, totals, strict=True)},
+    starts_ms = {m: ms for (m, _), ms in zip(candidates, totals, strict=True)}
+    record = Refinement(rounds=history, starts=starts_ms | {m: starts_ms[other] for m, other in same_as.items()},
                         start=start, before_ms=before, after_ms=after_ms, seconds=time.perf_counter() - started,
                         devices_measured=refiner.devices_measured, stopped=stopped)
     shards = tuple(sorted(layout.shards, key=lambda s: (s.table, s.col_offset)))

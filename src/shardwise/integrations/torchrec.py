@@ -8,6 +8,7 @@ needs TorchRec (the `torchrec` extra); docs/torchrec.md says what is honoured an
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -392,7 +393,8 @@ class ShardwisePlanner(ShardingPlanner):
 
     def _refined(self, task: ShardingTask, plan: Plan, model: CostModel | None) -> Plan:
         """`plan` refined on this machine's kernels and all-to-alls for `refine` seconds (by default, where adaptation
-        ran: its plans are measured here), from the fastest of it and the greedy on measured single-table costs."""
+        ran: its plans are measured here), from the fastest of it, the greedy on measured single-table costs and
+        TorchRec's planner's plan of the same task, measured side by side."""
         budget = self.refine if self.refine is not None else DEFAULT_REFINE_S if self.last_adaptation else 0.0
         self.last_refinement = None
         if not budget or model is None:
@@ -408,6 +410,10 @@ class ShardwisePlanner(ShardingPlanner):
         measurement = MeasurementSettings(device=self.device_type, timing_rounds=REFINE_TIMING_ROUNDS).for_cost_model(
             getattr(model, "reference_ms", None), model.batch_size)
         starts = measured_greedy_start(task, measurement)
+        # TorchRec's planner's plan of the same task: refinement never returns one measured slower than it (none
+        # where it finds no plan within this memory: its estimate counts more than shardwise's)
+        with contextlib.suppress(PlanError):
+            starts.append(make_searcher("torchrec").search(task, None, self.seed))
         refined, self.last_refinement = refine_plan(
             task, plan, model, measurement, rounds=REFINE_ROUNDS, starts=starts, progress=False,
             time_budget_s=max(budget - (time.perf_counter() - started), 1.0),
