@@ -223,3 +223,34 @@ def test_the_shard_kernel_gives_its_batch_back_per_table() -> None:
     (a_len, a_ids), (b_len, b_ids) = kernel.per_table
     assert a_len.tolist() == [1, 2] and a_ids.tolist() == [1, 2, 3]
     assert b_len.tolist() == [0, 1] and b_ids.tolist() == [0]
+
+
+def test_a_next_kernel_that_fails_to_build_fails_at_its_turn_after_this_shards_timing(monkeypatch) -> None:
+    """On CUDA the next shard's kernel is built while this one's calls run: where that build fails, this shard's
+    timing still comes back (the profiler stores it), and the error comes when the failed shard's turn does."""
+    from shardwise.profiling import kernel
+    from shardwise.workload import TableSpec
+
+    built: list[str] = []
+
+    def build(tables, batch_size, **kwargs):  # type: ignore[no-untyped-def]
+        if tables[0].name == "bad":
+            raise ValueError("tables: no such kernel")
+        built.append(tables[0].name)
+        return tables[0].name
+
+    def timed(k, device, protocol, meanwhile=None):  # type: ignore[no-untyped-def]
+        if meanwhile is not None:
+            meanwhile()  # as the queued timer does, while the device runs the calls
+        return k
+
+    monkeypatch.setattr(kernel, "resolve_device", lambda device: CUDA)
+    monkeypatch.setattr(TimingProtocol, "for_device", lambda self, device: self.model_copy(
+        update={"reference_normalised": False, "warmup_iters": 1}))
+    monkeypatch.setattr(kernel, "build_shard_kernel", build)
+    monkeypatch.setattr(kernel, "time_kernel", timed)
+    shards = [[TableSpec(name=n, rows=10, dim=4, pooling_factor=1.0)] for n in ("a", "bad", "c")]
+    timings = kernel.measure_shards(shards, 8, device="cuda")
+    assert next(timings) == "a" and built == ["a"]  # the next one's build was tried while "a" ran, and failed
+    with pytest.raises(ValueError, match="no such kernel"):
+        next(timings)

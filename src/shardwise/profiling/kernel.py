@@ -587,14 +587,20 @@ def measure_shards(
                                   weights_precision=weights_precision, index_data=index_data)
 
     upcoming: ShardKernel | None = None
+    failed: Exception | None = None  # building the next shard's kernel failed: raised at that shard's turn
     for i, tables in enumerate(shards):
+        if failed is not None:
+            raise failed
         with _threads(threads):
             kernel = upcoming if upcoming is not None else build(tables)
             upcoming = None
 
             def build_next(after: int = i) -> None:
-                nonlocal upcoming
-                upcoming = build(shards[after + 1])
+                nonlocal upcoming, failed
+                try:
+                    upcoming = build(shards[after + 1])
+                except Exception as err:  # noqa: BLE001 - this shard's timing is kept; the error comes at its turn
+                    failed = err
 
             overlap = dev.type == "cuda" and i + 1 < len(shards)
             timing = time_kernel(kernel, dev, protocol, meanwhile=build_next if overlap else None)
