@@ -85,9 +85,10 @@ DEFAULT_REFINE_S = 50.0
 #: refinement's rounds at most (its time budget ends it first)
 REFINE_ROUNDS = 20
 #: interleaved kernel timings per device shard while refining within that budget, as `make run`'s evaluate step
-#: (presets.yaml `local`): 3 instead of MeasurementSettings' 9. With 9, measuring the first three starts of the DCNv2
-#: tables side by side took 71 s of a 44 s budget on 2 busy cores (2026-11-27), 196 s of planning in all; paired
-#: comparisons keep their meaning, two sessions' ratio moves about 2.8% instead of 1.1% (bench_measurement_noise.py)
+#: (presets.yaml `local`): 3 instead of MeasurementSettings' 9, whose side-by-side measurement of the starts ran past
+#: the budget. bench_torchrec_dropin.py, the DCNv2 tables adapted for 120 s on 2 cores: 202 s of planning with 9
+#: (2026-11-27 14:57 UTC), 158 s with 3 (17:56 UTC, with TorchRec's plan among the starts); paired comparisons keep
+#: their meaning, two sessions' ratio moves about 2.8% instead of 1.1% (bench_measurement_noise.py)
 REFINE_TIMING_ROUNDS = 3
 
 
