@@ -52,7 +52,8 @@ DEFAULT_CUDA_TIMER: CudaTimer = "queued"
 #: warm-up calls per shard where the protocol names none: a CPU's caches, thread pool and clock settle over a few;
 #: on CUDA the first call (timed held on its own: it allocates the call's buffers) is the one warm-up needed. On an
 #: NVIDIA H100 (2026-11-27, gpu_check.sh) the same shards timed queued after 1 warm-up call and after 3 read 1.0019x
-#: and 1.0011x the held timer at batch 65536 (1.0108x and 1.0082x at 2048), in 22.8 against 26.5 wall ms a shard
+#: and 1.0011x the held timer at batch 65536 (1.0108x and 1.0082x at 2048), in 22.8 against 26.5 wall ms a shard in
+#: one run and 24.9 against 24.8 in another (a slower host: its launches, not the calls, set the pace there)
 DEFAULT_WARMUP_ITERS = {"cpu": 3, "cuda": 1}
 
 #: the option's help, where a command offers the choice
