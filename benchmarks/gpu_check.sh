@@ -5,8 +5,8 @@
 #
 #   source .gpu/on-device.sh && bash benchmarks/gpu_check.sh OUT
 #
-# OUT gets seven files: summary.txt (the machine, each step's exit and time), each step's log, and the result
-# documents (also under benchmarks/results/); the method's datasets and model stay in /tmp/gpu_check_method.
+# OUT gets summary.txt (the machine, each step's exit and time), each step's log, the result documents (also under
+# benchmarks/results/) and datasets/ (the profiles); the method's model stays in /tmp/gpu_check_method.
 # The steps, most telling first:
 #   1. bench_batch_build.py --device cuda (40 s): a shard's batch at 65536 built on the host against the tensor path
 #      the profiler uses (batch_build_cuda.json);
@@ -54,5 +54,7 @@ rm -rf "$work"
 step 320 method.log gpu_method_queued python3 benchmarks/bench_gpu_method.py --device cuda --preset gpu-check \
     --cuda-timer queued --profile-budget-s 120 --out "$work" --record
 cp "$work/gpu_method.json" "$out/gpu_method_steps.json" 2>/dev/null
+# the profiles themselves (shardwise.costs datasets, a few MB): the ground truth the figures were read from
+mkdir -p "$out/datasets" && cp -r "$work"/*costs "$out/datasets/" 2>/dev/null
 step 120 tests.log "" python3 -m pytest tests/gpu -q -p no:cacheprovider
 exit $status

@@ -239,7 +239,7 @@ def test_a_next_kernel_that_fails_to_build_fails_at_its_turn_after_this_shards_t
         built.append(tables[0].name)
         return tables[0].name
 
-    def timed(k, device, protocol, meanwhile=None):  # type: ignore[no-untyped-def]
+    def timed(timer, k, protocol, meanwhile=None):  # type: ignore[no-untyped-def]
         if meanwhile is not None:
             meanwhile()  # as the queued timer does, while the device runs the calls
         return k
@@ -248,9 +248,37 @@ def test_a_next_kernel_that_fails_to_build_fails_at_its_turn_after_this_shards_t
     monkeypatch.setattr(TimingProtocol, "for_device", lambda self, device: self.model_copy(
         update={"reference_normalised": False, "warmup_iters": 1}))
     monkeypatch.setattr(kernel, "build_shard_kernel", build)
-    monkeypatch.setattr(kernel, "time_kernel", timed)
+    monkeypatch.setattr(kernel, "_time_with", timed)
     shards = [[TableSpec(name=n, rows=10, dim=4, pooling_factor=1.0)] for n in ("a", "bad", "c")]
     timings = kernel.measure_shards(shards, 8, device="cuda")
     assert next(timings) == "a" and built == ["a"]  # the next one's build was tried while "a" ran, and failed
     with pytest.raises(ValueError, match="no such kernel"):
         next(timings)
+
+
+def test_each_shard_starts_from_the_hold_the_last_one_learned(device, monkeypatch) -> None:
+    """A host that launches a call in 1.5 ms outlasts a fresh timer's first 1 ms hold: the profiler's first shard
+    times its first call again behind a longer hold, and the shards after it start from that hold, not anew."""
+    started: list[float] = []
+    timers: list[_Timer] = []
+
+    class Recorded(_Timer):
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(*args, **kwargs)
+            started.append(self.hold_ms)
+            timers.append(self)
+
+    monkeypatch.setattr(kernel_module, "_Timer", Recorded)
+    monkeypatch.setattr(kernel_module, "resolve_device", lambda device: CUDA)
+    monkeypatch.setattr(kernel_module, "build_shard_kernel",
+                        lambda tables, batch_size, **kwargs: _Kernel(launch_ms=1.5, device_ms=0.5))
+    protocol = TimingProtocol(cuda_timer="queued", flush_cache=False, clock="wall", warmup_iters=1, iters=3,
+                              reference_normalised=False)
+    monkeypatch.setattr(TimingProtocol, "for_device", lambda self, device: self)
+    from shardwise.workload import TableSpec
+
+    shards = [[TableSpec(name=f"t{i}", rows=10, dim=4, pooling_factor=1.0)] for i in range(3)]
+    timings = list(kernel_module.measure_shards(shards, 8, device="cuda", protocol=protocol))
+    assert [t.timer for t in timings] == ["queued"] * 3
+    assert started[0] == kernel_module._FIRST_HOLD_MS and timers[0].retried >= 1
+    assert all(hold >= 2 * 1.5 for hold in started[1:])  # the margin over the host's launch the first one learned

@@ -199,6 +199,8 @@ _HOLD_MARGIN = 2.0
 _QUEUE_MARGIN = 1.25
 #: calls retried with a longer hold when the host was still launching as the GPU reached the start event
 _HOLD_RETRIES = 2
+#: a timer's first hold, before it has seen the host launch (a shard's launch takes about 1 ms on an H100's host)
+_FIRST_HOLD_MS = 1.0
 #: torch.cuda._sleep's cycles for the calibration of its speed (about 1 ms on a 1-2 GHz GPU)
 _CALIBRATION_CYCLES = 1_500_000
 
@@ -252,8 +254,9 @@ class _Timer:
     """Forward/backward time of one kernel iteration: on CUDA the device's (`TimingProtocol.cuda_timer`), on CPU
     the protocol's clock; a cache flush before every call."""
 
-    def __init__(self, device: torch.device, protocol: TimingProtocol) -> None:
-        """`protocol` as decided for `device` (`TimingProtocol.for_device`)."""
+    def __init__(self, device: torch.device, protocol: TimingProtocol, hold_ms: float = _FIRST_HOLD_MS) -> None:
+        """`protocol` as decided for `device` (`TimingProtocol.for_device`); `hold_ms` the first call's hold (a
+        previous shard's timer's, carried over so that each shard does not learn the host's launch time anew)."""
         self.device = device
         self.clock = time.thread_time if protocol.clock == "thread" else time.perf_counter
         self.clock_name = protocol.clock or "wall"
@@ -266,11 +269,13 @@ class _Timer:
                         "(cuda_timer 'events'), which time the host where it launches slower than the GPU runs",
                         torch.__version__)
             self.cuda_timer = "events"
-        self.hold_ms = 1.0  # grown or shrunk to the host's launch time, call by call
+        self.hold_ms = hold_ms  # grown or shrunk to the host's launch time, call by call
         self.hold_futile = False  # set when no hold covered a call: the host waits on the GPU inside it
         #: calls the hold did not cover even after its retries (the host waited on the GPU, or launched for longer)
         self.uncovered = 0
         self.held_calls = 0
+        #: calls launched again behind a longer hold (each one more call on the device; a queue counts its calls)
+        self.retried = 0
         # per kernel (by id, the kernel kept alive beside it): its graphs, or why they could not be captured
         self.graphs: dict[int, tuple[ShardKernel, _Graphs | str]] = {}
 
@@ -361,6 +366,7 @@ class _Timer:
                 self.hold_ms = min(max(_HOLD_MARGIN * host_ms, _MIN_HOLD_MS), _MAX_HOLD_MS)
             if covered or self.hold_futile or attempt == _HOLD_RETRIES:
                 break
+            self.retried += 1
         self.held_calls += 1
         if not covered:
             self.uncovered += 1
@@ -405,6 +411,7 @@ class _Timer:
                 self.held_calls += n
                 return [call.timing("queued") for call in calls]
             hold = _HOLD_MARGIN * (hold - slack)
+            self.retried += n
         log.warning("cuda_timer 'queued': the host's launches outlasted a %.1f ms hold of %d calls %d times in a row; "
                     "timing them call by call (cuda_timer 'held')", used, n, _HOLD_RETRIES + 1)
         self.cuda_timer = "held"
@@ -502,10 +509,16 @@ def time_kernel(kernel: ShardKernel, device: torch.device, protocol: TimingProto
     """Time a built kernel under `protocol` (`reference_ms` set when normalised). `meanwhile` runs once, while the
     device runs the timed calls where it can (CUDA's queued timer), else after them."""
     protocol = protocol.for_device(device)
+    return _time_with(timer=_Timer(device, protocol), kernel=kernel, protocol=protocol, meanwhile=meanwhile)
+
+
+def _time_with(timer: _Timer, kernel: ShardKernel, protocol: TimingProtocol,
+               meanwhile: Callable[[], None] | None) -> ShardTiming:
+    """`time_kernel` with `timer` (on its device, `protocol` decided for it)."""
+    device = timer.device
     normalised = bool(protocol.reference_normalised)
     if normalised and protocol.reference_ms is None:
         raise ValueError("protocol.reference_ms: calibrate it (calibrate_reference) before timing normalised")
-    timer = _Timer(device, protocol)
     if not normalised:
         calls = timer.calls(kernel, protocol.warmup_calls + protocol.iters, meanwhile)[protocol.warmup_calls :]
         return shard_timing([c.fwd_ms for c in calls], [c.bwd_ms for c in calls], [1.0] * len(calls), None,
@@ -588,6 +601,10 @@ def measure_shards(
 
     upcoming: ShardKernel | None = None
     failed: Exception | None = None  # building the next shard's kernel failed: raised at that shard's turn
+    # each shard gets its own timer (a queue that fell back to calls one by one does so for that shard alone), with
+    # the hold the last one learned: started from _FIRST_HOLD_MS, a host slower to launch than that had every
+    # shard's first call timed twice
+    hold_ms = _FIRST_HOLD_MS
     for i, tables in enumerate(shards):
         if failed is not None:
             raise failed
@@ -603,7 +620,9 @@ def measure_shards(
                     failed = err
 
             overlap = dev.type == "cuda" and i + 1 < len(shards)
-            timing = time_kernel(kernel, dev, protocol, meanwhile=build_next if overlap else None)
+            timer = _Timer(dev, protocol, hold_ms)
+            timing = _time_with(timer, kernel, protocol, meanwhile=build_next if overlap else None)
+            hold_ms = _FIRST_HOLD_MS if timer.hold_futile else timer.hold_ms
             del kernel
         yield timing
 
