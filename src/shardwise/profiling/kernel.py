@@ -155,6 +155,12 @@ def build_shard_kernel(
     # drawn on the device: at batch 65536 a 15-table shard's gradient is about 40M values, seconds on one CPU core
     generator = torch.Generator(device=dev).manual_seed(seed)
     grad = torch.randn(batch_size, sum(t.dim for t in tables), generator=generator, device=dev)
+    if dev.type == "cuda":
+        # fbgemm's first forward copies the table dims to the host, blocking until the device is idle: done here,
+        # a held timer's first call waited on its own hold there and was timed again behind a longer one (every
+        # shard's, on an H100: bench_gpu_method's "retried calls")
+        with torch.no_grad():
+            tbe(indices, offsets)
     return ShardKernel(tbe=tbe, indices=indices, offsets=offsets, grad_output=grad, num_tables=len(tables))
 
 
