@@ -54,7 +54,7 @@ rm -rf "$work"
 step 320 method.log gpu_method_queued python3 benchmarks/bench_gpu_method.py --device cuda --preset gpu-check \
     --cuda-timer queued --profile-budget-s 120 --out "$work" --record
 cp "$work/gpu_method.json" "$out/gpu_method_steps.json" 2>/dev/null
-# the profiles themselves (shardwise.costs datasets, a few MB): the ground truth the figures were read from
-mkdir -p "$out/datasets" && cp -r "$work"/*costs "$out/datasets/" 2>/dev/null
+# the profiles themselves (shardwise.costs datasets, a few MB, one archive): the ground truth the figures were read from
+(cd "$work" && tar czf "$out/datasets.tar.gz" ./*costs 2>/dev/null)
 step 120 tests.log "" python3 -m pytest tests/gpu -q -p no:cacheprovider
 exit $status
