@@ -6,7 +6,7 @@
 #   source .gpu/on-device.sh && bash benchmarks/gpu_check.sh OUT
 #
 # OUT gets summary.txt (the machine, each step's exit and time), each step's log, the result documents (also under
-# benchmarks/results/) and datasets/ (the profiles); the method's model stays in /tmp/gpu_check_method.
+# benchmarks/results/) and datasets.tar.gz (the profiles); the method's model stays in /tmp/gpu_check_method.
 # The steps, most telling first:
 #   1. bench_batch_build.py --device cuda (40 s): a shard's batch at 65536 built on the host against the tensor path
 #      the profiler uses (batch_build_cuda.json);
