@@ -17,6 +17,7 @@ Figures are written to `--out`/gpu_method.json after every step (a run cut short
 
     python benchmarks/bench_gpu_method.py --device cuda --preset gpu-check --record      # benchmarks/gpu_check.sh
     python benchmarks/bench_gpu_method.py --device cpu --preset smoke --probe-shards 0    # the path, on a CPU
+    python benchmarks/bench_gpu_method.py --reread benchmarks/results/gpu/profiles_2026-11-27_h100_run5.tar.gz
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from record import record
 
@@ -79,6 +81,10 @@ class Figures:
 
 def _correlation(x: list[float], y: list[float]) -> float | None:
     return float(np.corrcoef(x, y)[0, 1]) if len(x) > 2 and np.ptp(x) > 0 and np.ptp(y) > 0 else None
+
+
+def _rank_correlation(x: list[float], y: list[float]) -> float | None:
+    return _correlation(pd.Series(x).rank().tolist(), pd.Series(y).rank().tolist())
 
 
 #: the CUDA timers compared, the first the one the others are read against
@@ -156,8 +162,9 @@ def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def profile_figures(costs: Path, seconds: float, measured: int) -> dict[str, Any]:
-    """What a profile says about the ground truth: speed, noise floor, cost against work, launch-bound shards."""
+def profile_figures(costs: Path, seconds: float | None, measured: int) -> dict[str, Any]:
+    """What a profile says about the ground truth: speed (None without `seconds`), noise floor, cost against work,
+    launch-bound shards."""
     df = load_costs(costs)
     compute = df[df["kind"] == "compute"]
     first = compute[compute["repeat"] == 0]
@@ -166,10 +173,13 @@ def profile_figures(costs: Path, seconds: float, measured: int) -> dict[str, Any
     launch = first["launch_ms"].to_numpy(dtype=float)
     known = ~np.isnan(launch)
     return {
-        "shards": int(len(first)), "measured": measured, "shards_per_s": round(measured / seconds, 2),
+        "shards": int(len(first)), "measured": measured, "shards_per_s": round(measured / seconds, 2) if seconds else None,
         "noise_median_rel_dev": _round(noise["median_rel_dev"]), "noise_median_spread": _round(noise["median_spread"]),
         "noise_max_spread": _round(noise["max_spread"]), "repeated_configs": int(noise["configs"]),
         "work_correlation": _round(_correlation(first["num_tables"].astype(float).tolist(), totals.tolist())),
+        # the same in ranks (Spearman): whether cost grows with the tables, whatever the tables' sizes
+        "work_rank_correlation": _round(_rank_correlation(first["num_tables"].astype(float).tolist(),
+                                                          totals.tolist())),
         # the work in the lookups (the tables' pooling x dim summed): what a shard's cost follows where the number
         # of tables does not
         "lookup_correlation": _round(_correlation([_lookup_width(t) for t in first["tables_json"]],
@@ -188,6 +198,19 @@ def _lookup_width(tables_json: str, over: Callable[[list[float]], float] = sum) 
     """A shard's pooled lookups per sample times their width: over its tables (summed, or `max`) of pooling factor
     x dim."""
     return float(over([t["pooling_factor"] * t["dim"] for t in json.loads(tables_json)]))
+
+
+def reread(archive: Path) -> None:
+    """The profile figures (all but the speed) of the datasets in a gpu_check.sh archive, read again."""
+    import tarfile
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        for name in ("costs", "probe_costs"):
+            if (Path(tmp) / name).exists():
+                print(f"{archive.name} {name}: {profile_figures(Path(tmp) / name, None, 0)}")
 
 
 #: shards profiled first to learn the device's speed, when the profile has a time budget
@@ -277,6 +300,8 @@ def main() -> None:
                         help="fit the main profile in this many seconds: a pilot's speed decides how many of the "
                              "preset's shards are measured (default: all of them)")
     parser.add_argument("--repeat-shards", type=int, default=30, help="profiled shards measured again (noise floor)")
+    parser.add_argument("--reread", metavar="ARCHIVE", default=None,
+                        help="print the profile figures of a run's datasets (gpu_check.sh's datasets.tar.gz) and stop")
     parser.add_argument("--probe-batch", type=int, default=2048, help="the small batch of the probe profile")
     parser.add_argument("--probe-shards", type=int, default=120, help="shards of the probe profile (0: none)")
     parser.add_argument("--cuda-timer", default=None, choices=CUDA_TIMERS,
@@ -285,6 +310,9 @@ def main() -> None:
     parser.add_argument("--record-name", default=None,
                         help="default: gpu_method (gpu_method_<timer> with --cuda-timer), gpu_method_<preset> off cuda")
     args = parser.parse_args()
+    if args.reread:
+        reread(Path(args.reread))
+        return
     device = resolve_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(1)  # as the profiler times a CPU: the timers below call time_kernel directly
@@ -408,6 +436,7 @@ def summary_rows(args: argparse.Namespace, doc: dict[str, Any]) -> list[dict[str
         add(f"{key}: noise floor (median deviation of repeats)", f["noise_median_rel_dev"], ("<=", noise))
         add(f"{key}: widest spread of a repeated shard", f["noise_max_spread"], ("<=", TARGETS["max_spread"]))
         add(f"{key}: cost ~ number of tables (Pearson)", f["work_correlation"], (">=", TARGETS["work_correlation"]))
+        add(f"{key}: cost ~ number of tables (Spearman)", f.get("work_rank_correlation"))
         add(f"{key}: cost ~ pooling x dim of its tables (Pearson)", f.get("lookup_correlation"))
         add(f"{key}: cost ~ pooling x dim of its heaviest table (Pearson)", f.get("heaviest_correlation"))
         add(f"{key}: shards/s", f["shards_per_s"], (">=", TARGETS["shards_per_s"]) if name == "profile" else None)
