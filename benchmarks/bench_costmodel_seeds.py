@@ -8,7 +8,7 @@ baseline (which no seed changes), then the spread and how many seeds meet a MAPE
 
     python benchmarks/bench_costmodel_seeds.py --archive benchmarks/results/gpu/profiles_2026-11-27_h100_run5.tar.gz
     python benchmarks/bench_costmodel_seeds.py --data runs/bench_gpu_method/costs --preset gpu-check --seeds 4
-    python benchmarks/bench_costmodel_seeds.py --archive ... --epochs 800 --patience 200 --record-name costmodel_seeds_patience
+    python benchmarks/bench_costmodel_seeds.py --archive ... --epochs 400 --patience 40   # training's defaults
     (--record writes benchmarks/results/costmodel_seeds.json; training runs on --device, the CPU by default)
 """
 
@@ -76,8 +76,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="training's epoch cap (default: the preset's, else "
                         f"TrainConfig's {TrainConfig().epochs})")
     parser.add_argument("--patience", type=int, default=None,
-                        help=f"epochs without a better validation loss before training stops (TrainConfig's "
-                             f"{TrainConfig().patience})")
+                        help="epochs without a better validation loss before training stops (default: the "
+                             f"preset's, else TrainConfig's {TrainConfig().patience})")
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/<--record-name>.json")
     parser.add_argument("--record-name", default="costmodel_seeds")
     args = parser.parse_args()
@@ -89,7 +89,8 @@ def main() -> None:
         if args.archive:
             with tarfile.open(args.archive) as tar:
                 tar.extractall(tmp, filter="data")
-        training = {"epochs": args.epochs or preset.pretrain_epochs or None, "patience": args.patience}
+        training = {"epochs": args.epochs or preset.pretrain_epochs or None,
+                    "patience": args.patience or preset.pretrain_patience or None}
         rows = seed_rows(costs, sources, args.seeds, args.device, {k: v for k, v in training.items() if v})
     mape = [r["neural_mape_pct"] for r in rows]
     summary = (f"neural held-out MAPE over {len(rows)} seeds: min {min(mape):.2f}%, median {statistics.median(mape):.2f}%, "

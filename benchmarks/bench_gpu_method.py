@@ -382,7 +382,8 @@ def main() -> None:
     t0 = time.perf_counter()
     sources = tuple(sorted({t.source or t.name for t in holdout.tables}))
     config = TrainConfig(device=str(device), holdout_sources=sources,
-                         **({"epochs": preset.pretrain_epochs} if preset.pretrain_epochs else {}))
+                         **{k: v for k, v in {"epochs": preset.pretrain_epochs,
+                                              "patience": preset.pretrain_patience}.items() if v})
     model, report = train_cost_model(load_costs(costs), seed, config)
     model.save(out / "model")
     m = report.metrics

@@ -28,6 +28,8 @@ class PretrainSettings(JobSettings):
     seed: int = 0
     epochs: int = Field(default=_TRAIN["epochs"].default, ge=1,
                         description="maximum epochs (early stopping on validation)")
+    patience: int = Field(default=_TRAIN["patience"].default, ge=1,
+                          description="epochs without a better validation loss before training stops")
     holdout_fraction: float = Field(default=_TRAIN["holdout_fraction"].default, gt=0, lt=1,
                                     description="share of shards on held-out tables")
     holdout_tables: str | None = Field(
@@ -86,7 +88,8 @@ def run(settings: PretrainSettings, *, mlflow: MlflowService | None = None) -> P
     if settings.holdout_tables:
         sources = tuple(sorted({t.source or t.name for t in load_tables(settings.holdout_tables).tables}))
     config = TrainConfig(
-        epochs=settings.epochs, holdout_fraction=settings.holdout_fraction, device=settings.device,
+        epochs=settings.epochs, patience=settings.patience, holdout_fraction=settings.holdout_fraction,
+        device=settings.device,
         holdout_sources=sources, holdout_num_tables=settings.holdout_num_tables,
     )
     model, report = train_cost_model(costs, settings.seed, config)

@@ -135,6 +135,7 @@ def pretrain_cost_model(
     holdout_tables: Input[Dataset],
     seed: int,
     epochs: int,
+    patience: int,
     pipeline_run_id: str,
     model: Output[Model],
     metrics: Output[Metrics],
@@ -148,8 +149,8 @@ def pretrain_cost_model(
     data = (dataset_uri,) if dataset_uri else (*(c.path for c in costs), comm_costs.path)
     settings = job.PretrainSettings(data=data, holdout_tables=holdout_tables.path, out=model.path, seed=seed,
                                     pipeline_run_id=pipeline_run_id)
-    if epochs > 0:  # 0: training's own default
-        settings = settings.model_copy(update={"epochs": epochs})
+    # 0: training's own default
+    settings = settings.model_copy(update={k: v for k, v in {"epochs": epochs, "patience": patience}.items() if v > 0})
     result = job.run(settings)
     print(result.summary())
     for name, value in {"train_shards": result.train_shards, "heldout_sources": result.heldout_sources,

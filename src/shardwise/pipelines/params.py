@@ -45,6 +45,8 @@ class PipelineParams(BaseModel):
     profile_repeats: int = Field(ge=0, description="re-measure some shards this many more times (noise floor)")
     profile_timing_iters: int = Field(ge=1, description="timed kernel iterations per profiled shard (their median)")
     pretrain_epochs: int = Field(ge=0, description="maximum training epochs (0: training's default)")
+    pretrain_patience: int = Field(ge=0, description="epochs without a better validation loss before training "
+                                   "stops (0: training's default)")
     search_method: str = Field(description="search method of the plan compared with TorchRec's")
     model_alias: str = Field(description="plan with shardwise-cost-<hardware>@ALIAS; '' = this run's model")
     device: Literal["cpu", "cuda"] = Field(description="hardware the profile and evaluate steps run on")

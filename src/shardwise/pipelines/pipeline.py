@@ -129,6 +129,7 @@ def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool =
         profile_repeats: int = DEFAULTS.profile_repeats,
         profile_timing_iters: int = DEFAULTS.profile_timing_iters,
         pretrain_epochs: int = DEFAULTS.pretrain_epochs,
+        pretrain_patience: int = DEFAULTS.pretrain_patience,
         search_method: str = DEFAULTS.search_method,
         model_alias: str = DEFAULTS.model_alias,
         device: str = DEFAULTS.device,
@@ -199,6 +200,7 @@ def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool =
                 holdout_tables=workload.outputs["holdout_tables"],
                 seed=seed,
                 epochs=pretrain_epochs,
+                patience=pretrain_patience,
                 # KFP's id of this run, tagged on the MLflow run: the UI's run and the model's run find each other.
                 # Not in a local run, whose id means nothing outside it and changes with every rerun: it is in the
                 # step's cache key, so a rerun would train and register again what the killed run finished
