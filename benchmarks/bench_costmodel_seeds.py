@@ -16,31 +16,27 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tarfile
-import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
+from bench_gpu_method import extracted, split_workload
 from record import record
 
 from shardwise.costmodel import TrainConfig, train_cost_model
-from shardwise.pipelines.params import pipeline_params
+from shardwise.pipelines.params import PipelineParams, pipeline_params
 from shardwise.profiling.dataset import load_costs
-from shardwise.workload import split_tables, synthesize_tables
 
 #: the metric stems of the held-out tables' figures, per predictor
 PREDICTORS = {"neural": "neural_heldout_tables_total", "torchrec_estimator": "torchrec_estimator_heldout_tables_total",
               "additive": "additive_heldout_tables_total"}
 
 
-def heldout_sources(preset_name: str) -> tuple[str, ...]:
-    """The source tables a preset's run held out (synthesized and split with the preset's seed)."""
-    preset = pipeline_params({}, preset_name=preset_name)
-    tables = synthesize_tables(preset.num_tables, seed=preset.seed, row_scale=preset.row_scale,
-                               batch_size=preset.batch_size, progress=False)
-    _, holdout = split_tables(tables, preset.holdout_fraction, seed=preset.seed)
+def heldout_sources(preset: PipelineParams) -> tuple[str, ...]:
+    """The source tables a preset's run held out (`bench_gpu_method.split_workload`)."""
+    _, holdout = split_workload(preset)
     return tuple(sorted({t.source or t.name for t in holdout.tables}))
 
 
@@ -83,14 +79,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(min(2, torch.get_num_threads()))
     preset = pipeline_params({}, preset_name=args.preset)
-    sources = heldout_sources(args.preset)
-    with tempfile.TemporaryDirectory() as tmp:
-        costs = Path(args.data) if args.data else Path(tmp) / "costs"
-        if args.archive:
-            with tarfile.open(args.archive) as tar:
-                tar.extractall(tmp, filter="data")
-        training = {"epochs": args.epochs or preset.pretrain_epochs or None,
-                    "patience": args.patience or preset.pretrain_patience or None}
+    sources = heldout_sources(preset)
+    training = {"epochs": args.epochs or preset.pretrain_epochs or None,
+                "patience": args.patience or preset.pretrain_patience or None}
+    with extracted(Path(args.archive)) if args.archive else nullcontext(None) as folder:
+        costs = folder / "costs" if folder else Path(args.data)
         rows = seed_rows(costs, sources, args.seeds, args.device, {k: v for k, v in training.items() if v})
     mape = [r["neural_mape_pct"] for r in rows]
     summary = (f"neural held-out MAPE over {len(rows)} seeds: min {min(mape):.2f}%, median {statistics.median(mape):.2f}%, "

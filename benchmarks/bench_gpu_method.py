@@ -25,30 +25,34 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tarfile
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 from record import record
+from scipy.stats import spearmanr
 
 from shardwise.costmodel import TrainConfig, train_cost_model
 from shardwise.evaluation import KernelShard, time_shards_in_rounds
 from shardwise.evaluation.refine import refine_plan, search_resplit
-from shardwise.pipelines.params import pipeline_params
+from shardwise.pipelines.params import PipelineParams, pipeline_params
 from shardwise.profiling import MeasurementSettings, TimingProtocol, resolve_timing
 from shardwise.profiling.dataset import load_costs, noise_floor
 from shardwise.profiling.hardware import device_name, resolve_device
-from shardwise.profiling.kernel import _FIRST_HOLD_MS, _time_with, _Timer, build_shard_kernel, time_kernel
+from shardwise.profiling.kernel import _time_with, _Timer, build_shard_kernel, time_kernel
 from shardwise.profiling.runner import ProfileSettings, profile
 from shardwise.profiling.sampling import sample_shard_configs
 from shardwise.search import make_searcher
 from shardwise.search.plan import Plan, device_specs
 from shardwise.workload import (
     ShardingTask,
+    TableSet,
     TableSpec,
     augment_tables,
     sample_task,
@@ -84,7 +88,7 @@ def _correlation(x: list[float], y: list[float]) -> float | None:
 
 
 def _rank_correlation(x: list[float], y: list[float]) -> float | None:
-    return _correlation(pd.Series(x).rank().tolist(), pd.Series(y).rank().tolist())
+    return float(spearmanr(x, y).statistic) if len(x) > 2 and np.ptp(x) > 0 and np.ptp(y) > 0 else None
 
 
 #: the CUDA timers compared, the first the one the others are read against
@@ -108,7 +112,7 @@ def compare_timers(shards: list[list[TableSpec]], batch: int, device: torch.devi
     if device.type == "cuda":  # as the profiler times: each shard's timer starts from the hold the last one learned
         names.append(HOLD_CARRIED)
         updates[HOLD_CARRIED] = {"cuda_timer": "queued"}
-    carried = _FIRST_HOLD_MS
+    carried: _Timer | None = None  # the profiler's timer, shard after shard
     totals: dict[str, list[list[float]]] = {n: [[] for _ in shards] for n in names}
     launches: dict[str, list[float]] = {n: [] for n in names}
     walls: dict[str, list[float]] = {n: [] for n in names}
@@ -121,9 +125,8 @@ def compare_timers(shards: list[list[TableSpec]], batch: int, device: torch.devi
                 timed = protocol.model_copy(update=updates[name])
                 began = time.perf_counter()
                 if name == HOLD_CARRIED:
-                    timer = _Timer(device, timed.for_device(device), carried)
-                    timing = _time_with(timer, kernel, timed.for_device(device), None)
-                    carried = timer.hold_ms
+                    carried = carried.successor() if carried else _Timer(device, timed.for_device(device))
+                    timing = _time_with(carried, kernel, timed.for_device(device), None)
                 else:
                     timing = time_kernel(kernel, device, timed.for_device(device))
                 walls[name].append((time.perf_counter() - began) * 1e3)
@@ -172,6 +175,8 @@ def profile_figures(costs: Path, seconds: float | None, measured: int) -> dict[s
     noise = noise_floor(compute)
     launch = first["launch_ms"].to_numpy(dtype=float)
     known = ~np.isnan(launch)
+    # per shard, each table's pooled lookups per sample times their width (pooling factor x dim)
+    widths = [[t["pooling_factor"] * t["dim"] for t in json.loads(j)] for j in first["tables_json"]]
     return {
         "shards": int(len(first)), "measured": measured, "shards_per_s": round(measured / seconds, 2) if seconds else None,
         "noise_median_rel_dev": _round(noise["median_rel_dev"]), "noise_median_spread": _round(noise["median_spread"]),
@@ -182,11 +187,9 @@ def profile_figures(costs: Path, seconds: float | None, measured: int) -> dict[s
                                                           totals.tolist())),
         # the work in the lookups (the tables' pooling x dim summed): what a shard's cost follows where the number
         # of tables does not
-        "lookup_correlation": _round(_correlation([_lookup_width(t) for t in first["tables_json"]],
-                                                  totals.tolist())),
+        "lookup_correlation": _round(_correlation([sum(w) for w in widths], totals.tolist())),
         # the heaviest table's alone: what the cost follows where the device runs all the shard's bags in one wave
-        "heaviest_correlation": _round(_correlation([_lookup_width(t, max) for t in first["tables_json"]],
-                                                    totals.tolist())),
+        "heaviest_correlation": _round(_correlation([max(w) for w in widths], totals.tolist())),
         "median_total_ms": round(float(np.median(totals)), 4),
         "median_launch_ms": round(float(np.median(launch[known])), 4) if known.any() else None,
         "launch_bound_share": round(float((launch[known] > totals[known]).mean()), 4) if known.any() else None,
@@ -194,23 +197,27 @@ def profile_figures(costs: Path, seconds: float | None, measured: int) -> dict[s
     }
 
 
-def _lookup_width(tables_json: str, over: Callable[[list[float]], float] = sum) -> float:
-    """A shard's pooled lookups per sample times their width: over its tables (summed, or `max`) of pooling factor
-    x dim."""
-    return float(over([t["pooling_factor"] * t["dim"] for t in json.loads(tables_json)]))
+@contextmanager
+def extracted(archive: Path) -> Iterator[Path]:
+    """A gpu_check.sh archive of profiles (datasets.tar.gz: costs/, probe_costs/) unpacked in a temporary folder."""
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="data")
+        yield Path(tmp)
 
 
 def reread(archive: Path) -> None:
     """The profile figures (all but the speed) of the datasets in a gpu_check.sh archive, read again."""
-    import tarfile
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(archive) as tar:
-            tar.extractall(tmp, filter="data")
+    with extracted(archive) as folder:
         for name in ("costs", "probe_costs"):
-            if (Path(tmp) / name).exists():
-                print(f"{archive.name} {name}: {profile_figures(Path(tmp) / name, None, 0)}")
+            if (folder / name).exists():
+                print(f"{archive.name} {name}: {profile_figures(folder / name, None, 0)}")
+
+
+def split_workload(preset: PipelineParams) -> tuple[TableSet, TableSet]:
+    """A preset's synthetic tables split into training and held-out ones, as its pipeline run splits them."""
+    tables = synthesize_tables(preset.num_tables, seed=preset.seed, row_scale=preset.row_scale,
+                               batch_size=preset.batch_size, progress=False)
+    return split_tables(tables, preset.holdout_fraction, seed=preset.seed)
 
 
 #: shards profiled first to learn the device's speed, when the profile has a time budget
@@ -328,9 +335,7 @@ def main() -> None:
     started = time.perf_counter()
 
     t0 = time.perf_counter()
-    tables = synthesize_tables(preset.num_tables, seed=seed, row_scale=preset.row_scale, batch_size=batch,
-                               progress=False)
-    train, holdout = split_tables(tables, preset.holdout_fraction, seed=seed)
+    train, holdout = split_workload(preset)
     train = augment_tables(train, seed)
     figures.add("workload", {"train_tables": len(train.tables), "holdout_tables": len(holdout.tables)},
                 time.perf_counter() - t0)

@@ -158,7 +158,7 @@ def build_shard_kernel(
     if dev.type == "cuda":
         # fbgemm's first forward copies the table dims to the host, blocking until the device is idle: done here,
         # or a held timer's first call on the kernel waits out its own hold and is timed again behind a longer one
-        # (every profiled shard's, on an H100; tests/gpu checks a fresh kernel's first held call is covered)
+        # (tests/gpu checks a fresh kernel's first held call is covered by its first hold)
         with torch.no_grad():
             tbe(indices, offsets)
     return ShardKernel(tbe=tbe, indices=indices, offsets=offsets, grad_output=grad, num_tables=len(tables))
@@ -261,9 +261,10 @@ class _Timer:
     the protocol's clock; a cache flush before every call."""
 
     def __init__(self, device: torch.device, protocol: TimingProtocol, hold_ms: float = _FIRST_HOLD_MS) -> None:
-        """`protocol` as decided for `device` (`TimingProtocol.for_device`); `hold_ms` the first call's hold (a
-        previous shard's timer's, carried over so that each shard does not learn the host's launch time anew)."""
+        """`protocol` as decided for `device` (`TimingProtocol.for_device`); `hold_ms` the first call's hold
+        (`successor` carries a timer's over to the next shard's)."""
         self.device = device
+        self.protocol = protocol
         self.clock = time.thread_time if protocol.clock == "thread" else time.perf_counter
         self.clock_name = protocol.clock or "wall"
         self.flush_buffer: torch.Tensor | None = None
@@ -284,6 +285,12 @@ class _Timer:
         self.retried = 0
         # per kernel (by id, the kernel kept alive beside it): its graphs, or why they could not be captured
         self.graphs: dict[int, tuple[ShardKernel, _Graphs | str]] = {}
+
+    def successor(self) -> _Timer:
+        """A timer for the next shard, starting from the hold this one learned (a new one would start from
+        _FIRST_HOLD_MS, shorter than an H100 host's launch of a call, and time its first call twice); its own
+        fallbacks (a queue timed call by call, a futile hold) start afresh."""
+        return _Timer(self.device, self.protocol, _FIRST_HOLD_MS if self.hold_futile else self.hold_ms)
 
     def run(self, kernel: ShardKernel) -> tuple[float, float]:
         """(fwd_ms, bwd_ms) of one forward + backward (with the fused optimizer update)."""
@@ -607,10 +614,7 @@ def measure_shards(
 
     upcoming: ShardKernel | None = None
     failed: Exception | None = None  # building the next shard's kernel failed: raised at that shard's turn
-    # each shard gets its own timer (a queue that fell back to calls one by one does so for that shard alone), with
-    # the hold the last one learned: started from _FIRST_HOLD_MS, a host slower to launch than that had every
-    # shard's first call timed twice
-    hold_ms = _FIRST_HOLD_MS
+    timer = _Timer(dev, protocol)  # each shard its own, from the last one's hold (`successor`)
     for i, tables in enumerate(shards):
         if failed is not None:
             raise failed
@@ -626,9 +630,8 @@ def measure_shards(
                     failed = err
 
             overlap = dev.type == "cuda" and i + 1 < len(shards)
-            timer = _Timer(dev, protocol, hold_ms)
+            timer = timer.successor() if i else timer
             timing = _time_with(timer, kernel, protocol, meanwhile=build_next if overlap else None)
-            hold_ms = _FIRST_HOLD_MS if timer.hold_futile else timer.hold_ms
             del kernel
         yield timing
 
