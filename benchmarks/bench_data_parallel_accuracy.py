@@ -16,18 +16,41 @@ whole batch.
    beside the naive price (the table at the full batch, divided by the devices). And each table's first row block
    over the devices (`TableSpec.row_block`) timed at the model's batch, against the model's price of the block.
 
+3. With --model DIR --per-type: the held-out accuracy per sharding type. --shards sets of 1..--max-tables of the
+   tables --preset's pipeline run keeps out of the cost model's training (its held-out tables), each set's tables
+   laid out as each type over every --devices count, measured twice (the kernels, and the collectives in a process
+   group per pass) and priced as the search prices them, on the first device: table-wise, the set's fused kernel at
+   the batch (its all-to-all is the comm network's, which `pretrain` reports); data-parallel, its kernel at the local
+   batch plus the all-reduce of its gradients (`data_parallel_cost`; sets whose gradients are within the profiled
+   all-reduce sizes, where the search replicates); row-wise, the first device's row blocks at the batch plus the
+   outputs' reduce-scatter, their gradients' all-gather and the ids' all-to-all (`row_wise_cost`). Per type: the
+   MAPE against the two passes' mean, beside TorchRec's estimator of the same layout (its compute and comms, scaled
+   by the median measured / estimate of the other sets, leave one out: TorchRec prices a GPU), the noise floor
+   (median deviation of a pass from the passes' mean), the collectives' share of the measured cost, and the MAPE of
+   the kernel and of the collectives alone (where the type's error comes from).
+
     python benchmarks/bench_data_parallel_accuracy.py [--model DIR [--row-scale 0.01] [--skip-collectives]] [--devices 2 4]
         [--iters 20]
+    python benchmarks/bench_data_parallel_accuracy.py --model DIR --per-type [--preset local] [--shards 24] [--record]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+from typing import Any
 
 import numpy as np
+from record import record
 
-from shardwise.costmodel.data_parallel import fit_all_reduce, heldout_all_reduce_errors, local_batch_table
+from shardwise.costmodel.data_parallel import (
+    data_parallel_cost,
+    fit_all_reduce,
+    gradient_bytes,
+    heldout_all_reduce_errors,
+    local_batch_table,
+)
+from shardwise.costmodel.row_wise import ids_bytes, output_bytes, row_blocks, row_wise_cost
 from shardwise.profiling import AllToAllSession, MeasurementSettings, measure_shard, resolve_timing
 
 SIZES_BYTES = tuple(4096 * 4**k for k in range(7))  # 4 KiB .. 16 MiB
@@ -80,6 +103,119 @@ def kernel_errors(model_dir: str, num_tables: int, devices: int, seed: int,
             float(np.mean(np.abs(whole - whole_ms) / whole_ms) * 100))
 
 
+#: the sharding types priced per table, in TorchRec's words
+TYPES = ("table_wise", "data_parallel", "row_wise")
+
+
+def _one_pass(model: Any, shards: list[list[Any]], devices: list[int], iters: int) -> dict[tuple[str, int], np.ndarray]:
+    """Per (type, devices), each shard's measured ms on the first device with its tables laid out as that type (NaN:
+    a data-parallel shard whose gradients are beyond the profiled all-reduces); per ("<type>_comm", devices), the
+    collectives' part of it."""
+    settings = MeasurementSettings(reference_ms=model.reference_ms, batch_size=model.batch_size)
+    device, protocol = resolve_timing(settings)
+    batch = model.batch_size
+
+    def kernel_ms(tables: list[Any], at: int) -> float:
+        timing = measure_shard(tables, at, device=device, protocol=protocol)
+        return timing.fwd_ms + timing.bwd_ms
+
+    largest = max(size for _, size, _ in model.all_reduce.points)
+    out = {("table_wise", devices[0]): np.array([kernel_ms(shard, batch) for shard in shards])}
+    for count in devices:
+        replicable = [gradient_bytes(shard) <= largest for shard in shards]
+        with AllToAllSession(count) as session:
+            def timed(op: str, sizes: list[int]) -> np.ndarray:
+                """Median ms of each size's collective (none, 0 ms, for nothing to send: tables of no lookups)."""
+                ms = np.zeros(len(sizes))
+                sent = [k for k, size in enumerate(sizes) if size > 0]
+                ms[sent] = [statistics.median(samples) for samples in
+                            session.measure_collective(op, [sizes[k] for k in sent], iters=iters)]
+                return ms
+            reduce = timed("all_reduce", [gradient_bytes(s) for s, ok in zip(shards, replicable) if ok])
+            outputs = [output_bytes(shard, batch) for shard in shards]
+            row_comm = (timed("reduce_scatter", outputs) + timed("all_gather", outputs)
+                        + timed("all_to_all", [ids_bytes(shard, batch, count) for shard in shards]))
+        local = -(-batch // count)
+        dp_comm = np.full(len(shards), np.nan)
+        dp_comm[np.flatnonzero(replicable)] = reduce
+        out["data_parallel_comm", count] = dp_comm
+        out["data_parallel", count] = dp_comm + [kernel_ms(shard, local) if ok else np.nan
+                                                 for shard, ok in zip(shards, replicable)]
+        out["row_wise_comm", count] = row_comm
+        out["row_wise", count] = row_comm + [kernel_ms(row_blocks(shard, count)[0], batch) for shard in shards]
+    return out
+
+
+def _priced(model: Any, shards: list[list[Any]], kind: str, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each shard's kernel and collectives ms on the first device as the search prices its tables laid out as `kind`
+    over `count` devices."""
+    if kind == "table_wise":
+        kernel = np.asarray(model.predict_compute(shards)).sum(axis=1)
+        return kernel, np.zeros_like(kernel)
+    if kind == "data_parallel":
+        costs = [data_parallel_cost(model, shard, count) for shard in shards]
+        return np.array([c.fwd_ms + c.bwd_ms for c in costs]), np.array([c.all_reduce_ms for c in costs])
+    rows = [row_wise_cost(model, shard, count, model.batch_size) for shard in shards]
+    return np.array([float(r.fwd_ms[0] + r.bwd_ms[0]) for r in rows]), np.array([r.comm_ms for r in rows])
+
+
+def _loo_scaled(estimate: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """`estimate` scaled per shard by the median measured / estimate over the other shards."""
+    ratio = measured / estimate
+    return np.array([estimate[i] * np.median(np.delete(ratio, i)) for i in range(len(ratio))])
+
+
+def held_out_shards(preset: str, num_shards: int, max_tables: int, seed: int) -> list[list[Any]]:
+    """`num_shards` sets of 1..`max_tables` distinct tables drawn with `seed` from the tables `preset`'s pipeline run
+    holds out of the cost model's training (`bench_gpu_method.split_workload`), as its profile draws held-out shards."""
+    from bench_gpu_method import split_workload
+
+    from shardwise.pipelines.params import pipeline_params
+
+    pool = list(split_workload(pipeline_params({}, preset_name=preset))[1].tables)
+    rng = np.random.default_rng(seed)
+    return [[pool[k] for k in rng.choice(len(pool), size=int(rng.integers(1, max_tables + 1)), replace=False)]
+            for _ in range(num_shards)]
+
+
+def per_type_rows(model_dir: str, shards: list[list[Any]], devices: list[int], iters: int) -> list[dict[str, Any]]:
+    """One row per (sharding type, devices): held-out MAPE of the search's price, TorchRec's, the noise floor."""
+    from shardwise.costmodel import NeuralCostModel
+    from shardwise.costmodel.evaluate import torchrec_estimates
+
+    model = NeuralCostModel.load(model_dir)
+    if model.all_reduce is None or getattr(model, "reduce_scatter", None) is None:
+        raise SystemExit(f"{model_dir}: the model has no measured all-reduce or reduce-scatter (profile with "
+                         "--comm-layouts): data-parallel and row-wise tables cannot be priced")
+    passes = [_one_pass(model, shards, devices, iters) for _ in range(2)]
+    rows = []
+    for kind, count in [("table_wise", devices[0])] + [(k, d) for d in devices for k in TYPES[1:]]:
+        first, second = passes[0][kind, count], passes[1][kind, count]
+        keep = np.isfinite(first)
+        measured = (first[keep] + second[keep]) / 2
+        chosen = [shard for shard, k in zip(shards, keep) if k]
+        kernel, collectives = _priced(model, chosen, kind, count)
+        priced = kernel + collectives
+        estimate = torchrec_estimates(chosen, model.batch_size, sharding_type=kind, world_size=max(count, 2),
+                                      comms=kind != "table_wise").sum(axis=1)
+        comm = (np.zeros_like(measured) if kind == "table_wise"
+                else ((passes[0][f"{kind}_comm", count] + passes[1][f"{kind}_comm", count]) / 2)[keep])
+        rows.append({
+            "sharding_type": kind, "devices": count if kind != "table_wise" else "any", "shards": int(keep.sum()),
+            "shardwise_mape_pct": round(float(np.mean(np.abs(priced - measured) / measured) * 100), 1),
+            "torchrec_estimator_mape_pct": round(
+                float(np.mean(np.abs(_loo_scaled(estimate, measured) - measured) / measured) * 100), 1),
+            "noise_floor_pct": round(float(np.median(np.abs(first[keep] - measured) / measured) * 100), 1),
+            "collectives_share_pct": round(float(np.sum(comm) / np.sum(measured) * 100), 1),
+            # the two parts' own errors: where the type's error comes from
+            "kernel_mape_pct": round(float(np.mean(np.abs(kernel - (measured - comm)) / (measured - comm)) * 100), 1),
+            "collectives_mape_pct": (round(float(np.mean(np.abs(collectives - comm)[comm > 0] / comm[comm > 0]) * 100), 1)
+                                     if (comm > 0).any() else None),
+        })
+        print(", ".join(f"{k} {v}" for k, v in rows[-1].items()), flush=True)
+    return rows
+
+
 def mape_by_count(errors: list[tuple[int, int, float, float]], devices: list[int]) -> str:
     """'2 devices x%, 4 devices y%; all z%' of (devices, bytes, measured, predicted) rows."""
     by_count = {c: 100 * float(np.mean([abs(p - ms) / ms for d, _, ms, p in errors if d == c])) for c in devices}
@@ -97,7 +233,30 @@ def main() -> None:
     parser.add_argument("--row-scale", type=float, default=0.01, help="scale of the synthetic tables' rows (as "
                         "bench_plan_quality's; 1.0 is far outside a CPU-profiled model's tables)")
     parser.add_argument("--skip-collectives", action="store_true", help="with --model: the kernels only")
+    parser.add_argument("--preset", default="local", help="with --per-type: the pipeline preset whose held-out "
+                        "tables (those its run keeps out of the cost model's training) make the shards")
+    parser.add_argument("--shards", type=int, default=24, help="with --per-type: held-out shards")
+    parser.add_argument("--max-tables", type=int, default=8, help="with --per-type: tables a shard at most")
+    parser.add_argument("--per-type", action="store_true", help="with --model: the held-out accuracy per sharding type "
+                        "only (table-wise, data-parallel, row-wise)")
+    parser.add_argument("--record", action="store_true", help="with --per-type: write benchmarks/results/"
+                        "sharding_type_accuracy.json")
     args = parser.parse_args()
+    if args.per_type:
+        if not args.model:
+            parser.error("--per-type needs --model")
+        shards = held_out_shards(args.preset, args.shards, args.max_tables, args.seed)
+        rows = per_type_rows(args.model, shards, args.devices, args.iters)
+        table_wise = rows[0]["shardwise_mape_pct"]
+        gaps = ", ".join(f"{r['sharding_type']} on {r['devices']} {r['shardwise_mape_pct'] - table_wise:+.1f}"
+                         for r in rows[1:])
+        summary = f"held-out MAPE against table-wise's {table_wise}%, in points: {gaps}"
+        print(summary)
+        if args.record:
+            record("sharding_type_accuracy", f"Held-out accuracy per sharding type ({args.shards} shards of 1-"
+                   f"{args.max_tables} of preset {args.preset}'s held-out tables, seed {args.seed}, model "
+                   f"{args.model})", rows, notes=summary)
+        return
 
     measured = {op: [] for op in COLLECTIVES} if args.skip_collectives else collective_points(args.devices, args.iters)
     for op in COLLECTIVES if measured["all_reduce"] else ():  # the collectives `pretrain` fits a line to

@@ -30,6 +30,19 @@ def test_torchrec_estimator_sums_tables_and_grows_with_pooling():
     np.testing.assert_array_equal(est[3], [0, 0])
 
 
+def test_torchrec_estimator_prices_other_sharding_types_on_the_first_devices_shard():
+    table = TableSpec(name="t", rows=100_000, dim=64, pooling_factor=8.0)
+    whole = torchrec_estimates([[table]], batch_size=1024, world_size=4)
+    rows = torchrec_estimates([[table]], batch_size=1024, sharding_type="row_wise", world_size=4)
+    replicated = torchrec_estimates([[table]], batch_size=1024, sharding_type="data_parallel", world_size=4)
+    assert 0 < rows.sum() < whole.sum()  # a quarter of the rows' lookups
+    assert 0 < replicated.sum() < whole.sum()  # a quarter of the batch
+    with_comms = torchrec_estimates([[table]], batch_size=1024, sharding_type="data_parallel", world_size=4,
+                                    comms=True)
+    assert with_comms[0, 0] == pytest.approx(replicated[0, 0])  # no forward exchange
+    assert with_comms[0, 1] > replicated[0, 1]  # the gradient's all-reduce
+
+
 def test_noise_floor_compares_repeats_to_the_first_measurement():
     df = pd.DataFrame({
         "config_id": ["a", "a", "b", "b", "c"], "repeat": [0, 1, 0, 1, 0],

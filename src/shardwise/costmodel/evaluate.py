@@ -85,11 +85,15 @@ def _median_scale(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
     return np.median(measured[ok] / predicted[ok], axis=0)
 
 
-def torchrec_estimates(shards: Sequence[Sequence[TableSpec]], batch_size: int) -> np.ndarray:
+def torchrec_estimates(shards: Sequence[Sequence[TableSpec]], batch_size: int, *, sharding_type: str = "table_wise",
+                       world_size: int = 2, comms: bool = False) -> np.ndarray:
     """[N, 2] TorchRec `EmbeddingPerfEstimator` fwd/bwd compute ms, table-wise and fused, summed per shard.
 
     TorchRec models a device's compute as the sum of its shards' estimates (no fused-kernel sharing), for
-    a GPU: absolute values are not this machine's milliseconds, so callers fit a scale."""
+    a GPU: absolute values are not this machine's milliseconds, so callers fit a scale. `sharding_type` (TorchRec's
+    word; "data_parallel" runs the dense kernel, the others the fused one) over `world_size` devices: the first
+    device's shard of each table; with `comms`, its fwd / bwd communication added (a data-parallel table's gradient
+    all-reduce, a row-wise table's output reduce-scatter and ids' all-to-all, ...)."""
     # torchrec: heavy (seconds to import), needed only for this comparison
     import torch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -107,14 +111,15 @@ def torchrec_estimates(shards: Sequence[Sequence[TableSpec]], batch_size: int) -
     ]
     constraints = {
         n: ParameterConstraints(
-            sharding_types=["table_wise"], compute_kernels=["fused"], pooling_factors=[max(t.pooling_factor, 1e-3)]
+            sharding_types=[sharding_type], compute_kernels=["dense" if sharding_type == "data_parallel" else "fused"],
+            pooling_factors=[max(t.pooling_factor, 1e-3)],
         )
         for n, t in zip(names, unique)
     }
     # it warns that the topology was built directly: on purpose, an estimator needs no real hardware
     logging.getLogger("torchrec.distributed.planner.types").setLevel(logging.ERROR)
     # compute_device="cuda": TorchRec's perf model is a GPU model; world_size 2 so table-wise is offered
-    topology = Topology(world_size=2, compute_device="cuda")
+    topology = Topology(world_size=world_size, compute_device="cuda")
     estimator = EmbeddingPerfEstimator(topology=topology, constraints=constraints)
     enumerator = EmbeddingEnumerator(topology, batch_size, constraints=constraints, estimator=estimator)
     per_table: dict[str, tuple[float, float]] = {}
@@ -124,7 +129,8 @@ def torchrec_estimates(shards: Sequence[Sequence[TableSpec]], batch_size: int) -
             perf = option.shards[0].perf
             assert perf is not None
             # TorchRec's unit is seconds
-            per_table[option.name] = (perf.fwd_compute * 1e3, perf.bwd_compute * 1e3)
+            per_table[option.name] = ((perf.fwd_compute + comms * perf.fwd_comms) * 1e3,
+                                      (perf.bwd_compute + comms * perf.bwd_comms) * 1e3)
     index = {t: n for n, t in zip(names, unique)}
     out = np.zeros((len(shards), 2))
     for i, shard in enumerate(shards):
