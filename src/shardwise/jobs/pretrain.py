@@ -35,8 +35,9 @@ class PretrainSettings(JobSettings):
     holdout_tables: str | None = Field(
         default=None, description="tables file whose source tables are the held-out ones (default: found in the data)"
     )
-    holdout_num_tables: tuple[int, ...] | None = Field(
-        default=None, description="shard sizes kept out of training and reported separately (default: one picked)",
+    holdout_num_tables: tuple[int, ...] = Field(
+        default=_TRAIN["holdout_num_tables"].default,
+        description="shard sizes kept out of training and reported separately (default: none, every size trained on)",
         json_schema_extra={"nargs": "*"},
     )
     device: Annotated[str, AfterValidator(check_device_name)] = Field(default=_TRAIN["device"].default, description="torch device to train on (cpu, cuda)")
