@@ -70,6 +70,12 @@ def collective_points(devices: list[int], iters: int) -> dict[str, list[tuple[in
     return points
 
 
+def kernel_ms(tables: list[Any], batch_size: int, device: Any, protocol: Any) -> float:
+    """Measured forward + backward ms of one fused kernel over `tables` at `batch_size`."""
+    timing = measure_shard(tables, batch_size, device=device, protocol=protocol)
+    return timing.fwd_ms + timing.bwd_ms
+
+
 def kernel_errors(model_dir: str, num_tables: int, devices: int, seed: int,
                   row_scale: float) -> tuple[float, float, float, float]:
     """MAPE (%) of the local-batch price and of the naive full-batch / devices price, on `num_tables` tables, of the
@@ -83,19 +89,13 @@ def kernel_errors(model_dir: str, num_tables: int, devices: int, seed: int,
     settings = MeasurementSettings(reference_ms=model.reference_ms, batch_size=model.batch_size)
     device, protocol = resolve_timing(settings)
     local_batch = -(-model.batch_size // devices)
-    measured = np.array([
-        (lambda t: t.fwd_ms + t.bwd_ms)(measure_shard([t], local_batch, device=device, protocol=protocol))
-        for t in tables])
+    measured = np.array([kernel_ms([t], local_batch, device, protocol) for t in tables])
     local = model.predict_compute([[local_batch_table(t, devices)] for t in tables]).sum(axis=1)
     naive = model.predict_compute([[t] for t in tables]).sum(axis=1) / devices
     blocks = [t.row_block(0, devices) for t in tables]
-    block_ms = np.array([
-        (lambda t: t.fwd_ms + t.bwd_ms)(measure_shard([b], model.batch_size, device=device, protocol=protocol))
-        for b in blocks])
+    block_ms = np.array([kernel_ms([b], model.batch_size, device, protocol) for b in blocks])
     block_price = model.predict_compute([[b] for b in blocks]).sum(axis=1)
-    whole_ms = np.array([
-        (lambda t: t.fwd_ms + t.bwd_ms)(measure_shard([t], model.batch_size, device=device, protocol=protocol))
-        for t in tables])
+    whole_ms = np.array([kernel_ms([t], model.batch_size, device, protocol) for t in tables])
     whole = model.predict_compute([[t] for t in tables]).sum(axis=1)
     return (float(np.mean(np.abs(local - measured) / measured) * 100),
             float(np.mean(np.abs(naive - measured) / measured) * 100),
@@ -114,13 +114,8 @@ def _one_pass(model: Any, shards: list[list[Any]], devices: list[int], iters: in
     settings = MeasurementSettings(reference_ms=model.reference_ms, batch_size=model.batch_size)
     device, protocol = resolve_timing(settings)
     batch = model.batch_size
-
-    def kernel_ms(tables: list[Any], at: int) -> float:
-        timing = measure_shard(tables, at, device=device, protocol=protocol)
-        return timing.fwd_ms + timing.bwd_ms
-
     largest = max(size for _, size, _ in model.all_reduce.points)
-    out = {("table_wise", devices[0]): np.array([kernel_ms(shard, batch) for shard in shards])}
+    out = {("table_wise", devices[0]): np.array([kernel_ms(shard, batch, device, protocol) for shard in shards])}
     for count in devices:
         replicable = [gradient_bytes(shard) <= largest for shard in shards]
         with AllToAllSession(count) as session:
@@ -139,10 +134,11 @@ def _one_pass(model: Any, shards: list[list[Any]], devices: list[int], iters: in
         dp_comm = np.full(len(shards), np.nan)
         dp_comm[np.flatnonzero(replicable)] = reduce
         out["data_parallel_comm", count] = dp_comm
-        out["data_parallel", count] = dp_comm + [kernel_ms(shard, local) if ok else np.nan
+        out["data_parallel", count] = dp_comm + [kernel_ms(shard, local, device, protocol) if ok else np.nan
                                                  for shard, ok in zip(shards, replicable)]
         out["row_wise_comm", count] = row_comm
-        out["row_wise", count] = row_comm + [kernel_ms(row_blocks(shard, count)[0], batch) for shard in shards]
+        out["row_wise", count] = row_comm + [kernel_ms(row_blocks(shard, count)[0], batch, device, protocol)
+                                                        for shard in shards]
     return out
 
 

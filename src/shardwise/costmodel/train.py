@@ -63,7 +63,7 @@ class TrainConfig(BaseModel):
     val_fraction: float = Field(default=0.1, gt=0, lt=1)
     #: shard sizes (table counts) kept out of training and reported separately; None picks one interior size; none
     #: by default: a size held out costs the model its shards, and on an H100 profile that made the held-out tables'
-    #: MAPE hang on the seed (3.5-9.0% over 6 seeds with one size out, 3.4-4.9% with every size trained on;
+    #: MAPE hang on the seed (3.5-9.0% over 6 seeds with one size out, 3.4-5.4% over 12 with every size trained on;
     #: benchmarks/bench_costmodel_seeds.py, `costmodel_seeds_all_sizes` in docs/results.md)
     holdout_num_tables: tuple[int, ...] | None = ()
     #: source tables held out; None picks them from the data (whole co-occurrence components if possible)
