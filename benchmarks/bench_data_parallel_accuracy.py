@@ -11,7 +11,7 @@ whole batch.
    (each device's `size` in, its 1 / D of the sum out: row-wise tables' pooled outputs), all-gathers (their
    gradients) and even all-to-alls (their ids), each `pretrain`'s line of that name; and the MAPE of the
    reduce-scatter lines on all-gathers and all-to-alls, what prices them for a model profiled without them.
-2. With --model DIR: --tables synthetic tables timed alone on the kernel at the local batch (batch / devices) and
+2. With --model DIR: --tables synthetic tables timed alone on the fused kernel at the local batch (batch / devices) and
    predicted as the model prices them (`local_batch_table`: pooling factor / devices at the model's batch); MAPE,
    beside the naive price (the table at the full batch, divided by the devices). And each table's first row block
    over the devices (`TableSpec.row_block`) timed at the model's batch, against the model's price of the block.
@@ -20,14 +20,16 @@ whole batch.
    tables --preset's pipeline run keeps out of the cost model's training (its held-out tables), each set's tables
    laid out as each type over every --devices count, measured twice (the kernels, and the collectives in a process
    group per pass) and priced as the search prices them, on the first device: table-wise, the set's fused kernel at
-   the batch (its all-to-all is the comm network's, which `pretrain` reports); data-parallel, its kernel at the local
-   batch plus the all-reduce of its gradients (`data_parallel_cost`; sets whose gradients are within the profiled
-   all-reduce sizes, where the search replicates); row-wise, the first device's row blocks at the batch plus the
+   the batch (its all-to-all is the comm network's, which `pretrain` reports); data-parallel, TorchRec's dense kernel
+   at the local batch (measured as `measure_plans` and refinement time it) plus the all-reduce of its gradients
+   (`data_parallel_cost`: the model's dense-kernel line, or for a model profiled before, the compute network; sets
+   whose gradients are within the profiled all-reduce sizes, where the search replicates); row-wise, the first device's row blocks at the batch plus the
    outputs' reduce-scatter, their gradients' all-gather and the ids' all-to-all (`row_wise_cost`). Per type: the
    MAPE against the two passes' mean, beside TorchRec's estimator of the same layout (its compute and comms, scaled
    by the median measured / estimate of the other sets, leave one out: TorchRec prices a GPU), the noise floor
    (median deviation of a pass from the passes' mean), the collectives' share of the measured cost, and the MAPE of
-   the kernel and of the collectives alone (where the type's error comes from).
+   the kernel and of the collectives alone (where the type's error comes from); for data-parallel, also the compute
+   network's price of the dense kernel (pooling / D at the batch, what a model without the line uses).
 
     python benchmarks/bench_data_parallel_accuracy.py [--model DIR [--row-scale 0.01] [--skip-collectives]] [--devices 2 4]
         [--iters 20]
@@ -48,6 +50,7 @@ from shardwise.costmodel.data_parallel import (
     fit_all_reduce,
     gradient_bytes,
     heldout_all_reduce_errors,
+    local_batch,
     local_batch_table,
 )
 from shardwise.costmodel.row_wise import ids_bytes, output_bytes, row_blocks, row_wise_cost
@@ -70,9 +73,9 @@ def collective_points(devices: list[int], iters: int) -> dict[str, list[tuple[in
     return points
 
 
-def kernel_ms(tables: list[Any], batch_size: int, device: Any, protocol: Any) -> float:
-    """Measured forward + backward ms of one fused kernel over `tables` at `batch_size`."""
-    timing = measure_shard(tables, batch_size, device=device, protocol=protocol)
+def kernel_ms(tables: list[Any], batch_size: int, device: Any, protocol: Any, compute_kernel: str = "fused") -> float:
+    """Measured forward + backward ms of one fused (or `compute_kernel`) kernel over `tables` at `batch_size`."""
+    timing = measure_shard(tables, batch_size, device=device, protocol=protocol, compute_kernel=compute_kernel)
     return timing.fwd_ms + timing.bwd_ms
 
 
@@ -130,11 +133,11 @@ def _one_pass(model: Any, shards: list[list[Any]], devices: list[int], iters: in
             outputs = [output_bytes(shard, batch) for shard in shards]
             row_comm = (timed("reduce_scatter", outputs) + timed("all_gather", outputs)
                         + timed("all_to_all", [ids_bytes(shard, batch, count) for shard in shards]))
-        local = -(-batch // count)
+        local = local_batch(batch, count)
         dp_comm = np.full(len(shards), np.nan)
         dp_comm[np.flatnonzero(replicable)] = reduce
         out["data_parallel_comm", count] = dp_comm
-        out["data_parallel", count] = dp_comm + [kernel_ms(shard, local, device, protocol) if ok else np.nan
+        out["data_parallel", count] = dp_comm + [kernel_ms(shard, local, device, protocol, "dense") if ok else np.nan
                                                  for shard, ok in zip(shards, replicable)]
         out["row_wise_comm", count] = row_comm
         out["row_wise", count] = row_comm + [kernel_ms(row_blocks(shard, count)[0], batch, device, protocol)
@@ -153,6 +156,12 @@ def _priced(model: Any, shards: list[list[Any]], kind: str, count: int) -> tuple
         return np.array([c.fwd_ms + c.bwd_ms for c in costs]), np.array([c.all_reduce_ms for c in costs])
     rows = [row_wise_cost(model, shard, count, model.batch_size) for shard in shards]
     return np.array([float(r.fwd_ms[0] + r.bwd_ms[0]) for r in rows]), np.array([r.comm_ms for r in rows])
+
+
+def _network_kernel_mape(model: Any, shards: list[list[Any]], count: int, measured: np.ndarray) -> float:
+    """MAPE (%) of the compute network's price of data-parallel kernels (`local_batch_table`) against `measured`."""
+    network = np.asarray(model.predict_compute([[local_batch_table(t, count) for t in shard] for shard in shards]))
+    return round(float(np.mean(np.abs(network.sum(axis=1) - measured) / measured) * 100), 1)
 
 
 def _loo_scaled(estimate: np.ndarray, measured: np.ndarray) -> np.ndarray:
@@ -207,6 +216,10 @@ def per_type_rows(model_dir: str, shards: list[list[Any]], devices: list[int], i
             "kernel_mape_pct": round(float(np.mean(np.abs(kernel - (measured - comm)) / (measured - comm)) * 100), 1),
             "collectives_mape_pct": (round(float(np.mean(np.abs(collectives - comm)[comm > 0] / comm[comm > 0]) * 100), 1)
                                      if (comm > 0).any() else None),
+            # data-parallel: the dense kernel priced by the compute network instead (pooling / D at the batch: what
+            # models profiled before dense kernels were price it with)
+            "kernel_mape_network_pct": _network_kernel_mape(model, chosen, count, measured - comm)
+            if kind == "data_parallel" else None,
         })
         print(", ".join(f"{k} {v}" for k, v in rows[-1].items()), flush=True)
     return rows

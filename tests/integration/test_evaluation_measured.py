@@ -108,3 +108,25 @@ def test_evaluate_plans_measures_several_plans_in_one_session(tmp_path) -> None:
     page = (tmp_path / "comparison.html").read_text()
     assert "stacked_cost.png" in page and "balanced.html" in page
     assert {tmp_path / "comparison.json", tmp_path / "comparison.html", tmp_path / "comparison.png"} <= set(paths)
+
+
+def test_data_parallel_tables_add_their_dense_kernel_on_the_local_batch_to_every_device(monkeypatch) -> None:
+    """A replicated table is timed as TorchRec runs it: the dense kernel (its gradient over every row, SGD's step)
+    at the local batch, beside its gradient's all-reduce; both added to every device."""
+    from shardwise.evaluation import measured
+
+    task = _task(num_tables=3)
+    timed: list[tuple[tuple[str, ...], int, str]] = []
+    real = measured.measure_shard
+
+    def recording(tables, batch_size, **kwargs):  # type: ignore[no-untyped-def]
+        timed.append((tuple(t.name for t in tables), batch_size, kwargs["compute_kernel"]))
+        return real(tables, batch_size, **kwargs)
+
+    monkeypatch.setattr(measured, "measure_shard", recording)
+    shards = tuple(Shard(table=f"t{i}", col_offset=0, dim=32, device=i) for i in range(2))
+    (cost,) = measure_plans([(task, Plan(num_devices=2, shards=shards, data_parallel=("t2",), method="dp"))],
+                            FAST.model_copy(update={"comm_iters": 3}), progress=False)
+    assert {(names, batch, kernel) for names, batch, kernel in timed} == {
+        (("t0",), 1024, "fused"), (("t1",), 1024, "fused"), (("t2",), 512, "dense")}
+    assert cost.data_parallel == ("t2",) and all(d.fwd_ms > 0 and d.bwd_ms > 0 for d in cost.devices)

@@ -231,3 +231,21 @@ def test_sigint_during_the_all_to_alls_keeps_rows_and_says_so(tmp_path: Path) ->
     assert (df["kind"] == "compute").sum() == 1 + 2 and (df["kind"] == "comm").sum() == 2 * 2
     assert (df["kind"] == "all_reduce").sum() == 7  # measured in the same group, kept with it
     assert (df["kind"] == "reduce_scatter").sum() == (df["kind"] == "all_to_all").sum() == 7
+
+
+def test_data_parallel_shards_are_profiled_as_dense_kernels_at_each_local_batch_and_resumed(tmp_path: Path) -> None:
+    out = tmp_path / "costs"
+    settings = ProfileSettings(num_shards=4, data_parallel_shards=2, max_tables=3, batch_size=64, seed=3,
+                               protocol=FAST, device="cpu")
+    first = profile(TABLES, out, settings, progress=False)
+    assert first.measured == 4 + 2 * len(runner.DATA_PARALLEL_DEVICE_COUNTS)
+    df = load_costs(out)
+    dense = df[df["kind"] == "data_parallel"]
+    compute = df[df["kind"] == "compute"].set_index("config_id")
+    assert sorted(dense["num_devices"].value_counts().items()) == [(2, 2), (4, 2), (8, 2)]
+    # the first 2 sampled shards' tables, their rows keeping the profile's batch (the local batch is B / D)
+    assert set(dense["tables_json"]) <= set(compute["tables_json"]) and len(set(dense["tables_json"])) == 2
+    assert (dense["batch_size"] == 64).all() and (dense["optimizer"] == "sgd").all()
+    assert (dense["fwd_ms"] > 0).all() and (dense["bwd_ms"] > 0).all() and dense["config_id"].is_unique
+    again = profile(TABLES, out, settings, progress=False)
+    assert again.measured == 0 and again.skipped == first.measured

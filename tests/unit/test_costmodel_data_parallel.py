@@ -1,5 +1,6 @@
-"""The data-parallel cost: a measured all-reduce line (fit, held-out error, storage with the model) and the kernel on
-the local batch priced by the compute model."""
+"""The data-parallel cost: a measured all-reduce line (fit, held-out error, storage with the model) and the dense
+kernel on the local batch, priced by a line fitted to measured dense kernels (or, for a model without one, by the
+compute model)."""
 
 import json
 
@@ -9,11 +10,17 @@ from search_doubles import FeatureCostModel
 
 from shardwise.costmodel.data_parallel import (
     AllReduceCost,
+    DataParallelKernelCost,
     all_reduce_of,
     data_parallel_cost,
+    data_parallel_kernel_of,
+    data_parallel_kernel_terms,
     fit_all_reduce,
+    fit_data_parallel_kernel,
     gradient_bytes,
     heldout_all_reduce_errors,
+    heldout_data_parallel_kernel_errors,
+    local_batch,
     local_batch_table,
 )
 from shardwise.workload import TableSpec
@@ -132,3 +139,72 @@ def test_a_stored_line_from_before_the_per_device_lines_still_loads():
     assert cost.by_devices == () and float(cost.predict_ms(2**20, 4)) == pytest.approx(float(TRUE.predict_ms(2**20, 4)))
     with pytest.raises(ValueError, match="by_devices"):
         AllReduceCost.from_json({**doc, "by_devices": [{"num_devices": 2, "latency_ms": 0.1, "ms_per_mib": -1}]})
+
+
+DENSE = DataParallelKernelCost(fwd=(0.02, 0.01, 0.003, 0.002, 0.0), bwd=(0.03, 0.02, 0.004, 0.001, 0.5),
+                               batch_size=2048)
+
+
+def _dense_kernels(truth: DataParallelKernelCost, noise: float = 0.0, seed: int = 0, n: int = 40):
+    """Measured dense kernels of random sets of tables at 2, 4 and 8 devices' local batches, timed by `truth`."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(n):
+        tables = [TableSpec(name=f"t{k}_{i}", rows=int(rng.integers(100, 50_000)), dim=int(rng.choice([8, 32, 128])),
+                            pooling_factor=float(rng.uniform(1, 30))) for i in range(int(rng.integers(1, 6)))]
+        devices = (2, 4, 8)[k % 3]
+        fwd, bwd = truth.predict_ms(tables, devices)
+        out.append((tables, devices, fwd * (1 + noise * rng.standard_normal()), bwd * (1 + noise * rng.standard_normal())))
+    return out
+
+
+def test_the_dense_kernel_line_recovers_its_coefficients_and_prices_the_local_batch():
+    fitted = fit_data_parallel_kernel(_dense_kernels(DENSE), 2048, hardware_kind="cpu-test")
+    np.testing.assert_allclose(fitted.fwd, DENSE.fwd, atol=1e-9)
+    np.testing.assert_allclose(fitted.bwd, DENSE.bwd, atol=1e-9)
+    assert fitted.measured == 40 and fitted.hardware_kind == "cpu-test"
+    table = TableSpec(name="t", rows=10_000, dim=32, pooling_factor=10.0)
+    # a device of 4 looks up 512 of the 2048 samples: the lookups and outputs terms shrink 4x, the elements do not
+    assert local_batch(2048, 4) == 512 and local_batch(2049, 4) == 513
+    assert data_parallel_kernel_terms([table], 512) == pytest.approx([1, 1, 512 * 10 * 48 / 1e3, 512 * 32 / 1e3, 0.32])
+    fwd_2, bwd_2 = fitted.predict_ms([table], 2)
+    fwd_8, bwd_8 = fitted.predict_ms([table], 8)
+    assert fwd_8 < fwd_2 and bwd_8 < bwd_2 and bwd_8 > 0.5 * 0.32  # the optimizer's step over every row stays
+    assert fitted.predict_ms([], 4) == (0.0, 0.0)
+
+
+def test_the_dense_kernel_line_is_evaluated_held_out_and_refuses_what_it_cannot_fit():
+    errors = heldout_data_parallel_kernel_errors(_dense_kernels(DENSE, noise=0.05), 2048)
+    assert len(errors) == 40
+    assert np.mean([abs(p - m) / m for m, p, _, _ in errors]) < 0.1
+    with pytest.raises(ValueError, match="at least 5"):
+        fit_data_parallel_kernel(_dense_kernels(DENSE)[:4], 2048)
+    bad = _dense_kernels(DENSE)
+    bad[0] = (bad[0][0], 2, 0.0, 1.0)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        fit_data_parallel_kernel(bad, 2048)
+
+
+def test_the_dense_kernel_line_round_trips_through_json_and_refuses_a_damaged_one():
+    doc = json.loads(json.dumps(DENSE.to_json()))
+    assert DataParallelKernelCost.from_json(doc) == DENSE
+    with pytest.raises(ValueError, match="terms must be"):
+        DataParallelKernelCost.from_json({**doc, "terms": ["constant"]})
+    with pytest.raises(ValueError, match="finite coefficient >= 0"):
+        DataParallelKernelCost.from_json({**doc, "bwd": [0.1, -1, 0, 0, 0]})
+    with pytest.raises(ValueError, match="finite coefficient >= 0"):
+        DataParallelKernelCost.from_json({**doc, "fwd": [0.1, 0, 0]})
+
+
+def test_a_model_with_a_dense_kernel_line_prices_data_parallel_kernels_with_it():
+    tables = [TableSpec(name=f"t{i}", rows=100 * (i + 1), dim=16, pooling_factor=4.0) for i in range(3)]
+    model = FeatureCostModel()
+    model.all_reduce = TRUE  # type: ignore[attr-defined]
+    network = data_parallel_cost(model, tables, 4)
+    assert data_parallel_kernel_of(model) is None
+    model.data_parallel_kernel = DENSE  # type: ignore[attr-defined]
+    assert data_parallel_kernel_of(model) is DENSE
+    cost = data_parallel_cost(model, tables, 4)
+    assert (cost.fwd_ms, cost.bwd_ms) == pytest.approx(DENSE.predict_ms(tables, 4))
+    assert (cost.fwd_ms, cost.bwd_ms) != pytest.approx((network.fwd_ms, network.bwd_ms))
+    assert cost.all_reduce_ms == network.all_reduce_ms

@@ -191,3 +191,38 @@ def test_profiled_reduce_scatters_are_fitted_beside_the_all_reduces_and_evaluate
     with pytest.raises(CostDataError, match="'fwd_ms' of reduce_scatter rows"):
         train_cost_model(pd.concat([df[df["kind"] != "reduce_scatter"], scatters.assign(fwd_ms=0.0)]), 0,
                          TrainConfig(epochs=1, progress=False))
+
+
+def test_profiled_dense_kernels_fit_the_data_parallel_line_evaluated_held_out_beside_the_network(tmp_path):
+    import json
+
+    from shardwise.costmodel import NeuralCostModel
+    from shardwise.costmodel.data_parallel import DataParallelKernelCost
+
+    truth = DataParallelKernelCost(fwd=(0.02, 0.01, 0.003, 0.002, 0.0), bwd=(0.03, 0.02, 0.004, 0.001, 0.5),
+                                   batch_size=512)
+    tables = synthetic_tables("a", 12, 0)
+    rng = np.random.default_rng(3)
+    dense = []
+    for k in range(30):
+        shard = [tables[i] for i in rng.choice(len(tables), size=int(rng.integers(1, 5)), replace=False)]
+        devices = (2, 4, 8)[k % 3]
+        fwd, bwd = truth.predict_ms(shard, devices)
+        dense.append({"kind": "data_parallel", "config_id": f"dp{k}", "repeat": 0, "fwd_ms": fwd, "bwd_ms": bwd,
+                      "batch_size": 512, "hardware_kind": "cpu-test", "num_devices": devices, "num_tables": len(shard),
+                      "tables_json": json.dumps([t.model_dump(mode="json") for t in shard]), "optimizer": "sgd"})
+    df = pd.concat([cost_frame({"a": tables}, {"a": 60}, 0), pd.DataFrame(dense)], ignore_index=True)
+    model, report = train_cost_model(df, 0, TrainConfig(epochs=5, progress=False))
+    assert model.data_parallel_kernel is not None and model.data_parallel_kernel.measured == 30
+    np.testing.assert_allclose(model.data_parallel_kernel.bwd, truth.bwd, atol=1e-9)
+    rows = report.evaluation.set_index("label")
+    assert rows.loc["data_parallel_kernel_line_heldout_dense_kernels_total", "mape_pct"] < 1e-3
+    assert rows.loc["data_parallel_kernel_network_dense_kernels_total", "mape_pct"] > 1  # the fused kernel's price
+    loaded = NeuralCostModel.load(model.save(tmp_path / "m"))
+    assert loaded.data_parallel_kernel == model.data_parallel_kernel
+    # fewer dense kernels than MIN_DENSE_KERNELS (and datasets from before): no line, the network prices them
+    few = pd.concat([cost_frame({"a": tables}, {"a": 60}, 0), pd.DataFrame(dense[:5])], ignore_index=True)
+    assert train_cost_model(few, 0, TrainConfig(epochs=2, progress=False))[0].data_parallel_kernel is None
+    with pytest.raises(CostDataError, match="'num_devices' of kind='data_parallel'"):
+        train_cost_model(pd.concat([df, pd.DataFrame(dense[:1]).assign(num_devices=np.nan)]), 0,
+                         TrainConfig(epochs=1, progress=False))

@@ -141,12 +141,15 @@ class _Kernels:
         self.shards: list[tuple[tuple[str, ...], int, float | None]] = []  # (tables, batch, reference_ms)
         self.exchanges: list[tuple[int, int, int]] = []  # (layouts, batch, iters)
         self.calibrations = 0
+        self.kernels: list[str] = []  # the compute kernel of each timing
         monkeypatch.setattr(measured, "measure_shard", self.measure_shard)
         monkeypatch.setattr(measured, "measure_all_to_all_many", self.measure_all_to_all_many)
         monkeypatch.setattr(kernel, "calibrate_reference", self.calibrate_reference)  # what resolve_timing calls
 
-    def measure_shard(self, tables, batch_size, *, device, protocol, optimizer, weights_precision) -> ShardTiming:
+    def measure_shard(self, tables, batch_size, *, device, protocol, optimizer, weights_precision,
+                      compute_kernel="fused") -> ShardTiming:
         self.shards.append((tuple(t.name for t in tables), batch_size, protocol.reference_ms))
+        self.kernels.append(compute_kernel)
         ms = float(len(self.shards))  # every timing differs: the median must pick the middle one
         return ShardTiming(fwd_ms=ms, bwd_ms=2 * ms, raw_fwd_ms=ms, raw_bwd_ms=2 * ms, reference_ms=1.0)
 
@@ -166,6 +169,7 @@ def test_measure_plans_times_as_the_measurement_settings_say(monkeypatch) -> Non
     first, second = measure_plans([(TASK, VALID), (TASK, OTHER)], settings, progress=False)
     # 2 plans x 2 devices x 3 rounds, at the settings' batch, scaled by the pinned reference (no calibration)
     assert len(kernels.shards) == 12 and kernels.calibrations == 0
+    assert set(kernels.kernels) == {"fused"}  # no data-parallel tables: no dense kernel
     assert {batch for _, batch, _ in kernels.shards} == {128}
     assert {ref for _, _, ref in kernels.shards} == {0.5}
     # rounds interleaved over all shards: device 0 of the first plan was timed 1st, 5th and 9th, median 5th

@@ -1,12 +1,16 @@
-"""What a data-parallel table costs each device: its kernel on the local batch, priced by the compute model, plus
-the all-reduce of its dense gradient, priced by a latency + bandwidth line fitted to measured all-reduces.
+"""What a data-parallel table costs each device: TorchRec's dense kernel on the local batch, priced by a line
+fitted to measured dense kernels, plus the all-reduce of its dense gradient, priced by a latency + bandwidth line
+fitted to measured all-reduces.
 
-A data-parallel table sits on every device; each device looks up its own B / D samples (no all-to-all) and the
+A data-parallel table sits on every device; each device looks up its own B / D samples (no all-to-all), and the
 tables' gradients (rows x dim fp32, dense: TorchRec's data-parallel sharding runs the dense kernel under DDP) are
-summed over the devices every step. The compute model was trained at one batch size B and its features hold no
-batch size, so a table at the local batch is priced as the same table with pooling factor / D at B: the same
-lookups and the same distinct rows (a Zipf table's reuse bins come from B x pooling-factor draws), only the pooled
-output is D times larger than the kernel writes (`benchmarks/bench_data_parallel_accuracy.py` measures the error).
+summed over the devices and applied to every row every step. The profiler times that kernel (fbgemm's dense TBE, its
+backward with the SGD step over the whole tables) on sampled shards of the training tables at each device count's
+local batch (`shardwise profile --data-parallel-shards`), and `pretrain` fits `DataParallelKernelCost` to them: a
+line in the lookups' work, the pooled outputs and the tables' elements, which the compute network cannot price (it
+was trained at one batch on the fused kernel, whose optimizer touches only the rows looked up). A model profiled
+before prices the kernel as before: the same tables with pooling factor / D at B through the compute network
+(`local_batch_table`), the fused kernel's cost (`benchmarks/bench_data_parallel_accuracy.py --per-type` measures both).
 """
 
 from __future__ import annotations
@@ -179,6 +183,108 @@ def all_reduce_of(cost_model: CostModel) -> AllReduceCost | None:
     return cost if isinstance(cost, AllReduceCost) else None
 
 
+#: what a data-parallel kernel's line sums over its tables at the local batch b = ceil(B / D): a constant, the
+#: tables (a kernel's per-table work), the lookups' work b x pooling x (dim + 16) / 1e3 (what a CPU kernel's cost
+#: ranks best with, `features.WORK_CHANNELS`), the pooled outputs b x dim / 1e3 and the tables' elements
+#: rows x dim / 1e6 (the dense gradient written in backward and the optimizer's step over every row)
+DATA_PARALLEL_KERNEL_TERMS: tuple[str, ...] = ("constant", "tables", "kilo_lookups_x_dim16", "kilo_outputs",
+                                              "mega_elements")
+
+
+def local_batch(batch_size: int, num_devices: int) -> int:
+    """The samples each of `num_devices` data-parallel devices looks up of a `batch_size` batch: ceil(B / D)."""
+    return -(-int(batch_size) // max(int(num_devices), 1))
+
+
+def data_parallel_kernel_terms(tables: Sequence[TableSpec], batch: int) -> np.ndarray:
+    """[len(DATA_PARALLEL_KERNEL_TERMS)] the line's terms of one dense kernel over `tables` at (local) batch `batch`."""
+    lookups = sum(batch * t.pooling_factor * (t.dim + 16) for t in tables) / 1e3
+    return np.array([1.0, len(tables), lookups, sum(batch * t.dim for t in tables) / 1e3,
+                     sum(t.rows * t.dim for t in tables) / 1e6])
+
+
+@dataclass(frozen=True)
+class DataParallelKernelCost:
+    """Forward and backward ms of TorchRec's dense kernel over data-parallel tables at the local batch: for each, the
+    sum of `DATA_PARALLEL_KERNEL_TERMS` x its coefficients (ms per term, >= 0), fitted to measured dense kernels on
+    one hardware kind (`fit_data_parallel_kernel`). The batch is the model's: a device of D looks up ceil(B / D)."""
+
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...]
+    batch_size: int
+    hardware_kind: str = ""
+    #: how many measured kernels (sets of tables at a device count) it was fitted to
+    measured: int = 0
+
+    def predict_ms(self, tables: Sequence[TableSpec], num_devices: int) -> tuple[float, float]:
+        """(fwd_ms, bwd_ms) of one dense kernel over `tables` on each of `num_devices` devices (0 for none)."""
+        if not tables:
+            return 0.0, 0.0
+        terms = data_parallel_kernel_terms(tables, local_batch(self.batch_size, num_devices))
+        return float(terms @ np.array(self.fwd)), float(terms @ np.array(self.bwd))
+
+    def to_json(self) -> dict[str, Any]:
+        """The coefficients by term and provenance, as stored in a cost model's `cost_model.json`."""
+        return {"terms": list(DATA_PARALLEL_KERNEL_TERMS), "fwd": list(self.fwd), "bwd": list(self.bwd),
+                "batch_size": self.batch_size, "hardware_kind": self.hardware_kind, "measured": self.measured}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> DataParallelKernelCost:
+        """Read `to_json`'s document; its terms must be these, its coefficients finite and not negative."""
+        if tuple(doc.get("terms", ())) != DATA_PARALLEL_KERNEL_TERMS:
+            raise ValueError(f"data_parallel_kernel: terms must be {list(DATA_PARALLEL_KERNEL_TERMS)}, got "
+                             f"{doc.get('terms')}")
+        fwd, bwd = (tuple(float(v) for v in doc[k]) for k in ("fwd", "bwd"))
+        if not all(len(c) == len(DATA_PARALLEL_KERNEL_TERMS) and all(math.isfinite(v) and v >= 0 for v in c)
+                   for c in (fwd, bwd)):
+            raise ValueError("data_parallel_kernel: fwd and bwd need one finite coefficient >= 0 per term, got "
+                             f"{list(fwd)} and {list(bwd)}")
+        if int(doc["batch_size"]) < 1:
+            raise ValueError(f"data_parallel_kernel: batch_size must be >= 1, got {doc['batch_size']}")
+        return cls(fwd, bwd, int(doc["batch_size"]), str(doc.get("hardware_kind", "")), int(doc.get("measured", 0)))
+
+
+#: (tables, num_devices, fwd_ms, bwd_ms) of one measured dense kernel at the local batch
+MeasuredDenseKernel = tuple[Sequence[TableSpec], int, float, float]
+
+
+def fit_data_parallel_kernel(measured: Sequence[MeasuredDenseKernel], batch_size: int, *,
+                             hardware_kind: str = "") -> DataParallelKernelCost:
+    """The lines through measured dense kernels (`MeasuredDenseKernel`s at the local batch of `batch_size`), least
+    squares on relative error, each coefficient kept >= 0 (a negative one dropped and the rest refitted)."""
+    if len(measured) < len(DATA_PARALLEL_KERNEL_TERMS):
+        raise ValueError(f"fit_data_parallel_kernel needs at least {len(DATA_PARALLEL_KERNEL_TERMS)} measured dense "
+                         f"kernels, got {len(measured)}")
+    terms = np.stack([data_parallel_kernel_terms(tables, local_batch(batch_size, d)) for tables, d, _, _ in measured])
+    coefficients = []
+    for column in (2, 3):
+        ms = np.array([m[column] for m in measured], dtype=np.float64)
+        if not (np.isfinite(ms).all() and (ms > 0).all()):
+            raise ValueError("fit_data_parallel_kernel: every measured fwd_ms and bwd_ms must be finite and > 0")
+        coefficients.append(tuple(_non_negative_fit(terms / ms[:, None], list(range(terms.shape[1]))).tolist()))
+    return DataParallelKernelCost(coefficients[0], coefficients[1], int(batch_size), hardware_kind, len(measured))
+
+
+def heldout_data_parallel_kernel_errors(measured: Sequence[MeasuredDenseKernel], batch_size: int,
+                                        folds: int = 5) -> list[tuple[float, float, float, float]]:
+    """`folds`-fold held-out accuracy of `fit_data_parallel_kernel`: each measured kernel predicted by the lines
+    fitted to the other folds; (measured fwd, predicted fwd, measured bwd, predicted bwd) ms per kernel."""
+    out = []
+    for fold in range(folds):
+        rest = [m for k, m in enumerate(measured) if k % folds != fold]
+        fitted = fit_data_parallel_kernel(rest, batch_size)
+        for tables, d, fwd, bwd in (m for k, m in enumerate(measured) if k % folds == fold):
+            predicted_fwd, predicted_bwd = fitted.predict_ms(tables, d)
+            out.append((fwd, predicted_fwd, bwd, predicted_bwd))
+    return out
+
+
+def data_parallel_kernel_of(cost_model: CostModel) -> DataParallelKernelCost | None:
+    """The model's fitted dense kernel (None: profiled before, the compute network prices the kernel)."""
+    kernel = getattr(cost_model, "data_parallel_kernel", None)
+    return kernel if isinstance(kernel, DataParallelKernelCost) else None
+
+
 @dataclass(frozen=True)
 class DataParallelCost:
     """What data-parallel tables add to every device: their kernel on the local batch and their all-reduce."""
@@ -194,7 +300,7 @@ class DataParallelCost:
 
 
 def data_parallel_cost(cost_model: CostModel, tables: Sequence[TableSpec], num_devices: int) -> DataParallelCost:
-    """Every device's cost of the data-parallel `tables` (one fused kernel over all of them at the local batch, one
+    """Every device's cost of the data-parallel `tables` (one dense kernel over all of them at the local batch, one
     all-reduce of all their gradients); ValueError when the model has no all-reduce to price them with."""
     if not tables:
         return DataParallelCost(0.0, 0.0, 0.0)
@@ -202,5 +308,9 @@ def data_parallel_cost(cost_model: CostModel, tables: Sequence[TableSpec], num_d
     if all_reduce is None:
         raise ValueError(f"cost model for {cost_model.hardware_kind!r} has no measured all-reduce: it cannot price "
                          "data-parallel tables (profile one with `measure_all_reduce` and fit it, fit_all_reduce)")
-    fwd, bwd = np.asarray(cost_model.predict_compute([[local_batch_table(t, num_devices) for t in tables]]))[0]
+    kernel = data_parallel_kernel_of(cost_model)
+    if kernel is not None:
+        fwd, bwd = kernel.predict_ms(tables, num_devices)
+    else:  # a model profiled before dense kernels were: the fused kernel's price
+        fwd, bwd = np.asarray(cost_model.predict_compute([[local_batch_table(t, num_devices) for t in tables]]))[0]
     return DataParallelCost(float(fwd), float(bwd), float(all_reduce.predict_ms(gradient_bytes(tables), num_devices)))

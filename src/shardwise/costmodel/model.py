@@ -18,7 +18,7 @@ from shardwise.errors import ShardwiseError
 from shardwise.workload import NUM_FEATURES, TableSpec
 
 from .coverage import FeatureRanges, outside_line
-from .data_parallel import RING_VOLUME, AllReduceCost
+from .data_parallel import RING_VOLUME, AllReduceCost, DataParallelKernelCost
 from .features import (
     COMM_FEATURE_NAMES,
     NUM_COMM_FEATURES,
@@ -120,6 +120,9 @@ class NeuralCostModel:
         self.reduce_scatter: AllReduceCost | None = None
         self.all_gather: AllReduceCost | None = None
         self.all_to_all: AllReduceCost | None = None
+        #: the line fitted to measured dense kernels that prices data-parallel tables' kernel on the local batch
+        #: (None: profiled before, the compute network prices it, `data_parallel.local_batch_table`)
+        self.data_parallel_kernel: DataParallelKernelCost | None = None
         self._compute_offset = torch.tensor(meta.compute_log_offset, dtype=torch.float32)
         self._comm_offset = torch.tensor(meta.comm_log_offset, dtype=torch.float32)
 
@@ -253,6 +256,7 @@ class NeuralCostModel:
             "normaliser": self.normaliser.to_json(),
             "comm_normaliser": self.comm_normaliser.to_json() if self.comm_normaliser else None,
             **{c: line.to_json() if (line := getattr(self, c)) else None for c in COLLECTIVE_LINES},
+            "data_parallel_kernel": self.data_parallel_kernel.to_json() if self.data_parallel_kernel else None,
         }
         (directory / CONFIG_FILE).write_text(json.dumps(doc, indent=1))
         tensors = {f"compute.{k}": v.detach().cpu() for k, v in self.compute_net.state_dict().items()}
@@ -299,6 +303,8 @@ class NeuralCostModel:
             # optional (a model saved without an all-reduce prices no data-parallel tables, one without a
             # reduce-scatter no row-wise tables)
             lines = {c: AllReduceCost.from_json(doc[c]) if doc.get(c) else None for c in COLLECTIVE_LINES}
+            dense = (DataParallelKernelCost.from_json(doc["data_parallel_kernel"])
+                     if doc.get("data_parallel_kernel") else None)
         weights_path = directory / WEIGHTS_FILE
         try:
             tensors = torch.load(weights_path, map_location="cpu", weights_only=True)
@@ -319,6 +325,7 @@ class NeuralCostModel:
         model = cls(compute_net, normaliser, meta, config, comm_net, comm_norm)
         for collective, line in lines.items():
             setattr(model, collective, line)
+        model.data_parallel_kernel = dense
         return model.to(device)
 
 

@@ -21,7 +21,16 @@ from shardwise.errors import ShardwiseError
 from shardwise.workload import NUM_FEATURES, TableSpec
 
 from .coverage import FeatureRanges
-from .data_parallel import AllReduceCost, fit_all_reduce, heldout_all_reduce_errors
+from .data_parallel import (
+    AllReduceCost,
+    DataParallelKernelCost,
+    MeasuredDenseKernel,
+    fit_all_reduce,
+    fit_data_parallel_kernel,
+    heldout_all_reduce_errors,
+    heldout_data_parallel_kernel_errors,
+    local_batch_table,
+)
 from .evaluate import (
     ComputeSamples,
     evaluate_compute,
@@ -117,10 +126,10 @@ def check_cost_frame(df: pd.DataFrame) -> tuple[str, int]:
     sizes = sorted(int(b) for b in df["batch_size"].unique())
     if len(sizes) != 1:
         raise CostDataError(f"cost dataset mixes batch sizes {sizes}: profile one batch size per model")
-    bad_kinds = set(df["kind"].unique()) - {"compute", "comm", *COLLECTIVE_MS_COLUMN}
+    bad_kinds = set(df["kind"].unique()) - {"compute", "comm", "data_parallel", *COLLECTIVE_MS_COLUMN}
     if bad_kinds:
-        raise CostDataError(f"column 'kind' has values {sorted(bad_kinds)}, expected 'compute', 'comm' or one of "
-                            f"{sorted(COLLECTIVE_MS_COLUMN)}")
+        raise CostDataError(f"column 'kind' has values {sorted(bad_kinds)}, expected 'compute', 'comm', "
+                            f"'data_parallel' or one of {sorted(COLLECTIVE_MS_COLUMN)}")
     compute = df[df["kind"] == "compute"]
     if compute.empty:
         raise CostDataError("cost dataset has no kind='compute' rows")
@@ -154,6 +163,15 @@ def compute_samples(df: pd.DataFrame) -> ComputeSamples:
     grouped = rows.groupby("config_id", sort=True).agg(
         tables_json=("tables_json", "first"), fwd_ms=("fwd_ms", "mean"), bwd_ms=("bwd_ms", "mean")
     )
+    shards = _parsed_tables(grouped)
+    return ComputeSamples(
+        tuple(shards), grouped["fwd_ms"].to_numpy(np.float64), grouped["bwd_ms"].to_numpy(np.float64),
+        tuple(map(str, grouped.index)),
+    )
+
+
+def _parsed_tables(grouped: pd.DataFrame) -> list[tuple[TableSpec, ...]]:
+    """Each row's `tables_json` (indexed by config id) as TableSpecs (rows with the same text share them)."""
     parsed: dict[str, tuple[TableSpec, ...]] = {}
     shards = []
     for cid, text in zip(grouped.index, grouped["tables_json"]):
@@ -165,10 +183,55 @@ def compute_samples(df: pd.DataFrame) -> ComputeSamples:
             if not parsed[text]:
                 raise CostDataError(f"config {cid}: column 'tables_json' has no tables")
         shards.append(parsed[text])
-    return ComputeSamples(
-        tuple(shards), grouped["fwd_ms"].to_numpy(np.float64), grouped["bwd_ms"].to_numpy(np.float64),
-        tuple(map(str, grouped.index)),
-    )
+    return shards
+
+
+#: fewest measured dense kernels a model fits its data-parallel kernel line to (with fewer, it prices them as models
+#: profiled before did: `costmodel.data_parallel`)
+MIN_DENSE_KERNELS = 10
+
+
+def dense_kernel_samples(df: pd.DataFrame) -> list[MeasuredDenseKernel]:
+    """kind='data_parallel' rows (a shard's dense kernel at a device count's local batch) -> (tables, num_devices,
+    fwd ms, bwd ms), repeats averaged; [] for datasets from before they were profiled."""
+    rows = df[df["kind"] == "data_parallel"]
+    if rows.empty:
+        return []
+    if "num_devices" not in rows.columns or rows["num_devices"].isna().any() or (rows["num_devices"] < 1).any():
+        raise CostDataError("column 'num_devices' of kind='data_parallel' rows must be a device count >= 1")
+    grouped = rows.groupby("config_id", sort=True).agg(
+        tables_json=("tables_json", "first"), num_devices=("num_devices", "first"), fwd_ms=("fwd_ms", "mean"),
+        bwd_ms=("bwd_ms", "mean"))
+    return [(tables, int(d), float(fwd), float(bwd)) for tables, d, fwd, bwd in zip(
+        _parsed_tables(grouped), grouped["num_devices"], grouped["fwd_ms"], grouped["bwd_ms"], strict=True)]
+
+
+def fit_data_parallel_kernel_rows(df: pd.DataFrame, model: NeuralCostModel) -> tuple[DataParallelKernelCost | None,
+                                                                                     pd.DataFrame]:
+    """The data-parallel kernel's line fitted to the dataset's measured dense kernels (None with fewer than
+    MIN_DENSE_KERNELS) and its evaluation: 5-fold held-out, beside the compute network's price of the same kernels
+    (the fused kernel at pooling / D, what `model` would price them with otherwise)."""
+    measured = dense_kernel_samples(df)
+    if len(measured) < MIN_DENSE_KERNELS:
+        return None, pd.DataFrame()
+    fitted = fit_data_parallel_kernel(measured, model.batch_size, hardware_kind=model.hardware_kind)
+    held = np.array(heldout_data_parallel_kernel_errors(measured, model.batch_size))  # [N, measured/predicted x 2]
+    network = np.asarray(model.predict_compute([[local_batch_table(t, d) for t in tables]
+                                                for tables, d, _, _ in measured]), dtype=np.float64)
+    ms = np.array([(fwd, bwd) for *_, fwd, bwd in measured])
+    rows = []
+    for method, split, predicted, truth, note in (
+        ("data_parallel_kernel_line", "held-out dense kernels", held[:, [1, 3]], held[:, [0, 2]],
+         "5-fold: each kernel predicted by the line fitted to the other folds"),
+        ("data_parallel_kernel_network", "dense kernels", network, ms,
+         "the compute network at pooling / devices (models profiled before dense kernels were)"),
+    ):
+        for j, target in enumerate(("fwd", "bwd")):
+            rows.append({"split": split, "method": method, "target": target, "n": len(truth),
+                         **regression_metrics(predicted[:, j], truth[:, j]), "note": note})
+        rows.append({"split": split, "method": method, "target": "total", "n": len(truth),
+                     **regression_metrics(predicted.sum(axis=1), truth.sum(axis=1)), "note": note})
+    return fitted, pd.DataFrame(rows)
 
 
 @dataclass(frozen=True)
@@ -457,6 +520,8 @@ def train_cost_model(
         line, evaluation = fit_all_reduce_rows(df, hardware_kind, collective)
         setattr(model, collective, line)
         collective_evaluations.append(evaluation)
+    model.data_parallel_kernel, dense_evaluation = fit_data_parallel_kernel_rows(df, model)
+    collective_evaluations.append(dense_evaluation)
 
     single = {s[0]: c for s, c in zip(samples.shards, samples.costs_ms) if len(s) == 1}
     frames = [evaluate_compute(model, train, test, single_table_ms=single)]
@@ -539,6 +604,7 @@ def fine_tune_cost_model(model: NeuralCostModel, samples: ComputeSamples, seed: 
     tuned = NeuralCostModel(net, model.normaliser, meta, model.config, model.comm_net, model.comm_normaliser)
     for collective in COLLECTIVE_MS_COLUMN:  # measured on the same hardware; fine-tuning touches the kernels only
         setattr(tuned, collective, getattr(model, collective))
+    tuned.data_parallel_kernel = model.data_parallel_kernel
     measured = held.costs_ms.sum(axis=1)
 
     def mape(m: NeuralCostModel) -> float:

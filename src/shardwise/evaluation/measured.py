@@ -13,11 +13,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from shardwise.costmodel.data_parallel import gradient_bytes
+from shardwise.costmodel.data_parallel import gradient_bytes, local_batch
 from shardwise.costmodel.row_wise import ids_bytes, output_bytes
 from shardwise.profiling import (
     AllToAllSession,
     CommPricing,
+    ComputeKernel,
     MeasurementSettings,
     ShardTiming,
     TimingProtocol,
@@ -235,12 +236,13 @@ def save_measured(cost: MeasuredPlanCost, path: str | Path) -> Path:
 
 class KernelShard(NamedTuple):
     """What one kernel timing needs: a device's tables, the batch they are timed at, the task's optimizer and
-    weights precision."""
+    weights precision, and the kernel ("dense" for data-parallel tables: `ComputeKernel`)."""
 
     tables: Sequence[TableSpec]
     batch_size: int
     optimizer: Optimizer = "rowwise_adagrad"
     weights_precision: WeightsPrecision = "fp32"
+    compute_kernel: ComputeKernel = "fused"
 
 
 def timing_document(protocol: TimingProtocol, measurement: MeasurementSettings) -> dict[str, Any]:
@@ -280,7 +282,7 @@ def time_shards_in_rounds(
             for shard, row in zip(unique, timings):
                 row.append(measure_shard(
                     shard.tables, shard.batch_size, device=device, protocol=protocol, optimizer=shard.optimizer,
-                    weights_precision=shard.weights_precision,
+                    weights_precision=shard.weights_precision, compute_kernel=shard.compute_kernel,
                 ))
                 bar.update()
     return [list(timings[i]) for i in index]
@@ -294,7 +296,7 @@ def distinct_shards(shards: Sequence[KernelShard]) -> tuple[list[KernelShard], l
     index = []
     for shard in shards:
         key = (tuple(sorted(t.model_dump_json() for t in shard.tables)), shard.batch_size, shard.optimizer,
-               shard.weights_precision)
+               shard.weights_precision, shard.compute_kernel)
         if key not in distinct:
             distinct[key] = len(unique)
             unique.append(shard)
@@ -409,9 +411,10 @@ def measure_plans(
         for tables in devices
         if tables
     ]
-    # data-parallel tables: one kernel over all of a plan's, on the local batch, the same on every device
+    # data-parallel tables: one dense kernel over all of a plan's, on the local batch, the same on every device
     replicated = [data_parallel_specs(plan, task) for task, plan in items]
-    shards += [KernelShard(tables, -(-batch // task.num_devices), task.optimizer, task.weights_precision)
+    shards += [KernelShard(tables, local_batch(batch, task.num_devices), task.optimizer, task.weights_precision,
+                           "dense")
                for (task, _), tables, batch in zip(items, replicated, batches) if tables]
     # row-wise tables: one kernel over each device's row blocks, at the whole batch (a block's lookups are the
     # batch's ids that fall in its rows); devices with the same blocks are timed once

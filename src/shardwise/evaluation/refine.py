@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
-from shardwise.costmodel.data_parallel import gradient_bytes
+from shardwise.costmodel.data_parallel import gradient_bytes, local_batch
 from shardwise.costmodel.types import CostModel
 from shardwise.profiling import AllToAllSession, MeasurementSettings, ShardTiming, hardware_info
 from shardwise.profiling.comm import default_backend
@@ -219,15 +219,15 @@ class _Refiner:
         self._replicated_ms: dict[tuple[str, ...], float] = {}
 
     def replicated_ms(self, names: tuple[str, ...]) -> float:
-        """Measured ms data-parallel tables add to every device: their kernel on the local batch (median over the
-        rounds) and the all-reduce of their gradients; once per set of tables."""
+        """Measured ms data-parallel tables add to every device: their dense kernel on the local batch (median over
+        the rounds) and the all-reduce of their gradients; once per set of tables."""
         if not names:
             return 0.0
         if names not in self._replicated_ms:
             task = self.task
             specs = [task.table(n) for n in names]
-            local = -(-self.batch // task.num_devices)
-            timings = time_shards_in_rounds([KernelShard(specs, local, task.optimizer, task.weights_precision)],
+            timings = time_shards_in_rounds([KernelShard(specs, local_batch(self.batch, task.num_devices),
+                                                         task.optimizer, task.weights_precision, "dense")],
                                             self.rounds, device=self.device, protocol=self.protocol,
                                             progress=False)[0]
             kernel = statistics.median(t.fwd_ms + t.bwd_ms for t in timings)

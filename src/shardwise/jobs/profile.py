@@ -1,5 +1,5 @@
 """`shardwise profile`: measure sampled shards, all-to-all layouts and the collectives of data-parallel and row-wise
-tables into a cost dataset (resumable)."""
+tables, and data-parallel tables' dense kernels, into a cost dataset (resumable)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,10 @@ class ProfileJobSettings(JobSettings):
         description="with --comm-layouts: all-reduces, reduce-scatters, all-gathers and all-to-alls of 4 KiB, 16 KiB, "
                     "... up to this many bytes over each device count (data-parallel tables' gradients, row-wise "
                     "tables' outputs, gradients and ids; 0: none)")
+    data_parallel_shards: int = Field(
+        default=_PROFILER["data_parallel_shards"].default, ge=0,
+        description="the first this many shards also timed as data-parallel tables: TorchRec's dense kernel at the "
+                    "local batch of 2, 4 and 8 devices (what prices data-parallel tables' kernels; 0: none)")
     max_tables: int = Field(default=_PROFILER["max_tables"].default, ge=1, description="most tables in one shard")
     repeats: int = Field(default=_PROFILER["repeats"].default, ge=0,
                          description="re-measure some shards this many more times")
@@ -111,6 +115,7 @@ def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult
         num_shards=settings.num_shards,
         comm_layouts=settings.comm_layouts,
         all_reduce_max_bytes=settings.all_reduce_max_bytes,
+        data_parallel_shards=settings.data_parallel_shards,
         max_tables=settings.max_tables,
         repeats=settings.repeats,
         repeat_shards=settings.repeat_shards,
@@ -160,5 +165,6 @@ def run_apart(settings: ProfileJobSettings, holdout_tables: str, holdout_shards:
     run(settings)
     # all-to-alls depend on widths, not on which tables: measured once, in the first call
     return run(settings.model_copy(update={
-        "tables": holdout_tables, "num_shards": holdout_shards, "comm_layouts": 0, "seed": settings.seed + 1,
+        "tables": holdout_tables, "num_shards": holdout_shards, "comm_layouts": 0, "data_parallel_shards": 0,
+        "seed": settings.seed + 1,
     }))

@@ -38,6 +38,10 @@ class PipelineParams(BaseModel):
     profile_holdout_shards: int = Field(ge=1, description="shards of held-out tables to profile (pretrain's test set)")
     profile_comm_layouts: int = Field(ge=1, description="all-to-all layouts to profile (their own step, on "
                                       "num_devices GPUs)")
+    profile_data_parallel_shards: int = Field(ge=0, description="of the shards profiled, the first this many also "
+                                              "timed as data-parallel tables (TorchRec's dense kernel at the local "
+                                              "batch of 2, 4 and 8 devices; 0: data-parallel kernels priced by the "
+                                              "compute network)")
     profile_workers: int = Field(ge=1, le=256, description="profiling pods the shards are split over (one GPU each)")
     dataset_uri: str = Field(description="object-store prefix (s3://bucket/prefix, one per hardware kind) that "
                              "every run's profiles add to and pretrain reads whole; '' = this run's profiles only")

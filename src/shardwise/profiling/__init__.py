@@ -11,7 +11,7 @@ from shardwise.lazy import on_first_use
 
 from .comm import AllToAllSession, CommTiming, measure_all_reduce, measure_all_to_all, measure_all_to_all_many
 from .hardware import DeviceName, check_device_name, hardware_info, hardware_kind, resolve_device
-from .kernel import ShardTiming, calibrate_reference, measure_shard, resolve_timing
+from .kernel import ComputeKernel, ShardTiming, calibrate_reference, measure_shard, resolve_timing
 from .protocol import CommPricing, MeasurementSettings, TimingProtocol
 from .sampling import sample_comm_layouts, sample_shard_configs
 from .schema import DATASET_FORMAT
@@ -27,6 +27,7 @@ __getattr__ = on_first_use(__name__, {"dataset": ("append_rows", "load_costs", "
 __all__ = [
     "AllToAllSession",
     "CommPricing",
+    "ComputeKernel",
     "DATASET_FORMAT",
     "MeasurementSettings",
     "CommTiming",

@@ -23,11 +23,12 @@ import dataclasses
 import logging
 import statistics
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -65,6 +66,16 @@ class ShardTiming:
 
 _OPTIMIZERS = {"sgd": "EXACT_SGD", "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD", "adam": "ADAM"}
 _PRECISIONS = {"fp32": "FP32", "fp16": "FP16"}
+
+#: the kernel a shard runs, in TorchRec's words: "fused" (table-wise, column-wise and row-wise shards: fbgemm's
+#: SplitTableBatchedEmbeddingBagsCodegen, the optimizer fused into its backward, touching the rows looked up) or
+#: "dense" (data-parallel tables: DenseTableBatchedEmbeddingBagsCodegen, whose backward writes the whole tables' dense
+#: gradient, which DDP all-reduces and the dense optimizer applies to every row: timed here with the SGD step the
+#: validation DLRM's dense optimizer takes, in backward)
+ComputeKernel = Literal["fused", "dense"]
+COMPUTE_KERNELS: tuple[str, ...] = ("fused", "dense")
+#: the dense kernel's SGD step size (any: the time does not depend on it)
+_DENSE_LEARNING_RATE = 0.01
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,8 +129,11 @@ def build_shard_kernel(
     weights_precision: WeightsPrecision = "fp32",
     index_data: IndexData | None = None,
     seed: int = 0,
+    compute_kernel: ComputeKernel = "fused",
 ) -> ShardKernel:
-    """fbgemm's SplitTableBatchedEmbeddingBagsCodegen over `tables` with its inputs, on `device`."""
+    """fbgemm's SplitTableBatchedEmbeddingBagsCodegen over `tables` with its inputs, on `device`; with
+    `compute_kernel` "dense", DenseTableBatchedEmbeddingBagsCodegen (fp32) with an SGD step over the whole tables
+    in its backward (`ComputeKernel`; `optimizer` and `weights_precision` are the fused kernel's)."""
     import_fbgemm()  # a clear error where this machine cannot load the installed build
     # fbgemm_gpu: heavy (registers its operators with torch), needed only when a kernel is built
     from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
@@ -134,6 +148,8 @@ def build_shard_kernel(
         raise ValueError(f"optimizer {optimizer!r} is not one of {sorted(_OPTIMIZERS)}")
     if weights_precision not in _PRECISIONS:
         raise ValueError(f"weights_precision {weights_precision!r} is not one of {sorted(_PRECISIONS)}")
+    if compute_kernel not in COMPUTE_KERNELS:
+        raise ValueError(f"compute_kernel {compute_kernel!r} is not one of {list(COMPUTE_KERNELS)}")
     dev = resolve_device(device)
     if dev.type == "cpu" and optimizer == "adam":
         raise ValueError("optimizer 'adam': fbgemm's CPU kernel does not support it (use sgd or rowwise_adagrad)")
@@ -144,7 +160,7 @@ def build_shard_kernel(
 
     torch.manual_seed(seed)
     with _tbe_configuration_logs_hidden():
-        tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        tbe = _dense_kernel(tables, dev) if compute_kernel == "dense" else SplitTableBatchedEmbeddingBagsCodegen(
             [(t.rows, t.dim, location, compute) for t in tables],
             optimizer=getattr(EmbOptimType, _OPTIMIZERS[optimizer]),
             weights_precision=getattr(SparseType, _PRECISIONS[weights_precision]),
@@ -162,6 +178,29 @@ def build_shard_kernel(
         with torch.no_grad():
             tbe(indices, offsets)
     return ShardKernel(tbe=tbe, indices=indices, offsets=offsets, grad_output=grad, num_tables=len(tables))
+
+
+def _dense_kernel(tables: Sequence[TableSpec], device: torch.device) -> torch.nn.Module:
+    """TorchRec's data-parallel kernel over `tables` (`ComputeKernel` "dense"): its backward leaves the tables'
+    dense gradient, and a hook then takes the SGD step over every row and drops the gradient (as a training step's
+    optimizer step and zero_grad(set_to_none=True) do), so the next backward writes a new one."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
+
+    # its lookup reaches autograd through a composite function: torch warns of a missing autograd kernel, yet the
+    # gradient is nn.EmbeddingBag's (tests/unit/test_profiling_kernel.py checks it)
+    warnings.filterwarnings("ignore", message="fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel")
+    tbe = DenseTableBatchedEmbeddingBagsCodegen([(t.rows, t.dim) for t in tables], use_cpu=device.type == "cpu")
+    if device.type == "cuda":
+        tbe = tbe.to(device)
+
+    def sgd_step(weights: torch.Tensor) -> None:
+        if weights.grad is not None:
+            with torch.no_grad():
+                weights.add_(weights.grad, alpha=-_DENSE_LEARNING_RATE)
+        weights.grad = None
+
+    tbe.weights.register_post_accumulate_grad_hook(sgd_step)
+    return tbe
 
 
 # The reference kernel: fixed forever (changing it changes what `reference_ms` means in stored datasets).
@@ -597,6 +636,7 @@ def measure_shards(
     optimizer: Optimizer = "rowwise_adagrad",
     weights_precision: WeightsPrecision = "fp32",
     index_data: IndexData | None = None,
+    compute_kernel: ComputeKernel = "fused",
 ) -> Iterator[ShardTiming]:
     """`measure_shard` of each of `shards` in turn, yielded as each is timed. On CUDA the next shard's kernel is
     built while the device runs this one's queued calls, so the host's part of building it (fbgemm's module, the
@@ -610,7 +650,8 @@ def measure_shards(
 
     def build(tables: Sequence[TableSpec]) -> ShardKernel:
         return build_shard_kernel(tables, batch_size, device=dev, optimizer=optimizer,
-                                  weights_precision=weights_precision, index_data=index_data)
+                                  weights_precision=weights_precision, index_data=index_data,
+                                  compute_kernel=compute_kernel)
 
     upcoming: ShardKernel | None = None
     failed: Exception | None = None  # building the next shard's kernel failed: raised at that shard's turn
@@ -645,7 +686,10 @@ def measure_shard(
     optimizer: Optimizer = "rowwise_adagrad",
     weights_precision: WeightsPrecision = "fp32",
     index_data: IndexData | None = None,
+    compute_kernel: ComputeKernel = "fused",
 ) -> ShardTiming:
-    """Median forward and backward ms of the fused TBE over `tables` on `device` (CUDA or CPU)."""
+    """Median forward and backward ms of the fused TBE (or the `compute_kernel`) over `tables` on `device` (CUDA or
+    CPU)."""
     return next(measure_shards([tables], batch_size, device=device, protocol=protocol, optimizer=optimizer,
-                               weights_precision=weights_precision, index_data=index_data))
+                               weights_precision=weights_precision, index_data=index_data,
+                               compute_kernel=compute_kernel))

@@ -1,5 +1,6 @@
 """`shardwise profile`: sample shard configurations and all-to-all layouts, measure them (and, beside the
-layouts, all-reduces of a range of sizes over each device count), append to a dataset.
+layouts, all-reduces of a range of sizes over each device count; and the first shards' dense kernels at each
+device count's local batch, as data-parallel tables), append to a dataset.
 
 Resumable: every measurement has a stable key (config id, repeat); rows are flushed every `chunk_size` rows,
 after each all-to-all group and on an interrupt, each flush one new part file of the dataset directory (see
@@ -45,6 +46,7 @@ from .sampling import (
     collective_config_id,
     comm_config_id,
     comm_device_counts,
+    config_id,
     default_max_devices,
     sample_comm_layouts,
     sample_shard_configs,
@@ -59,6 +61,9 @@ DEFAULT_CPU_MEMORY_CAP_BYTES = 1 << 30
 #: gradients' all-reduce, row-wise tables' outputs' reduce-scatter, their gradients' all-gather and their ids' even
 #: all-to-all (on 2 gloo processes the reduce-scatter's line priced the other two at 128% and 227% MAPE)
 PROFILED_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+#: the device counts whose local batches data-parallel kernels are profiled at (a kernel depends on D only through
+#: its batch, so these need no process group: a pod of one GPU profiles them too)
+DATA_PARALLEL_DEVICE_COUNTS = (2, 4, 8)
 #: where a training step runs each: in forward (its ms in fwd_ms) or backward (bwd_ms)
 FORWARD_COLLECTIVES = ("reduce_scatter", "all_to_all")
 
@@ -89,6 +94,10 @@ class ProfileSettings(BaseModel):
     #: the layouts' process groups (0: none). 16 MiB: 4 processes on 2 cores all-reduced the 7 sizes 13 times each in
     #: about a second (gloo, 2026-11-27)
     all_reduce_max_bytes: int = Field(default=16 * 2**20, ge=0)
+    #: the first this many sampled shards timed again as data-parallel tables: TorchRec's dense kernel at the local
+    #: batch ceil(batch_size / D) of each D in DATA_PARALLEL_DEVICE_COUNTS (rows kind "data_parallel", num_devices D;
+    #: `pretrain` fits the line that prices data-parallel kernels to them)
+    data_parallel_shards: int = Field(default=0, ge=0)
     max_devices: int | None = Field(default=None, ge=2)  # None: GPU count, or max(4, cores) on CPU
     chunk_size: int = Field(default=25, ge=1)  # rows per flush to disk
     #: this worker's slice of the run (shard configs and all-to-all layouts i with i % workers == worker): K
@@ -306,17 +315,22 @@ def profile(
     reduce_ids = [collective_config_id(op, size, count, backend, kind) for op, count, size in reduces]
     reduce_mine = [k for k in range(len(reduces)) if k % settings.workers == settings.worker]
     reduce_todo = [k for k in reduce_mine if (reduce_ids[k], 0) not in done]
+    # data-parallel tables: the first sampled shards' dense kernels at each device count's local batch
+    dense = [(index, count) for count in DATA_PARALLEL_DEVICE_COUNTS
+             for index in range(min(settings.data_parallel_shards, len(configs)))]
+    dense_ids = [config_id("data_parallel", ids[index], count) for index, count in dense]
+    dense_todo = [k for k in range(len(dense)) if k % settings.workers == settings.worker and (dense_ids[k], 0) not in done]
 
     if protocol.reference_normalised and protocol.reference_ms is None and todo:
         reused = _reuse_reference_ms(stored, kind, timing)
         protocol = protocol.model_copy(update={"reference_ms": reused or calibrate_reference(device, protocol)})
 
-    if todo or comm_todo or reduce_todo:
+    if todo or comm_todo or reduce_todo or dense_todo:
         prepare_dataset(out)  # before measuring: a path that cannot hold the dataset fails now, not at the end
     common = {**info, "batch_size": settings.batch_size}
     buffer = _RowBuffer(out, settings.chunk_size, 0 if stored is None else len(stored))
     measured = 0
-    bar = tqdm(total=len(todo) + len(comm_todo) + len(reduce_todo), desc="profile", unit="config",
+    bar = tqdm(total=len(todo) + len(dense_todo) + len(comm_todo) + len(reduce_todo), desc="profile", unit="config",
                disable=not progress)
     try:
         with _sigterm_as_interrupt():
@@ -331,6 +345,18 @@ def profile(
                                         weights_precision=settings.weights_precision, provenance="profile")])
                 measured += 1
                 bar.update()
+            for count in sorted({dense[k][1] for k in dense_todo}):
+                mine = [k for k in dense_todo if dense[k][1] == count]
+                timings = measure_shards([configs[dense[k][0]] for k in mine], -(-settings.batch_size // count),
+                                         device=device, protocol=protocol, index_data=index_data,
+                                         compute_kernel="dense")
+                for k, timing_result in zip(mine, timings):
+                    row = compute_row(configs[dense[k][0]], timing_result, config_id=dense_ids[k], repeat=0,
+                                      common=common, timing=timing, optimizer="sgd", weights_precision="fp32",
+                                      provenance="profile")
+                    buffer.add([{**row, "kind": "data_parallel", "num_devices": count}])
+                    measured += 1
+                    bar.update()
             measured += _profile_comm(
                 layouts, layout_ids, comm_todo, [(*reduces[k], reduce_ids[k]) for k in reduce_todo], settings,
                 backend, common, buffer, bar
@@ -340,7 +366,8 @@ def profile(
         buffer.flush()
     return ProfileSummary(
         measured=measured,
-        skipped=len(jobs) - len(todo) + len(comm_mine) - len(comm_todo) + len(reduce_mine) - len(reduce_todo),
+        skipped=(len(jobs) - len(todo) + len(comm_mine) - len(comm_todo) + len(reduce_mine) - len(reduce_todo)
+                 + sum(1 for k in range(len(dense)) if k % settings.workers == settings.worker) - len(dense_todo)),
         total_rows=count_rows(out),
         hardware_kind=kind,
         reference_ms=protocol.reference_ms,

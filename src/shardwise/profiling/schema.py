@@ -12,7 +12,9 @@ COMMON_COLUMNS = (
     # sum all-reduce of `size_bytes` over `num_devices`, a data-parallel table's gradient: its median ms in bwd_ms,
     # fwd_ms 0; from 2026-11-27, datasets before hold none), or the row-wise tables' collectives of `size_bytes` on
     # each device over `num_devices` (from 2026-11-27 afternoon): "reduce_scatter" (their outputs, its median ms in
-    # fwd_ms), "all_gather" (their gradients, in bwd_ms) and "all_to_all" (an even one, their ids, in fwd_ms)
+    # fwd_ms), "all_gather" (their gradients, in bwd_ms) and "all_to_all" (an even one, their ids, in fwd_ms), or
+    # "data_parallel" (from 2026-11-28: a shard's dense kernel, TorchRec's data-parallel one, at the local batch
+    # ceil(batch_size / num_devices); the compute columns, optimizer "sgd")
     "kind",
     "config_id",  # stable hash of what was measured; with `repeat`, the resume key
     "repeat",  # 0 for the first measurement of a config, 1.. for repeats (the noise floor)
@@ -31,7 +33,7 @@ COMMON_COLUMNS = (
     "raw_fwd_ms",  # medians before reference normalisation (equal to fwd_ms/bwd_ms when it is off)
     "raw_bwd_ms",
 )
-#: kind == "compute"
+#: kind == "compute" (and "data_parallel")
 COMPUTE_COLUMNS = (
     "tables_json",  # JSON list of TableSpec dicts (+ "source": the table whose index data was used)
     "num_tables",
@@ -45,7 +47,8 @@ PROVENANCE_COLUMNS = ("provenance",)
 #: on CPU; a device pays it once a step: above the kernels' ms, the shard is launch-bound), and what timed the
 #: call (the CUDA timer, "held", "queued", "graph" or "events", or the CPU clock, "thread" or "wall")
 TIMER_COLUMNS = ("launch_ms", "timer")
-#: kind == "comm" (and the collectives, "all_reduce" ... "all_to_all": num_devices, backend)
+#: kind == "comm" (and the collectives, "all_reduce" ... "all_to_all": num_devices, backend; "data_parallel":
+#: num_devices)
 COMM_COLUMNS = (
     "num_devices",
     "device",  # which device's time this row holds
