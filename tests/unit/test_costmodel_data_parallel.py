@@ -141,8 +141,8 @@ def test_a_stored_line_from_before_the_per_device_lines_still_loads():
         AllReduceCost.from_json({**doc, "by_devices": [{"num_devices": 2, "latency_ms": 0.1, "ms_per_mib": -1}]})
 
 
-DENSE = DataParallelKernelCost(fwd=(0.02, 0.01, 0.003, 0.002, 0.0), bwd=(0.03, 0.02, 0.004, 0.001, 0.5),
-                               batch_size=2048)
+DENSE = DataParallelKernelCost(fwd=(0.02, 0.01, 0.001, 0.003, 0.002, 0.0, 0.0),
+                               bwd=(0.03, 0.02, 0.0, 0.004, 0.001, 0.002, 0.5), batch_size=2048)
 
 
 def _dense_kernels(truth: DataParallelKernelCost, noise: float = 0.0, seed: int = 0, n: int = 40):
@@ -166,7 +166,10 @@ def test_the_dense_kernel_line_recovers_its_coefficients_and_prices_the_local_ba
     table = TableSpec(name="t", rows=10_000, dim=32, pooling_factor=10.0)
     # a device of 4 looks up 512 of the 2048 samples: the lookups and outputs terms shrink 4x, the elements do not
     assert local_batch(2048, 4) == 512 and local_batch(2049, 4) == 513
-    assert data_parallel_kernel_terms([table], 512) == pytest.approx([1, 1, 512 * 10 * 48 / 1e3, 512 * 32 / 1e3, 0.32])
+    terms = data_parallel_kernel_terms([table], 512)
+    assert terms[[0, 1, 2, 3, 4, 6]] == pytest.approx([1, 1, 5.12, 512 * 10 * 48 / 1e3, 512 * 32 / 1e3, 0.32])
+    # 5,120 uniform lookups over 10,000 rows: most touch a row of their own
+    assert 4000 < terms[5] * 1e3 / 32 < 5120
     fwd_2, bwd_2 = fitted.predict_ms([table], 2)
     fwd_8, bwd_8 = fitted.predict_ms([table], 8)
     assert fwd_8 < fwd_2 and bwd_8 < bwd_2 and bwd_8 > 0.5 * 0.32  # the optimizer's step over every row stays
@@ -177,8 +180,8 @@ def test_the_dense_kernel_line_is_evaluated_held_out_and_refuses_what_it_cannot_
     errors = heldout_data_parallel_kernel_errors(_dense_kernels(DENSE, noise=0.05), 2048)
     assert len(errors) == 40
     assert np.mean([abs(p - m) / m for m, p, _, _ in errors]) < 0.1
-    with pytest.raises(ValueError, match="at least 5"):
-        fit_data_parallel_kernel(_dense_kernels(DENSE)[:4], 2048)
+    with pytest.raises(ValueError, match="at least 7"):
+        fit_data_parallel_kernel(_dense_kernels(DENSE)[:6], 2048)
     bad = _dense_kernels(DENSE)
     bad[0] = (bad[0][0], 2, 0.0, 1.0)
     with pytest.raises(ValueError, match="finite and > 0"):
@@ -191,7 +194,7 @@ def test_the_dense_kernel_line_round_trips_through_json_and_refuses_a_damaged_on
     with pytest.raises(ValueError, match="terms must be"):
         DataParallelKernelCost.from_json({**doc, "terms": ["constant"]})
     with pytest.raises(ValueError, match="finite coefficient >= 0"):
-        DataParallelKernelCost.from_json({**doc, "bwd": [0.1, -1, 0, 0, 0]})
+        DataParallelKernelCost.from_json({**doc, "bwd": [0.1, -1, 0, 0, 0, 0, 0]})
     with pytest.raises(ValueError, match="finite coefficient >= 0"):
         DataParallelKernelCost.from_json({**doc, "fwd": [0.1, 0, 0]})
 

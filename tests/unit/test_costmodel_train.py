@@ -199,8 +199,8 @@ def test_profiled_dense_kernels_fit_the_data_parallel_line_evaluated_held_out_be
     from shardwise.costmodel import NeuralCostModel
     from shardwise.costmodel.data_parallel import DataParallelKernelCost
 
-    truth = DataParallelKernelCost(fwd=(0.02, 0.01, 0.003, 0.002, 0.0), bwd=(0.03, 0.02, 0.004, 0.001, 0.5),
-                                   batch_size=512)
+    truth = DataParallelKernelCost(fwd=(0.02, 0.01, 0.001, 0.003, 0.002, 0.0, 0.0),
+                                   bwd=(0.03, 0.02, 0.0, 0.004, 0.001, 0.002, 0.5), batch_size=512)
     tables = synthetic_tables("a", 12, 0)
     rng = np.random.default_rng(3)
     dense = []
@@ -214,6 +214,7 @@ def test_profiled_dense_kernels_fit_the_data_parallel_line_evaluated_held_out_be
     df = pd.concat([cost_frame({"a": tables}, {"a": 60}, 0), pd.DataFrame(dense)], ignore_index=True)
     model, report = train_cost_model(df, 0, TrainConfig(epochs=5, progress=False))
     assert model.data_parallel_kernel is not None and model.data_parallel_kernel.measured == 30
+    assert report.sizes["dense_kernels"] == 30
     np.testing.assert_allclose(model.data_parallel_kernel.bwd, truth.bwd, atol=1e-9)
     rows = report.evaluation.set_index("label")
     assert rows.loc["data_parallel_kernel_line_heldout_dense_kernels_total", "mape_pct"] < 1e-3

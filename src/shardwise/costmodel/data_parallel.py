@@ -7,10 +7,12 @@ tables' gradients (rows x dim fp32, dense: TorchRec's data-parallel sharding run
 summed over the devices and applied to every row every step. The profiler times that kernel (fbgemm's dense TBE, its
 backward with the SGD step over the whole tables) on sampled shards of the training tables at each device count's
 local batch (`shardwise profile --data-parallel-shards`), and `pretrain` fits `DataParallelKernelCost` to them: a
-line in the lookups' work, the pooled outputs and the tables' elements, which the compute network cannot price (it
-was trained at one batch on the fused kernel, whose optimizer touches only the rows looked up). A model profiled
-before prices the kernel as before: the same tables with pooling factor / D at B through the compute network
-(`local_batch_table`), the fused kernel's cost (`benchmarks/bench_data_parallel_accuracy.py --per-type` measures both).
+line in the lookups, the rows they touch, the pooled outputs and the tables' elements. The compute network cannot
+price this kernel: it was trained at one batch on the fused kernel, whose optimizer touches only the rows looked up
+(on make run's profile of 2026-11-28 it priced the dense kernels at 67% MAPE, the line at 7.8% held out). A model
+profiled before prices the kernel as before: the same tables with pooling factor / D at B through the compute
+network (`local_batch_table`), the fused kernel's cost (`benchmarks/bench_data_parallel_accuracy.py --per-type`
+measures both).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from shardwise.workload import TableSpec
 
+from .features import accesses_per_row, transformed_table_features
 from .types import CostModel
 
 #: dense fp32 gradient bytes per element, what the all-reduce moves
@@ -184,11 +188,15 @@ def all_reduce_of(cost_model: CostModel) -> AllReduceCost | None:
 
 
 #: what a data-parallel kernel's line sums over its tables at the local batch b = ceil(B / D): a constant, the
-#: tables (a kernel's per-table work), the lookups' work b x pooling x (dim + 16) / 1e3 (what a CPU kernel's cost
-#: ranks best with, `features.WORK_CHANNELS`), the pooled outputs b x dim / 1e3 and the tables' elements
-#: rows x dim / 1e6 (the dense gradient written in backward and the optimizer's step over every row)
-DATA_PARALLEL_KERNEL_TERMS: tuple[str, ...] = ("constant", "tables", "kilo_lookups_x_dim16", "kilo_outputs",
-                                              "mega_elements")
+#: tables (a kernel's per-table work), the lookups b x pooling / 1e3 and their work b x pooling x (dim + 16) / 1e3
+#: (what a CPU kernel's cost ranks best with, `features.WORK_CHANNELS`), the pooled outputs b x dim / 1e3, the
+#: distinct rows the lookups touch x dim / 1e3 (each a cache miss and a gradient row; from the reuse bins,
+#: `features.accesses_per_row`) and the tables' elements rows x dim / 1e6 (the dense gradient written in backward and
+#: the optimizer's step over every row). On make run's profile of 2026-11-28 the distinct rows and the lookups took
+#: the line's 5-fold held-out MAPE from 11.3% to 7.8% (`bench_data_parallel_accuracy.py --per-type` measures it on
+#: held-out tables)
+DATA_PARALLEL_KERNEL_TERMS: tuple[str, ...] = ("constant", "tables", "kilo_lookups", "kilo_lookups_x_dim16",
+                                              "kilo_outputs", "kilo_distinct_rows_x_dim", "mega_elements")
 
 
 def local_batch(batch_size: int, num_devices: int) -> int:
@@ -196,11 +204,19 @@ def local_batch(batch_size: int, num_devices: int) -> int:
     return -(-int(batch_size) // max(int(num_devices), 1))
 
 
+@lru_cache(maxsize=1 << 16)
+def _distinct_rows(table: TableSpec, batch: int) -> float:
+    """The rows `batch` samples of `table` touch: their lookups over the accesses per distinct row (reuse bins)."""
+    return batch * table.pooling_factor / float(accesses_per_row(transformed_table_features(table, batch)[None])[0])
+
+
 def data_parallel_kernel_terms(tables: Sequence[TableSpec], batch: int) -> np.ndarray:
     """[len(DATA_PARALLEL_KERNEL_TERMS)] the line's terms of one dense kernel over `tables` at (local) batch `batch`."""
-    lookups = sum(batch * t.pooling_factor * (t.dim + 16) for t in tables) / 1e3
-    return np.array([1.0, len(tables), lookups, sum(batch * t.dim for t in tables) / 1e3,
-                     sum(t.rows * t.dim for t in tables) / 1e6])
+    return np.array([
+        1.0, len(tables), sum(batch * t.pooling_factor for t in tables) / 1e3,
+        sum(batch * t.pooling_factor * (t.dim + 16) for t in tables) / 1e3, sum(batch * t.dim for t in tables) / 1e3,
+        sum(_distinct_rows(t, batch) * t.dim for t in tables) / 1e3, sum(t.rows * t.dim for t in tables) / 1e6,
+    ])
 
 
 @dataclass(frozen=True)

@@ -547,7 +547,8 @@ def train_cost_model(
         heldout_num_tables=tuple(sizes_out),
         sizes={"train": len(train), "val": len(val), "test": len(test), "size_test": len(size_test),
                "comm_rows": 0 if comm is None else len(comm.layout),
-               **{f"{c}_points": len(line.points) if (line := getattr(model, c)) else 0 for c in COLLECTIVE_MS_COLUMN}},
+               **{f"{c}_points": len(line.points) if (line := getattr(model, c)) else 0 for c in COLLECTIVE_MS_COLUMN},
+               "dense_kernels": model.data_parallel_kernel.measured if model.data_parallel_kernel else 0},
         epochs_run=epochs_run, best_epoch=best_epoch, best_val_loss=best_val, evaluation=evaluation,
         metrics=metrics, train=train, test=test, size_test=size_test, single_table_ms=single, notes=notes,
     )
