@@ -31,9 +31,16 @@ whole batch.
    the kernel and of the collectives alone (where the type's error comes from); for data-parallel, also the compute
    network's price of the dense kernel (pooling / D at the batch, what a model without the line uses).
 
+4. With --retime DATASET: how far the machine drifted since a profile, per kernel: --retime-kernels of the
+   dataset's dense kernels (kind "data_parallel") and of its fused shards (kind "compute") timed again now with the
+   profile's reference, each now / stored (1: as profiled). The reference kernel normalises the CPU's speed; where
+   the dense kernels (memory-bound: the whole table's gradient and optimizer step) drift more than the fused ones,
+   it does not normalise what slows them, and lines fitted to them are off by that much.
+
     python benchmarks/bench_data_parallel_accuracy.py [--model DIR [--row-scale 0.01] [--skip-collectives]] [--devices 2 4]
         [--iters 20]
     python benchmarks/bench_data_parallel_accuracy.py --model DIR --per-type [--preset local] [--shards 24] [--record]
+    python benchmarks/bench_data_parallel_accuracy.py --retime DATASET [--retime-kernels 24]
 """
 
 from __future__ import annotations
@@ -225,6 +232,33 @@ def per_type_rows(model_dir: str, shards: list[list[Any]], devices: list[int], i
     return rows
 
 
+def retime(dataset: str, kernels: int) -> None:
+    """Print now / stored of `kernels` of the dataset's dense kernels and as many of its fused shards, timed again
+    with the profile's reference (`--retime`)."""
+    from shardwise.costmodel.train import compute_samples, dense_kernel_samples
+    from shardwise.profiling import load_costs
+
+    df = load_costs(dataset)
+    reference_ms = float(df["reference_ms"].dropna().iloc[0])
+    batch = int(df["batch_size"].iloc[0])
+    device, protocol = resolve_timing(MeasurementSettings(reference_ms=reference_ms, batch_size=batch))
+    dense = dense_kernel_samples(df)
+    if not dense:
+        raise SystemExit(f"{dataset}: no dense kernels (kind 'data_parallel'): profile with --data-parallel-shards")
+    dense = dense[:: max(1, len(dense) // kernels)][:kernels]
+    fused = compute_samples(df)
+    picked = list(range(0, len(fused.shards), max(1, len(fused.shards) // kernels)))[:kernels]
+    for label, now, stored in (
+        ("dense kernels", [kernel_ms(list(tables), local_batch(batch, d), device, protocol, "dense")
+                           for tables, d, _, _ in dense], [fwd + bwd for *_, fwd, bwd in dense]),
+        ("fused shards", [kernel_ms(list(fused.shards[k]), batch, device, protocol) for k in picked],
+         fused.costs_ms[picked].sum(axis=1)),
+    ):
+        ratio = np.asarray(now) / np.asarray(stored)
+        print(f"{label}: now / profiled median {np.median(ratio):.3f} (quartiles {np.quantile(ratio, 0.25):.3f}-"
+              f"{np.quantile(ratio, 0.75):.3f}), {len(ratio)} timed again")
+
+
 def mape_by_count(errors: list[tuple[int, int, float, float]], devices: list[int]) -> str:
     """'2 devices x%, 4 devices y%; all z%' of (devices, bytes, measured, predicted) rows."""
     by_count = {c: 100 * float(np.mean([abs(p - ms) / ms for d, _, ms, p in errors if d == c])) for c in devices}
@@ -248,9 +282,15 @@ def main() -> None:
     parser.add_argument("--max-tables", type=int, default=8, help="with --per-type: tables a shard at most")
     parser.add_argument("--per-type", action="store_true", help="with --model: the held-out accuracy per sharding type "
                         "only (table-wise, data-parallel, row-wise)")
+    parser.add_argument("--retime", metavar="DATASET", help="a cost dataset: time some of its dense kernels and fused "
+                        "shards again and print now / profiled (the machine's drift since)")
+    parser.add_argument("--retime-kernels", type=int, default=24, help="with --retime: kernels of each kind")
     parser.add_argument("--record", action="store_true", help="with --per-type: write benchmarks/results/"
                         "sharding_type_accuracy.json")
     args = parser.parse_args()
+    if args.retime:
+        retime(args.retime, args.retime_kernels)
+        return
     if args.per_type:
         if not args.model:
             parser.error("--per-type needs --model")

@@ -9,10 +9,10 @@ backward with the SGD step over the whole tables) on sampled shards of the train
 local batch (`shardwise profile --data-parallel-shards`), and `pretrain` fits `DataParallelKernelCost` to them: a
 line in the lookups, the rows they touch, the pooled outputs and the tables' elements. The compute network cannot
 price this kernel: it was trained at one batch on the fused kernel, whose optimizer touches only the rows looked up
-(on make run's profile of 2026-11-28 it priced the dense kernels at 67% MAPE, the line at 7.8% held out). A model
-profiled before prices the kernel as before: the same tables with pooling factor / D at B through the compute
-network (`local_batch_table`), the fused kernel's cost (`benchmarks/bench_data_parallel_accuracy.py --per-type`
-measures both).
+(on make run's profile of 2026-11-28 it priced the dense kernels at 67% MAPE, the line at 7.8% held out: `shardwise
+pretrain`'s evaluation, rows data_parallel_kernel_*). A model profiled before prices the kernel as before: the same
+tables with pooling factor / D at B through the compute network (`local_batch_table`), the fused kernel's cost
+(`benchmarks/bench_data_parallel_accuracy.py --per-type` measures both on held-out tables).
 """
 
 from __future__ import annotations
@@ -193,8 +193,8 @@ def all_reduce_of(cost_model: CostModel) -> AllReduceCost | None:
 #: distinct rows the lookups touch x dim / 1e3 (each a cache miss and a gradient row; from the reuse bins,
 #: `features.accesses_per_row`) and the tables' elements rows x dim / 1e6 (the dense gradient written in backward and
 #: the optimizer's step over every row). On make run's profile of 2026-11-28 the distinct rows and the lookups took
-#: the line's 5-fold held-out MAPE from 11.3% to 7.8% (`bench_data_parallel_accuracy.py --per-type` measures it on
-#: held-out tables)
+#: the line's 5-fold held-out MAPE from 11.3% to 7.8% (`shardwise pretrain`'s evaluation before and after;
+#: `bench_data_parallel_accuracy.py --per-type` measures the line on held-out tables)
 DATA_PARALLEL_KERNEL_TERMS: tuple[str, ...] = ("constant", "tables", "kilo_lookups", "kilo_lookups_x_dim16",
                                               "kilo_outputs", "kilo_distinct_rows_x_dim", "mega_elements")
 
