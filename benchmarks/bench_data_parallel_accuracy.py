@@ -23,8 +23,9 @@ whole batch.
    the batch (its all-to-all is the comm network's, which `pretrain` reports); data-parallel, TorchRec's dense kernel
    at the local batch (measured as `measure_plans` and refinement time it) plus the all-reduce of its gradients
    (`data_parallel_cost`: the model's dense-kernel line, or for a model profiled before, the compute network; sets
-   whose gradients are within the profiled all-reduce sizes, where the search replicates); row-wise, the first device's row blocks at the batch plus the
-   outputs' reduce-scatter, their gradients' all-gather and the ids' all-to-all (`row_wise_cost`). Per type: the
+   whose gradients are within the profiled all-reduce sizes, where the search replicates); row-wise, the first
+   device's row blocks at the batch plus the outputs' reduce-scatter, their gradients' all-gather and the ids'
+   all-to-all (`row_wise_cost`). Per type: the
    MAPE against the two passes' mean, beside TorchRec's estimator of the same layout (its compute and comms, scaled
    by the median measured / estimate of the other sets, leave one out: TorchRec prices a GPU), the noise floor
    (median deviation of a pass from the passes' mean), the collectives' share of the measured cost, and the MAPE of

@@ -91,14 +91,16 @@ def profile_costs(
     costs: Output[Dataset],
 ) -> str:
     """One worker's slice of the kernel profile (shards of the training tables, the first `data_parallel_shards` of
-    them also as data-parallel tables' dense kernels, and shards of the held-out tables alone) on this node's GPU, into `dataset_uri` (an object-store prefix every run adds to) or, when it is "",
-    into this step's own dataset; returns the hardware kind."""
+    them also as data-parallel tables' dense kernels, and shards of the held-out tables alone) on this node's GPU,
+    into `dataset_uri` (an object-store prefix every run adds to) or, when it is "", into this step's own dataset;
+    returns the hardware kind."""
     from shardwise.jobs import profile as job
 
     out = dataset_uri or costs.path
     settings = job.ProfileJobSettings(tables=tables.path, out=out, num_shards=num_shards, comm_layouts=0,
-                                      data_parallel_shards=data_parallel_shards, max_tables=max_tables, repeats=repeats, timing_iters=timing_iters, seed=seed,
-                                      device=device, worker=worker, workers=workers)
+                                      data_parallel_shards=data_parallel_shards, max_tables=max_tables,
+                                      repeats=repeats, timing_iters=timing_iters, seed=seed, device=device,
+                                      worker=worker, workers=workers)
     result = job.run_apart(settings, holdout_tables.path, holdout_shards)
     print(result.summary())
     costs.metadata.update({"hardware_kind": result.hardware_kind, "dataset": out})

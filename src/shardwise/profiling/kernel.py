@@ -1,4 +1,5 @@
-"""The measured cost of one shard on one device: fbgemm's fused table-batched embedding kernel (TBE).
+"""The measured cost of one shard on one device: fbgemm's fused table-batched embedding kernel (TBE), or for
+data-parallel tables TorchRec's dense one (`ComputeKernel`).
 
 Forward and backward (optimizer fused into backward) are timed separately, with warm-up and the median of
 N iterations after a cache flush. On CPU: a fixed thread count and the timing thread's CPU time (or
@@ -187,7 +188,7 @@ def _dense_kernel(tables: Sequence[TableSpec], device: torch.device) -> torch.nn
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
 
     # its lookup reaches autograd through a composite function: torch warns of a missing autograd kernel, yet the
-    # gradient is nn.EmbeddingBag's (tests/unit/test_profiling_kernel.py checks it)
+    # gradient is nn.EmbeddingBag's (tests/integration/test_profiling_kernel.py checks it)
     warnings.filterwarnings("ignore", message="fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel")
     tbe = DenseTableBatchedEmbeddingBagsCodegen([(t.rows, t.dim) for t in tables], use_cpu=device.type == "cpu")
     if device.type == "cuda":
