@@ -58,11 +58,11 @@ from shardwise.costmodel.data_parallel import (
     fit_all_reduce,
     gradient_bytes,
     heldout_all_reduce_errors,
-    local_batch,
     local_batch_table,
 )
 from shardwise.costmodel.row_wise import ids_bytes, output_bytes, row_blocks, row_wise_cost
 from shardwise.profiling import AllToAllSession, MeasurementSettings, measure_shard, resolve_timing
+from shardwise.workload import local_batch
 
 SIZES_BYTES = tuple(4096 * 4**k for k in range(7))  # 4 KiB .. 16 MiB
 
@@ -99,8 +99,7 @@ def kernel_errors(model_dir: str, num_tables: int, devices: int, seed: int,
     tables = synthesize_tables(num_tables, seed=seed, row_scale=row_scale, progress=False).tables
     settings = MeasurementSettings(reference_ms=model.reference_ms, batch_size=model.batch_size)
     device, protocol = resolve_timing(settings)
-    local_batch = -(-model.batch_size // devices)
-    measured = np.array([kernel_ms([t], local_batch, device, protocol) for t in tables])
+    measured = np.array([kernel_ms([t], local_batch(model.batch_size, devices), device, protocol) for t in tables])
     local = model.predict_compute([[local_batch_table(t, devices)] for t in tables]).sum(axis=1)
     naive = model.predict_compute([[t] for t in tables]).sum(axis=1) / devices
     blocks = [t.row_block(0, devices) for t in tables]

@@ -20,10 +20,9 @@ from shardwise.costmodel.data_parallel import (
     gradient_bytes,
     heldout_all_reduce_errors,
     heldout_data_parallel_kernel_errors,
-    local_batch,
     local_batch_table,
 )
-from shardwise.workload import TableSpec
+from shardwise.workload import TableSpec, local_batch
 
 TRUE = AllReduceCost(latency_ms=0.2, hop_ms=0.05, ms_per_mib=1.5)
 

@@ -9,10 +9,10 @@ backward with the SGD step over the whole tables) on sampled shards of the train
 local batch (`shardwise profile --data-parallel-shards`), and `pretrain` fits `DataParallelKernelCost` to them: a
 line in the lookups, the rows they touch, the pooled outputs and the tables' elements. The compute network cannot
 price this kernel: it was trained at one batch on the fused kernel, whose optimizer touches only the rows looked up
-(on make run's profile of 2026-11-28 it priced the dense kernels at 67% MAPE, the line at 7.8% held out: `shardwise
-pretrain`'s evaluation, rows data_parallel_kernel_*). A model profiled before prices the kernel as before: the same
-tables with pooling factor / D at B through the compute network (`local_batch_table`), the fused kernel's cost
-(`benchmarks/bench_data_parallel_accuracy.py --per-type` measures both on held-out tables).
+(on held-out tables, 2026-11-28: the line 20.7% / 31.8% MAPE on 2 / 4 devices, the network 91.8% / 103.9%;
+`benchmarks/bench_data_parallel_accuracy.py --per-type`, `sharding_type_accuracy`). A model profiled before prices
+the kernel as before: the same tables with pooling factor / D at B through the compute network
+(`local_batch_table`), the fused kernel's cost.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from shardwise.workload import TableSpec
+from shardwise.workload import TableSpec, local_batch
 
-from .features import accesses_per_row, transformed_table_features
+from .features import distinct_rows_per_sample, transformed_table_features
 from .types import CostModel
 
 #: dense fp32 gradient bytes per element, what the all-reduce moves
@@ -190,24 +190,19 @@ def all_reduce_of(cost_model: CostModel) -> AllReduceCost | None:
 #: what a data-parallel kernel's line sums over its tables at the local batch b = ceil(B / D): a constant, the
 #: tables (a kernel's per-table work), the lookups b x pooling / 1e3 and their work b x pooling x (dim + 16) / 1e3
 #: (what a CPU kernel's cost ranks best with, `features.WORK_CHANNELS`), the pooled outputs b x dim / 1e3, the
-#: distinct rows the lookups touch x dim / 1e3 (each a cache miss and a gradient row; from the reuse bins,
-#: `features.accesses_per_row`) and the tables' elements rows x dim / 1e6 (the dense gradient written in backward and
-#: the optimizer's step over every row). On make run's profile of 2026-11-28 the distinct rows and the lookups took
-#: the line's 5-fold held-out MAPE from 11.3% to 7.8% (`shardwise pretrain`'s evaluation before and after;
-#: `bench_data_parallel_accuracy.py --per-type` measures the line on held-out tables)
+#: distinct rows the lookups touch x dim / 1e3 (each a cache miss and a gradient row, from the reuse bins:
+#: `features.distinct_rows_per_sample`) and the tables' elements rows x dim / 1e6 (the dense gradient written in
+#: backward and the optimizer's step over every row). Held-out tables' dense kernels priced by it and by the compute
+#: network: `bench_data_parallel_accuracy.py --per-type` (`sharding_type_accuracy`, kernel_mape_pct beside
+#: kernel_mape_network_pct)
 DATA_PARALLEL_KERNEL_TERMS: tuple[str, ...] = ("constant", "tables", "kilo_lookups", "kilo_lookups_x_dim16",
                                               "kilo_outputs", "kilo_distinct_rows_x_dim", "mega_elements")
-
-
-def local_batch(batch_size: int, num_devices: int) -> int:
-    """The samples each of `num_devices` data-parallel devices looks up of a `batch_size` batch: ceil(B / D)."""
-    return -(-int(batch_size) // max(int(num_devices), 1))
 
 
 @lru_cache(maxsize=1 << 16)
 def _distinct_rows(table: TableSpec, batch: int) -> float:
     """The rows `batch` samples of `table` touch: their lookups over the accesses per distinct row (reuse bins)."""
-    return batch * table.pooling_factor / float(accesses_per_row(transformed_table_features(table, batch)[None])[0])
+    return batch * float(distinct_rows_per_sample(transformed_table_features(table, batch)[None])[0])
 
 
 def data_parallel_kernel_terms(tables: Sequence[TableSpec], batch: int) -> np.ndarray:

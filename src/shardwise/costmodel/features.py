@@ -77,13 +77,17 @@ def accesses_per_row(transformed: np.ndarray) -> np.ndarray:
     return np.maximum(transformed[:, LOG_FEATURES:] @ _BIN_ACCESS_COUNTS, 1.0)
 
 
-def network_inputs(transformed: np.ndarray, normaliser: FeatureNormaliser) -> np.ndarray:
-    """[T, 21] transformed table features -> [T, 21 + 5]: normalised features, then the work channels.
+def distinct_rows_per_sample(transformed: np.ndarray) -> np.ndarray:
+    """[T] transformed table features -> the distinct rows a batch touches, per sample: its lookups over the mean
+    accesses per distinct row (`accesses_per_row`)."""
+    return np.expm1(transformed[:, 2]) / accesses_per_row(transformed)
 
-    Distinct rows per batch = lookups / mean accesses per distinct row (`accesses_per_row`)."""
+
+def network_inputs(transformed: np.ndarray, normaliser: FeatureNormaliser) -> np.ndarray:
+    """[T, 21] transformed table features -> [T, 21 + 5]: normalised features, then the work channels."""
     dim = np.expm1(transformed[:, 0])
     pooling = np.expm1(transformed[:, 2])
-    unique = pooling / accesses_per_row(transformed)
+    unique = distinct_rows_per_sample(transformed)
     work = np.stack([pooling * (dim + 16) / 1e3, pooling / 10, dim / 100, unique, unique * dim / 100], axis=1)
     return np.concatenate([normaliser(transformed), work.astype(np.float32)], axis=1)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardwise.workload import TableSpec
+from shardwise.workload import TableSpec, local_batch
 
 from .data_parallel import AllReduceCost
 from .types import CostModel
@@ -52,8 +52,7 @@ def output_bytes(tables: Sequence[TableSpec], batch_size: int) -> int:
 def ids_bytes(tables: Sequence[TableSpec], batch_size: int, num_devices: int) -> int:
     """Bytes each device sends in the ids' redistribution: its ceil(B / devices) samples' lookups of the row-wise
     tables, 8 bytes an id."""
-    local = -(-batch_size // num_devices)
-    return int(round(local * sum(t.pooling_factor for t in tables) * ID_BYTES))
+    return int(round(local_batch(batch_size, num_devices) * sum(t.pooling_factor for t in tables) * ID_BYTES))
 
 
 def reduce_scatter_of(cost_model: CostModel) -> AllReduceCost | None:

@@ -13,7 +13,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
-from shardwise.costmodel.data_parallel import gradient_bytes, local_batch
+from shardwise.costmodel.data_parallel import gradient_bytes
 from shardwise.costmodel.row_wise import ids_bytes, output_bytes
 from shardwise.profiling import (
     AllToAllSession,
@@ -37,7 +37,7 @@ from shardwise.search.plan import (
     row_wise_specs,
     validate_plan,
 )
-from shardwise.workload import Optimizer, ShardingTask, TableSpec, WeightsPrecision
+from shardwise.workload import Optimizer, ShardingTask, TableSpec, WeightsPrecision, local_batch
 
 MEASURED_FORMAT = "shardwise.measured/v1"
 COMPARISON_FORMAT = "shardwise.comparison/v1"

@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
-from shardwise.costmodel.data_parallel import gradient_bytes, local_batch
+from shardwise.costmodel.data_parallel import gradient_bytes
 from shardwise.costmodel.types import CostModel
 from shardwise.profiling import AllToAllSession, MeasurementSettings, ShardTiming, hardware_info
 from shardwise.profiling.comm import default_backend
@@ -74,7 +74,7 @@ from shardwise.search.neuroshard import NeuroShardSearch
 from shardwise.search.plan import Plan, PlanError, Shard, data_parallel_bytes, validate_plan
 from shardwise.search.report import finish_plan
 from shardwise.search.simulator import ShardCostCache
-from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
+from shardwise.workload import ShardingTask, TableSpec, local_batch, shard_memory_bytes
 from shardwise.workload.tables import DIM_ALIGNMENT
 
 from .measured import (

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm import tqdm
 
 from shardwise.errors import ServiceError, redacted
-from shardwise.workload import Optimizer, TableSpec, WeightsPrecision
+from shardwise.workload import Optimizer, TableSpec, WeightsPrecision, local_batch
 
 from .batches import IndexData
 from .comm import CommTiming, default_backend, measure_comm_group
@@ -347,7 +347,7 @@ def profile(
                 bar.update()
             for count in sorted({dense[k][1] for k in dense_todo}):
                 mine = [k for k in dense_todo if dense[k][1] == count]
-                timings = measure_shards([configs[dense[k][0]] for k in mine], -(-settings.batch_size // count),
+                timings = measure_shards([configs[dense[k][0]] for k in mine], local_batch(settings.batch_size, count),
                                          device=device, protocol=protocol, index_data=index_data,
                                          compute_kernel="dense")
                 for k, timing_result in zip(mine, timings):

@@ -10,7 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shardwise.costmodel.row_wise import row_blocks
 from shardwise.errors import ShardwiseError
-from shardwise.workload import ShardingTask, TableSpec, data_parallel_memory_bytes, shard_memory_bytes
+from shardwise.workload import (
+    ShardingTask,
+    TableSpec,
+    data_parallel_memory_bytes,
+    local_batch,
+    shard_memory_bytes,
+)
 from shardwise.workload.documents import describe_validation_error, read_json_document, write_json_document
 from shardwise.workload.tables import DIM_ALIGNMENT
 
@@ -140,7 +146,7 @@ def row_block_specs(plan: Plan, task: ShardingTask) -> list[list[TableSpec]]:
 
 def local_batch_size(task: ShardingTask) -> int:
     """The most samples one device looks up for a data-parallel table: ceil(batch / devices)."""
-    return -(-task.batch_size // task.num_devices)
+    return local_batch(task.batch_size, task.num_devices)
 
 
 def data_parallel_bytes(tables: list[TableSpec], task: ShardingTask) -> int:

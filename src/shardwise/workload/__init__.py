@@ -14,6 +14,7 @@ from .memory import (
     WeightsPrecision,
     activation_buffer_bytes,
     data_parallel_memory_bytes,
+    local_batch,
     shard_memory_bytes,
     table_memory_bytes,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "stable_seed",
     "save_task",
     "data_parallel_memory_bytes",
+    "local_batch",
     "shard_memory_bytes",
     "table_features",
     "table_memory_bytes",

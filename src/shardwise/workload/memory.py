@@ -49,6 +49,12 @@ def shard_memory_bytes(
     return state + activation_buffer_bytes(batch_size, sum(t.dim for t in tables)) if tables else 0
 
 
+def local_batch(batch_size: int, num_devices: int) -> int:
+    """The samples each of `num_devices` devices looks up of a `batch_size` batch as a data-parallel table (and sends
+    as a row-wise table's ids): ceil(B / D), the most any device gets."""
+    return -(-int(batch_size) // max(int(num_devices), 1))
+
+
 def data_parallel_memory_bytes(
     tables: Iterable[TableSpec],
     local_batch_size: int,
