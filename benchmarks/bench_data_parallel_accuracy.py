@@ -29,10 +29,18 @@ whole batch.
    MAPE against the two passes' mean, beside TorchRec's estimator of the same layout (its compute and comms, scaled
    by the median measured / estimate of the other sets, leave one out: TorchRec prices a GPU), the noise floor
    (median deviation of a pass from the passes' mean), the collectives' share of the measured cost, and the MAPE of
-   the kernel and of the collectives alone (where the type's error comes from); for data-parallel, also the compute
+   the kernel and of the collectives alone (where the type's error comes from), beside the MAPE of one pass's
+   collectives on the other's (each pass its own process groups: how far the collectives of one process group, as
+   the profile's, can predict another's on this machine); for data-parallel, also the compute
    network's price of the dense kernel (pooling / D at the batch, what a model without the line uses).
 
-4. With --retime DATASET: how far the machine drifted since a profile, per kernel: --retime-kernels of the
+4. With --model DIR --row-blocks [--compare-model DIR ...]: the compute network's held-out error on row blocks, the
+   kernels row-wise tables leave a device. The same held-out shards as --per-type, whole and as their first
+   device's row blocks over each of --devices (`row_blocks`: rows / D, lookups / D), each timed once at the model's
+   batch and priced by every model given: MAPE and the median price / measured, per model, on one measurement (a
+   model profiled with `--row-wise-shards` has seen such blocks; one profiled without has not).
+
+5. With --retime DATASET: how far the machine drifted since a profile, per kernel: --retime-kernels of the
    dataset's dense kernels (kind "data_parallel") and of its fused shards (kind "compute") timed again now with the
    profile's reference, each now / stored (1: as profiled). The reference kernel normalises the CPU's speed; where
    the dense kernels (memory-bound: the whole table's gradient and optimizer step) drift more than the fused ones,
@@ -41,6 +49,7 @@ whole batch.
     python benchmarks/bench_data_parallel_accuracy.py [--model DIR [--row-scale 0.01] [--skip-collectives]] [--devices 2 4]
         [--iters 20]
     python benchmarks/bench_data_parallel_accuracy.py --model DIR --per-type [--preset local] [--shards 24] [--record]
+    python benchmarks/bench_data_parallel_accuracy.py --model DIR --row-blocks [--compare-model DIR] [--devices 2 4 8]
     python benchmarks/bench_data_parallel_accuracy.py --retime DATASET [--retime-kernels 24]
 """
 
@@ -165,6 +174,45 @@ def _priced(model: Any, shards: list[list[Any]], kind: str, count: int) -> tuple
     return np.array([float(r.fwd_ms[0] + r.bwd_ms[0]) for r in rows]), np.array([r.comm_ms for r in rows])
 
 
+def _pass_mape(passes: list[dict[tuple[str, int], np.ndarray]], kind: str, count: int,
+               keep: np.ndarray) -> float | None:
+    """MAPE (%) of the first pass's collectives against the second's (both ways, averaged), where both sent any."""
+    if kind == "table_wise":
+        return None
+    first, second = (p[f"{kind}_comm", count][keep] for p in passes)
+    sent = (first > 0) & (second > 0)
+    if not sent.any():
+        return None
+    both = np.abs(first[sent] - second[sent]) * (1 / first[sent] + 1 / second[sent]) / 2
+    return round(float(np.mean(both) * 100), 1)
+
+
+def row_block_rows(model_dirs: list[str], shards: list[list[Any]], devices: list[int]) -> list[dict[str, Any]]:
+    """One row per (layout, model): the held-out MAPE and median price / measured of the compute network on the whole
+    shards and on their first device's row blocks over each of `devices`, all timed once at the first model's
+    batch."""
+    from shardwise.costmodel import NeuralCostModel
+
+    models = [NeuralCostModel.load(d) for d in model_dirs]
+    first = models[0]
+    if any(m.batch_size != first.batch_size for m in models):
+        raise SystemExit("--row-blocks: the models were trained at different batches: "
+                         f"{[m.batch_size for m in models]}")
+    device, protocol = resolve_timing(MeasurementSettings(reference_ms=first.reference_ms,
+                                                          batch_size=first.batch_size))
+    rows = []
+    for layout, layout_shards in [("whole", shards)] + [(f"row blocks of {d}", [row_blocks(s, d)[0] for s in shards])
+                                                         for d in devices]:
+        measured = np.array([kernel_ms(s, first.batch_size, device, protocol) for s in layout_shards])
+        for model_dir, model in zip(model_dirs, models, strict=True):
+            priced = np.asarray(model.predict_compute(layout_shards)).sum(axis=1)
+            rows.append({"layout": layout, "model": model_dir, "shards": len(layout_shards),
+                         "mape_pct": round(float(np.mean(np.abs(priced - measured) / measured) * 100), 1),
+                         "median_price_over_measured": round(float(np.median(priced / measured)), 3)})
+            print(", ".join(f"{k} {v}" for k, v in rows[-1].items()), flush=True)
+    return rows
+
+
 def _network_kernel_mape(model: Any, shards: list[list[Any]], count: int, measured: np.ndarray) -> float:
     """MAPE (%) of the compute network's price of data-parallel kernels (`local_batch_table`) against `measured`."""
     network = np.asarray(model.predict_compute([[local_batch_table(t, count) for t in shard] for shard in shards]))
@@ -223,6 +271,9 @@ def per_type_rows(model_dir: str, shards: list[list[Any]], devices: list[int], i
             "kernel_mape_pct": round(float(np.mean(np.abs(kernel - (measured - comm)) / (measured - comm)) * 100), 1),
             "collectives_mape_pct": (round(float(np.mean(np.abs(collectives - comm)[comm > 0] / comm[comm > 0]) * 100), 1)
                                      if (comm > 0).any() else None),
+            # the collectives of one pass's process groups priced as the other pass measured them: the floor of any
+            # price fitted in one process group (the profile's) on this machine
+            "collectives_pass_mape_pct": _pass_mape(passes, kind, count, keep),
             # data-parallel: the dense kernel priced by the compute network instead (pooling / D at the batch: what
             # models profiled before dense kernels were price it with)
             "kernel_mape_network_pct": _network_kernel_mape(model, chosen, count, measured - comm)
@@ -282,14 +333,27 @@ def main() -> None:
     parser.add_argument("--max-tables", type=int, default=8, help="with --per-type: tables a shard at most")
     parser.add_argument("--per-type", action="store_true", help="with --model: the held-out accuracy per sharding type "
                         "only (table-wise, data-parallel, row-wise)")
+    parser.add_argument("--row-blocks", action="store_true", help="with --model: the compute network's held-out error "
+                        "on row blocks (row-wise tables' kernels) and whole shards, one measurement for every model")
+    parser.add_argument("--compare-model", action="append", default=[], metavar="DIR", help="with --row-blocks: "
+                        "another model to price the same measurements (repeatable)")
     parser.add_argument("--retime", metavar="DATASET", help="a cost dataset: time some of its dense kernels and fused "
                         "shards again and print now / profiled (the machine's drift since)")
     parser.add_argument("--retime-kernels", type=int, default=24, help="with --retime: kernels of each kind")
     parser.add_argument("--record", action="store_true", help="with --per-type: write benchmarks/results/"
-                        "sharding_type_accuracy.json")
+                        "sharding_type_accuracy.json; with --row-blocks: row_block_accuracy.json")
     args = parser.parse_args()
     if args.retime:
         retime(args.retime, args.retime_kernels)
+        return
+    if args.row_blocks:
+        if not args.model:
+            parser.error("--row-blocks needs --model")
+        shards = held_out_shards(args.preset, args.shards, args.max_tables, args.seed)
+        rows = row_block_rows([args.model, *args.compare_model], shards, args.devices)
+        if args.record:
+            record("row_block_accuracy", f"The compute network on row blocks ({args.shards} shards of 1-"
+                   f"{args.max_tables} of preset {args.preset}'s held-out tables, seed {args.seed})", rows)
         return
     if args.per_type:
         if not args.model:

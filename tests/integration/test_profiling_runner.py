@@ -249,3 +249,30 @@ def test_data_parallel_shards_are_profiled_as_dense_kernels_at_each_local_batch_
     assert (dense["fwd_ms"] > 0).all() and (dense["bwd_ms"] > 0).all() and dense["config_id"].is_unique
     again = profile(TABLES, out, settings, progress=False)
     assert again.measured == 0 and again.skipped == first.measured
+
+
+def test_row_wise_shards_are_profiled_as_their_row_blocks_and_resumed(tmp_path: Path) -> None:
+    out = tmp_path / "costs"
+    settings = ProfileSettings(num_shards=3, row_wise_shards=2, max_tables=3, batch_size=64, seed=3, protocol=FAST,
+                               device="cpu")
+    first = profile(TABLES, out, settings, progress=False)
+    assert first.measured == 3 + 2 * len(runner.ROW_WISE_DEVICE_COUNTS)
+    df = load_costs(out)
+    assert (df["kind"] == "compute").all() and df["config_id"].is_unique
+    shards = [json.loads(doc) for doc in df["tables_json"]]
+    whole = [s for s in shards if all(t["name"] in {u.name for u in TABLES} for t in s)]
+    blocks = [s for s in shards if s not in whole]
+    assert len(whole) == 3 and len(blocks) == 2 * len(runner.ROW_WISE_DEVICE_COUNTS)
+    by_name = {t.name: t for t in TABLES}
+    for shard in blocks:  # each table's first block: ceil(rows / D) rows, lookups / D, its source the table
+        for block in shard:
+            table = by_name[block["source"]]
+            count = next(d for d in runner.ROW_WISE_DEVICE_COUNTS if block["rows"] == -(-table.rows // d))
+            assert block["name"] == f"{table.name}[rows 0:{block['rows']}]"
+            assert block["pooling_factor"] == pytest.approx(table.pooling_factor * block["rows"] / table.rows)
+            assert count in runner.ROW_WISE_DEVICE_COUNTS
+    # the blocks are of 2 of the sampled shards' tables (the first 2)
+    of = {frozenset(t["source"] for t in s) for s in blocks}
+    assert len(of) == 2 and of <= {frozenset(t["name"] for t in s) for s in whole}
+    again = profile(TABLES, out, settings, progress=False)
+    assert again.measured == 0 and again.skipped == first.measured

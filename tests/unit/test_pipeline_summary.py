@@ -36,3 +36,17 @@ def test_a_run_without_the_policy_step_has_no_predicted_line(tmp_path):
     text = LocalRun(plan_path="p.json", plan_text="", report_path="r.html", comparison=run_figures(tmp_path),
                     elapsed_s=60).summary()
     assert "predicted plan cost" not in text
+
+
+def test_the_refined_plan_shows_its_ratio_to_the_plan_and_refinements_own_paired_session(tmp_path):
+    # measured here a little slower than the plan it refines, and faster beside it in refinement's last session:
+    # both are shown, so a reader sees the difference is between sessions, not refinement making the plan worse
+    _step_output(tmp_path, "evaluate-plans", "comparison", {
+        "method_max_cost_ms": 6.016, "torchrec_max_cost_ms": 6.564, "ratio_to_torchrec": 0.917,
+        "refined_max_cost_ms": 6.093, "refined_ratio_to_torchrec": 0.928, "refinement_before_ms": 5.879,
+        "refinement_after_ms": 5.809})
+    text = LocalRun(plan_path="p.json", plan_text="", report_path="r.html", comparison=run_figures(tmp_path),
+                    elapsed_s=60).summary()
+    assert ("refined on this machine (evaluate step): 6.093 ms per iteration (ratio 0.928 to TorchRec's planner, "
+            "1.013 to the plan above)") in text
+    assert "refinement's own paired session: 5.879 -> 5.809 ms (0.988x)" in text

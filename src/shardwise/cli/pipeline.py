@@ -54,7 +54,12 @@ class LocalRun(JobResult):
                          + ", ".join(f"{method} {ms:.3f}" for method, ms in predicted.items()))
         if "refined_ratio_to_torchrec" in c:
             lines.append(f"refined on this machine (evaluate step): {c['refined_max_cost_ms']:.3f} ms per iteration "
-                         f"(ratio {c['refined_ratio_to_torchrec']:.3f} to TorchRec's planner)")
+                         f"(ratio {c['refined_ratio_to_torchrec']:.3f} to TorchRec's planner, "
+                         f"{c['refined_max_cost_ms'] / c['method_max_cost_ms']:.3f} to the plan above)")
+        if "refinement_before_ms" in c:  # the two plans measured side by side in refinement's last session
+            lines.append(f"  refinement's own paired session: {c['refinement_before_ms']:.3f} -> "
+                         f"{c['refinement_after_ms']:.3f} ms ({c['refinement_after_ms'] / c['refinement_before_ms']:.3f}"
+                         "x); two plans' ratio moves by up to 3.5% between sessions (bench_measurement_noise.py)")
         if "throughput_ratio_to_torchrec" in c:
             lines.append(
                 f"DLRM training throughput vs TorchRec's planner: {c['method_samples_per_s']:,.0f} vs "

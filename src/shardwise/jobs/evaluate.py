@@ -183,7 +183,10 @@ def versus_baseline(evaluated: EvaluateResult, baseline: str) -> dict[str, float
         refined = evaluated.costs[-1]
         figures |= {"refined_max_cost_ms": refined.max_cost_ms,
                     "refined_ratio_to_torchrec": refined.max_cost_ms / base.max_cost_ms if base.max_cost_ms > 0
-                    else float("nan")}
+                    else float("nan"),
+                    # refinement's own final paired session: its start and the refined plan side by side
+                    "refinement_before_ms": evaluated.refinement.before_ms,
+                    "refinement_after_ms": evaluated.refinement.after_ms}
     return figures
 
 
@@ -194,6 +197,8 @@ _FIGURES = (
     ("ratio_to_torchrec", "ratio to TorchRec's planner (below 1 is better)", ".3f"),
     ("refined_max_cost_ms", "refined on this node, ms", ".3f"),
     ("refined_ratio_to_torchrec", "refined, ratio to TorchRec's planner", ".3f"),
+    ("refinement_before_ms", "refinement's paired session: its start, ms", ".3f"),
+    ("refinement_after_ms", "refinement's paired session: refined, ms", ".3f"),
     ("method_imbalance", "imbalance (max / mean device)", ".3f"),
     ("torchrec_imbalance", "TorchRec's planner's imbalance", ".3f"),
     ("method_samples_per_s", "DLRM training, samples/s", ",.0f"),

@@ -35,6 +35,10 @@ class ProfileJobSettings(JobSettings):
         default=_PROFILER["data_parallel_shards"].default, ge=0,
         description="the first this many shards also timed as data-parallel tables: TorchRec's dense kernel at the "
                     "local batch of 2, 4 and 8 devices (what prices data-parallel tables' kernels; 0: none)")
+    row_wise_shards: int = Field(
+        default=_PROFILER["row_wise_shards"].default, ge=0,
+        description="the first this many shards also timed as row-wise tables: their tables' row blocks over 2, 4 "
+                    "and 8 devices, at the batch (what the compute network prices row-wise tables by; 0: none)")
     max_tables: int = Field(default=_PROFILER["max_tables"].default, ge=1, description="most tables in one shard")
     repeats: int = Field(default=_PROFILER["repeats"].default, ge=0,
                          description="re-measure some shards this many more times")
@@ -116,6 +120,7 @@ def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult
         comm_layouts=settings.comm_layouts,
         all_reduce_max_bytes=settings.all_reduce_max_bytes,
         data_parallel_shards=settings.data_parallel_shards,
+        row_wise_shards=settings.row_wise_shards,
         max_tables=settings.max_tables,
         repeats=settings.repeats,
         repeat_shards=settings.repeat_shards,
@@ -166,5 +171,6 @@ def run_apart(settings: ProfileJobSettings, holdout_tables: str, holdout_shards:
     # all-to-alls depend on widths, not on which tables: measured once, in the first call
     return run(settings.model_copy(update={
         "tables": holdout_tables, "num_shards": holdout_shards, "comm_layouts": 0, "data_parallel_shards": 0,
+        "row_wise_shards": 0,
         "seed": settings.seed + 1,
     }))

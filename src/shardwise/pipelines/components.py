@@ -80,6 +80,7 @@ def profile_costs(
     num_shards: int,
     holdout_shards: int,
     data_parallel_shards: int,
+    row_wise_shards: int,
     max_tables: int,
     repeats: int,
     timing_iters: int,
@@ -91,14 +92,16 @@ def profile_costs(
     costs: Output[Dataset],
 ) -> str:
     """One worker's slice of the kernel profile (shards of the training tables, the first `data_parallel_shards` of
-    them also as data-parallel tables' dense kernels, and shards of the held-out tables alone) on this node's GPU,
+    them also as data-parallel tables' dense kernels and the first `row_wise_shards` as row-wise tables' row blocks,
+    and shards of the held-out tables alone) on this node's GPU,
     into `dataset_uri` (an object-store prefix every run adds to) or, when it is "", into this step's own dataset;
     returns the hardware kind."""
     from shardwise.jobs import profile as job
 
     out = dataset_uri or costs.path
     settings = job.ProfileJobSettings(tables=tables.path, out=out, num_shards=num_shards, comm_layouts=0,
-                                      data_parallel_shards=data_parallel_shards, max_tables=max_tables,
+                                      data_parallel_shards=data_parallel_shards, row_wise_shards=row_wise_shards,
+                                      max_tables=max_tables,
                                       repeats=repeats, timing_iters=timing_iters, seed=seed, device=device,
                                       worker=worker, workers=workers)
     result = job.run_apart(settings, holdout_tables.path, holdout_shards)

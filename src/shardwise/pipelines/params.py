@@ -42,6 +42,9 @@ class PipelineParams(BaseModel):
                                               "timed as data-parallel tables (TorchRec's dense kernel at the local "
                                               "batch of 2, 4 and 8 devices; 0: data-parallel kernels priced by the "
                                               "compute network)")
+    profile_row_wise_shards: int = Field(ge=0, description="of the shards profiled, the first this many also timed "
+                                         "as row-wise tables (their row blocks over 2, 4 and 8 devices, at the batch; "
+                                         "0: the compute network prices row blocks it never saw)")
     profile_workers: int = Field(ge=1, le=256, description="profiling pods the shards are split over (one GPU each)")
     dataset_uri: str = Field(description="object-store prefix (s3://bucket/prefix, one per hardware kind) that "
                              "every run's profiles add to and pretrain reads whole; '' = this run's profiles only")

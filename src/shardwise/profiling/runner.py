@@ -1,6 +1,7 @@
 """`shardwise profile`: sample shard configurations and all-to-all layouts, measure them (and, beside the
-layouts, all-reduces of a range of sizes over each device count; and the first shards' dense kernels at each
-device count's local batch, as data-parallel tables), append to a dataset.
+layouts, all-reduces of a range of sizes over each device count; the first shards' dense kernels at each device
+count's local batch, as data-parallel tables; and the first shards' row blocks, as row-wise tables leave them on a
+device), append to a dataset.
 
 Resumable: every measurement has a stable key (config id, repeat); rows are flushed every `chunk_size` rows,
 after each all-to-all group and on an interrupt, each flush one new part file of the dataset directory (see
@@ -48,6 +49,7 @@ from .sampling import (
     comm_device_counts,
     config_id,
     default_max_devices,
+    row_block_shards,
     sample_comm_layouts,
     sample_shard_configs,
     shard_config_id,
@@ -64,6 +66,12 @@ PROFILED_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_al
 #: the device counts whose local batches data-parallel kernels are profiled at (a kernel depends on D only through
 #: its batch, so these need no process group: a pod of one GPU profiles them too)
 DATA_PARALLEL_DEVICE_COUNTS = (2, 4, 8)
+#: the device counts whose row blocks are profiled: a row-wise table leaves each device a block of ceil(rows / D)
+#: rows and the lookups that fall in it (`TableSpec.row_block`), a table the compute network must price at pooling
+#: factor / D. Trained on whole tables only (make run before these), it priced held-out shards' blocks over 2, 4 and
+#: 8 devices at 9.7%, 16.8% and 26.0% MAPE; make run's model with them, at 5.3%, 7.0% and 7.8% (the whole shards
+#: 8.8% and 5.1%; `bench_data_parallel_accuracy.py --row-blocks`, row_block_accuracy, 2026-11-28)
+ROW_WISE_DEVICE_COUNTS = (2, 4, 8)
 #: where a training step runs each: in forward (its ms in fwd_ms) or backward (bwd_ms)
 FORWARD_COLLECTIVES = ("reduce_scatter", "all_to_all")
 
@@ -98,6 +106,10 @@ class ProfileSettings(BaseModel):
     #: batch ceil(batch_size / D) of each D in DATA_PARALLEL_DEVICE_COUNTS (rows kind "data_parallel", num_devices D;
     #: `pretrain` fits the line that prices data-parallel kernels to them)
     data_parallel_shards: int = Field(default=0, ge=0)
+    #: the first this many sampled shards timed again as row-wise tables: each table's first row block over each D in
+    #: ROW_WISE_DEVICE_COUNTS, the fused kernel at the batch (rows kind "compute", so the compute network learns the
+    #: blocks it prices row-wise tables by)
+    row_wise_shards: int = Field(default=0, ge=0)
     max_devices: int | None = Field(default=None, ge=2)  # None: GPU count, or max(4, cores) on CPU
     chunk_size: int = Field(default=25, ge=1)  # rows per flush to disk
     #: this worker's slice of the run (shard configs and all-to-all layouts i with i % workers == worker): K
@@ -272,7 +284,7 @@ def profile(
     stored = load_stored(out)
     done = set() if stored is None else set(zip(stored["config_id"].astype(str), stored["repeat"].astype(int)))
 
-    configs = sample_shard_configs(
+    sampled = sample_shard_configs(
         tables,
         settings.num_shards,
         batch_size=settings.batch_size,
@@ -282,6 +294,7 @@ def profile(
         optimizer=settings.optimizer,
         weights_precision=settings.weights_precision,
     )
+    configs = sampled + row_block_shards(sampled[: settings.row_wise_shards], ROW_WISE_DEVICE_COUNTS)
     ids = [
         shard_config_id(c, settings.batch_size, settings.optimizer, settings.weights_precision, kind)
         for c in configs
@@ -317,7 +330,7 @@ def profile(
     reduce_todo = [k for k in reduce_mine if (reduce_ids[k], 0) not in done]
     # data-parallel tables: the first sampled shards' dense kernels at each device count's local batch
     dense = [(index, count) for count in DATA_PARALLEL_DEVICE_COUNTS
-             for index in range(min(settings.data_parallel_shards, len(configs)))]
+             for index in range(min(settings.data_parallel_shards, len(sampled)))]
     dense_ids = [config_id("data_parallel", ids[index], count) for index, count in dense]
     dense_todo = [k for k in range(len(dense)) if k % settings.workers == settings.worker and (dense_ids[k], 0) not in done]
 
