@@ -59,7 +59,8 @@ class LocalRun(JobResult):
         if "refinement_before_ms" in c:  # the two plans measured side by side in refinement's last session
             lines.append(f"  refinement's own paired session: {c['refinement_before_ms']:.3f} -> "
                          f"{c['refinement_after_ms']:.3f} ms ({c['refinement_after_ms'] / c['refinement_before_ms']:.3f}"
-                         "x); two plans' ratio moves by up to 3.5% between sessions (bench_measurement_noise.py)")
+                         "x; two plans' ratio moves between sessions by up to 8.7% at 3 timings a device, 3.5% at 9: "
+                         "bench_measurement_noise.py)")
         if "throughput_ratio_to_torchrec" in c:
             lines.append(
                 f"DLRM training throughput vs TorchRec's planner: {c['method_samples_per_s']:,.0f} vs "
