@@ -69,9 +69,9 @@ from shardwise.costmodel.data_parallel import (
     heldout_all_reduce_errors,
     local_batch_table,
 )
-from shardwise.costmodel.row_wise import ids_bytes, output_bytes, row_blocks, row_wise_cost
+from shardwise.costmodel.row_wise import ids_bytes, output_bytes, row_wise_cost
 from shardwise.profiling import AllToAllSession, MeasurementSettings, measure_shard, resolve_timing
-from shardwise.workload import local_batch
+from shardwise.workload import local_batch, row_blocks
 
 SIZES_BYTES = tuple(4096 * 4**k for k in range(7))  # 4 KiB .. 16 MiB
 

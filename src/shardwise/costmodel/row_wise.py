@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardwise.workload import TableSpec, local_batch
+from shardwise.workload import TableSpec, local_batch, row_blocks
 
 from .data_parallel import AllReduceCost
 from .types import CostModel
@@ -30,17 +30,6 @@ from .types import CostModel
 OUTPUT_BYTES_PER_ELEMENT = 4
 #: int64 ids redistributed to the devices that hold their rows
 ID_BYTES = 8
-
-
-def row_blocks(tables: Sequence[TableSpec], num_devices: int) -> list[list[TableSpec]]:
-    """Per device, its row blocks of the row-wise `tables` (a device past a small table's last row holds none)."""
-    blocks: list[list[TableSpec]] = [[] for _ in range(num_devices)]
-    for table in tables:
-        for rank in range(num_devices):
-            block = table.row_block(rank, num_devices)
-            if block is not None:
-                blocks[rank].append(block)
-    return blocks
 
 
 def output_bytes(tables: Sequence[TableSpec], batch_size: int) -> int:

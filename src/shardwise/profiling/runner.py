@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm import tqdm
 
 from shardwise.errors import ServiceError, redacted
-from shardwise.workload import Optimizer, TableSpec, WeightsPrecision, local_batch
+from shardwise.workload import Optimizer, TableSpec, WeightsPrecision, local_batch, row_blocks
 
 from .batches import IndexData
 from .comm import CommTiming, default_backend, measure_comm_group
@@ -49,7 +49,6 @@ from .sampling import (
     comm_device_counts,
     config_id,
     default_max_devices,
-    row_block_shards,
     sample_comm_layouts,
     sample_shard_configs,
     shard_config_id,
@@ -294,7 +293,9 @@ def profile(
         optimizer=settings.optimizer,
         weights_precision=settings.weights_precision,
     )
-    configs = sampled + row_block_shards(sampled[: settings.row_wise_shards], ROW_WISE_DEVICE_COUNTS)
+    # the first shards again as row-wise tables leave them on the first device of each count (its row blocks)
+    configs = sampled + [row_blocks(shard, count)[0] for count in ROW_WISE_DEVICE_COUNTS
+                         for shard in sampled[: settings.row_wise_shards]]
     ids = [
         shard_config_id(c, settings.batch_size, settings.optimizer, settings.weights_precision, kind)
         for c in configs

@@ -99,13 +99,6 @@ def sample_shard_configs(
     return configs
 
 
-def row_block_shards(shards: Sequence[Sequence[TableSpec]], device_counts: Sequence[int]) -> list[list[TableSpec]]:
-    """Each shard as row-wise tables leave it on the first device of each count in `device_counts`: its tables' first
-    row blocks (`TableSpec.row_block`), count by count."""
-    return [[block for table in shard if (block := table.row_block(0, count)) is not None]
-            for count in device_counts for shard in shards]
-
-
 def default_max_devices(device_type: str) -> int:
     """The largest all-to-all this machine can run: its GPU count, or on CPU max(4, cores) processes."""
     if device_type == "cuda":

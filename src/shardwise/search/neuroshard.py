@@ -33,9 +33,9 @@ import torch
 from pydantic import Field
 
 from shardwise.costmodel.data_parallel import all_reduce_of, data_parallel_cost
-from shardwise.costmodel.row_wise import reduce_scatter_of, row_blocks, row_wise_cost
+from shardwise.costmodel.row_wise import reduce_scatter_of, row_wise_cost
 from shardwise.costmodel.types import CostModel
-from shardwise.workload import ShardingTask, TableSpec, shard_memory_bytes
+from shardwise.workload import ShardingTask, TableSpec, row_blocks, shard_memory_bytes
 from shardwise.workload.tables import DIM_ALIGNMENT
 
 from .plan import Plan, PlanError, Shard, check_memory_bounds, data_parallel_bytes, shard_state_bytes

@@ -8,13 +8,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shardwise.costmodel.row_wise import row_blocks
 from shardwise.errors import ShardwiseError
 from shardwise.workload import (
     ShardingTask,
     TableSpec,
     data_parallel_memory_bytes,
     local_batch,
+    row_blocks,
     shard_memory_bytes,
 )
 from shardwise.workload.documents import describe_validation_error, read_json_document, write_json_document

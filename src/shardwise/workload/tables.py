@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -98,6 +99,17 @@ def row_wise_rows(rows: int, world_size: int) -> list[int]:
     rank that gets any (10 rows on 4 ranks: 3, 3, 3, 1)."""
     block = -(-rows // world_size)
     return [max(0, min(block, rows - rank * block)) for rank in range(world_size)]
+
+
+def row_blocks(tables: Sequence[TableSpec], num_devices: int) -> list[list[TableSpec]]:
+    """Per device, its row blocks of the row-wise `tables` (a device past a small table's last row holds none)."""
+    blocks: list[list[TableSpec]] = [[] for _ in range(num_devices)]
+    for table in tables:
+        for rank in range(num_devices):
+            block = table.row_block(rank, num_devices)
+            if block is not None:
+                blocks[rank].append(block)
+    return blocks
 
 
 def reuse_histogram(indices: np.ndarray) -> np.ndarray:
