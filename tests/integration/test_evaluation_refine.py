@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardwise.costmodel.data_parallel import AllReduceCost
 from shardwise.evaluation.refine import measure_side_by_side, refine_plan
 from shardwise.profiling import MeasurementSettings, load_costs
-from shardwise.search import Plan, Shard, validate_plan
+from shardwise.search import Plan, PlanError, Shard, validate_plan
 from shardwise.workload import ShardingTask, TableSpec
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
@@ -193,19 +194,57 @@ def test_a_spent_time_budget_starts_no_round_and_says_so(fixed_all_to_all):
     assert refined.extra["refinement"]["stopped"] == record.stopped
 
 
-def test_a_plan_with_row_wise_tables_is_returned_measured_as_it_is():
-    """Refinement moves table-wise and column-wise shards only: a row-wise plan comes back unchanged, measured
-    (blocks, collectives) and saying why."""
+def _row_wise_task(device_memory_bytes: int = 2**30) -> ShardingTask:
+    """`_task()` with one more table, "r", to be split row-wise (3 blocks of 10,000 rows)."""
     task = _task()
-    plan = Plan(num_devices=3, method="handmade", row_wise=("h0",), shards=(
-        Shard(table="h1", col_offset=0, dim=64, device=0),
+    r = TableSpec(name="r", rows=30_000, dim=32, pooling_factor=10.0)
+    return task.model_copy(update={"tables": (*task.tables, r), "device_memory_bytes": device_memory_bytes})
+
+
+@pytest.mark.slow
+def test_a_row_wise_plan_is_refined_around_its_row_blocks(fixed_all_to_all):
+    """Both heavy tables on device 0 and a row-wise table on every device: refinement moves a heavy table off
+    device 0 and keeps the row-wise table as the plan has it, its blocks and collectives counted on every device."""
+    task = _row_wise_task()
+    plan = Plan(num_devices=3, method="handmade", row_wise=("r",), shards=(
+        Shard(table="h0", col_offset=0, dim=64, device=0), Shard(table="h1", col_offset=0, dim=64, device=0),
         *(Shard(table=f"l{i}", col_offset=0, dim=16, device=1 + i % 2) for i in range(4)),
     ))
-    refined, record = refine_plan(task, plan, FeatureCostModel(), MEASUREMENT, rounds=2, progress=False)
-    assert refined.row_wise == ("h0",) and refined.shards == plan.shards
-    assert record.rounds == [] and record.before_ms == record.after_ms > 0
-    assert record.stopped.startswith("not refined: refinement does not move row-wise tables yet (h0)")
-    assert refined.extra["refinement"]["stopped"] == record.stopped
+    with pytest.raises(PlanError, match="no measured reduce-scatter"):  # before anything is measured
+        refine_plan(task, plan, FeatureCostModel(), MEASUREMENT, rounds=2, progress=False)
+    model = FeatureCostModel()
+    model.reduce_scatter = AllReduceCost(0.05, 0.0, 1.0, collective="reduce_scatter")  # what search priced it by
+    refined, record = refine_plan(task, plan, model, MEASUREMENT, rounds=2, progress=False)
+    validate_plan(refined, task)
+    assert refined.row_wise == ("r",) and all(s.table != "r" for s in refined.shards)
+    assert any(r.kept for r in record.rounds), record
+    assert {s.device for s in refined.shards if s.table.startswith("h")} != {0}
+    assert record.after_ms < record.before_ms and not record.stopped.startswith("not refined")
+    assert refined.extra["predicted"]["max_cost_ms"] > 0  # the refined plan priced as the search prices it
+
+
+def test_row_blocks_are_counted_on_their_device_in_time_and_memory():
+    """What a device pays for the tables on every device, beside its own shards: its row blocks' kernel (and the
+    data-parallel replica's) measured per device, zero for a layout without them; a move that fits a device alone
+    is refused where the device's row block leaves no room for it."""
+    from shardwise.evaluation.refine import _Layout, _Refiner
+    from shardwise.workload import shard_memory_bytes
+
+    task = _row_wise_task()
+    h1, block = task.table("h1"), task.table("r").row_block(1, 3)
+    alone, beside = (shard_memory_bytes(tables, task.batch_size, task.optimizer, task.weights_precision)
+                     for tables in ([h1], [h1, block]))
+    task = _row_wise_task(device_memory_bytes=(alone + beside) // 2)  # h1 fits a device, not beside r's block
+    refiner = _Refiner(task, FeatureCostModel(), MEASUREMENT, progress=False, dataset=None, comm=None)
+    moved = [Shard(table="h1", col_offset=0, dim=64, device=1)]
+    assert refiner.fits(moved, 1)
+    layout = _Layout([], data_parallel=("l0",), row_wise=("r",))
+    refiner.hold(layout)
+    assert not refiner.fits(moved, 1)
+    costs = refiner.beside(layout)
+    assert costs.shape == (3,) and (costs > 0).all()
+    assert refiner.beside(layout) is costs  # measured once per set of such tables
+    assert not refiner.beside(_Layout([])).any()
 
 
 def test_a_refused_move_is_not_proposed_first_again_with_another_partner():

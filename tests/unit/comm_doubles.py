@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from shardwise.profiling import CommTiming
 
 FWD_MS = BWD_MS = 0.05
+COLLECTIVE_MS = 0.1  #: every other collective (all-reduce, reduce-scatter, all-gather), any size
 
 
 def fixed_all_to_all(layouts: Sequence[Sequence[int]], batch_size: int, **_: object) -> list[list[CommTiming]]:
@@ -33,3 +34,11 @@ class FixedAllToAllSession:
     def measure(self, layouts: Sequence[Sequence[int]], batch_size: int, iters: int = 10,
                 **_: object) -> list[list[CommTiming]]:
         return fixed_all_to_all(layouts, batch_size)
+
+    def measure_collective(self, op: str, sizes_bytes: Sequence[int], *, iters: int = 10,
+                           **_: object) -> list[tuple[float, ...]]:
+        return [(COLLECTIVE_MS,) * iters for _ in sizes_bytes]
+
+    def measure_all_reduce(self, sizes_bytes: Sequence[int], *, iters: int = 10,
+                           **_: object) -> list[tuple[float, ...]]:
+        return self.measure_collective("all_reduce", sizes_bytes, iters=iters)

@@ -50,6 +50,20 @@ def test_heldout_shard_sizes_are_out_of_training_and_reported_separately(trained
     assert (report.evaluation["split"] == f"held-out sizes [{size}]").any()
 
 
+def test_heldout_row_blocks_are_evaluated_apart_from_the_heldout_tables(frame):
+    """Row blocks of held-out tables (profiled apart with them) get a split of their own: the held-out tables'
+    figure, which the promotion gate compares, stays the whole shards'."""
+    blocks = [t.row_block(0, d) for t in synthetic_tables("h", 8, 1) for d in (2, 4)]
+    with_blocks = pd.concat([frame, cost_frame({"b": blocks}, {"b": 0}, 1)], ignore_index=True)
+    _, report = train_cost_model(with_blocks, 0, TrainConfig(epochs=2, progress=False))
+    whole = [s for s in compute_samples(frame).shards if _sources([s]) <= {f"h{i}" for i in range(8)}]
+    assert report.sizes["test"] == len(whole) and report.sizes["row_block_test"] == len(blocks)
+    assert not any(t.is_row_block for s in report.test.shards for t in s)
+    rows = report.evaluation[report.evaluation["split"] == "held-out row blocks"]
+    assert set(rows["method"]) == {"neural"} and (rows["n"] == len(blocks)).all()
+    assert report.metrics["neural_heldout_row_blocks_total_mape_pct"] >= 0
+
+
 def test_model_beats_baselines_on_unseen_tables(trained):
     _, report = trained
     ev = report.evaluation.set_index(["split", "method", "target"])

@@ -158,10 +158,18 @@ def test_a_table_too_big_for_a_device_even_split_by_columns_is_planned_row_wise(
     check_memory_bounds(task, column_split=True, row_wise=True)  # the bound knows its blocks fit
 
 
-def test_refinements_resplit_plans_keep_every_table_in_shards():
+def test_refinements_resplit_plans_split_the_table_into_column_slices_and_search_the_rest_as_before():
+    """Refinement moves shards around row-wise tables, so its re-searched plans may keep them; the table asked
+    split is in column slices, never row-wise, even the one the search had made row-wise."""
     from shardwise.evaluation.refine import search_resplit
 
     resplit = search_resplit(NeuroShardSearch(), TASK, _model(), seed=0)
-    assert resplit is not None and NeuroShardSearch().search(TASK, _model(), seed=0).row_wise  # the search would
-    plan = resplit("t0", 2)
-    assert plan is not None and not plan.row_wise and {s.table for s in plan.shards} == {t.name for t in TASK.tables}
+    searched = NeuroShardSearch().search(TASK, _model(), seed=0)
+    assert resplit is not None and searched.row_wise == ("hot",)
+    for table in ("t0", "hot"):
+        plan = resplit(table, 2)
+        assert plan is not None
+        validate_plan(plan, TASK)
+        half = next(t.dim for t in TASK.tables if t.name == table) // 2
+        assert table not in plan.row_wise and [s.dim for s in plan.shards if s.table == table] == [half, half]
+    assert resplit("t0", 2).row_wise == ("hot",)

@@ -43,7 +43,9 @@ class LocalRun(JobResult):
             f"report: {self.report_path}",
             f"cost model on shards of held-out tables: MAPE {c.get('neural_heldout_tables_total_mape_pct', float('nan')):.2f}%, "
             f"Spearman {c.get('neural_heldout_tables_total_spearman', float('nan')):.3f} "
-            f"({c.get('train_shards', float('nan')):.0f} training shards)",
+            f"({c.get('train_shards', float('nan')):.0f} training shards)"
+            + (f"; their row blocks (row-wise tables' kernels): MAPE {c['neural_heldout_row_blocks_total_mape_pct']:.2f}%"
+               if "neural_heldout_row_blocks_total_mape_pct" in c else ""),
             f"measured vs TorchRec's planner: {c.get('method_max_cost_ms', float('nan')):.3f} ms vs "
             f"{c.get('torchrec_max_cost_ms', float('nan')):.3f} ms per iteration "
             f"(ratio {c.get('ratio_to_torchrec', float('nan')):.3f}; below 1 is better)",

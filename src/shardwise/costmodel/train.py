@@ -451,6 +451,10 @@ def train_cost_model(
     held = set(heldout)
     srcs = [_sources(s) for s in samples.shards]
     test_idx = [i for i, s in enumerate(srcs) if s <= held]
+    # held-out row blocks (a row-wise table's share of one device) are evaluated apart: the held-out tables' figure,
+    # which the promotion gate compares, stays the whole shards' it always was
+    blocks = {i for i in test_idx if any(t.is_row_block for t in samples.shards[i])}
+    block_idx, test_idx = sorted(blocks), [i for i in test_idx if i not in blocks]
     pool_idx = [i for i, s in enumerate(srcs) if not s & held]
     sizes_out = cfg.holdout_num_tables if cfg.holdout_num_tables is not None else _pick_size_holdout(samples.subset(pool_idx), seed)
     size_idx = [i for i in pool_idx if len(samples.shards[i]) in sizes_out]
@@ -463,7 +467,7 @@ def train_cost_model(
     perm = rng.permutation(fit_idx)
     n_val = max(1, round(cfg.val_fraction * len(perm)))
     val, train = samples.subset(perm[:n_val]), samples.subset(perm[n_val:])
-    test, size_test = samples.subset(test_idx), samples.subset(size_idx)
+    test, size_test, block_test = samples.subset(test_idx), samples.subset(size_idx), samples.subset(block_idx)
 
     features = TableFeatureCache(batch_size)
     unique_train = list(dict.fromkeys(t for s in train.shards for t in s))
@@ -528,6 +532,9 @@ def train_cost_model(
     if len(size_test):
         frames.append(evaluate_compute(model, train, size_test, single_table_ms=single,
                                        split=f"held-out sizes {list(sizes_out)}", baselines=False))
+    if len(block_test):
+        frames.append(evaluate_compute(model, train, block_test, single_table_ms=single, split="held-out row blocks",
+                                       baselines=False))
     frames.append(noise_floor_table(df[df["kind"] == "compute"]))
     if comm is not None and comm_test is not None and comm_test.any():
         pred = np.exp(comm_net(torch.from_numpy(comm_norm(comm.features[comm_test]))).detach().numpy() + comm_offset)  # type: ignore[misc,arg-type]
@@ -546,6 +553,7 @@ def train_cost_model(
         seed=seed, hardware_kind=hardware_kind, batch_size=batch_size, heldout_sources=tuple(heldout),
         heldout_num_tables=tuple(sizes_out),
         sizes={"train": len(train), "val": len(val), "test": len(test), "size_test": len(size_test),
+               "row_block_test": len(block_test),
                "comm_rows": 0 if comm is None else len(comm.layout),
                **{f"{c}_points": len(line.points) if (line := getattr(model, c)) else 0 for c in COLLECTIVE_MS_COLUMN},
                "dense_kernels": model.data_parallel_kernel.measured if model.data_parallel_kernel else 0},

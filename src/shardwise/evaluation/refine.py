@@ -23,10 +23,12 @@ without timing its exchange).
 Candidates are ranked assuming the exchange unchanged (a move keeps the total width); a change is kept on
 measured kernels plus measured exchanges.
 
-Data-parallel tables stay as the plan has them: refinement moves the other shards, within the memory the replicas
-leave. Their kernel on the local batch and their gradient all-reduce are measured once per set of them and added
-to every device where plans are compared side by side (a start without them pays none); within one layout they
-cost every device the same, so the rounds' comparisons leave them out.
+Data-parallel and row-wise tables stay as the plan has them: refinement moves the other shards, within the memory
+the replicas and each device's row blocks leave. What they cost a device beside its own shards (the data-parallel
+tables' dense kernel on the local batch and their gradients' all-reduce; the device's row blocks' kernel at the
+batch and the row-wise collectives) is measured once per set of them, in refinement's process group, and added to
+that device wherever its cost is counted: plans compared side by side (a start without them pays none) and the
+rounds (row blocks are not all alike: the last device's is smaller, and its lookups are the ids in its rows).
 
 A shard costlier than the devices' mean kernel ms keeps whichever device holds it above the mean: no move or swap
 balances such a device. With `resplit` (`search_resplit`: NeuroShard rooted at the split), refinement asks the
@@ -73,16 +75,16 @@ from shardwise.search.baselines import MEASURED_KEY, GreedySearch
 from shardwise.search.neuroshard import NeuroShardSearch
 from shardwise.search.plan import Plan, PlanError, Shard, data_parallel_bytes, validate_plan
 from shardwise.search.report import finish_plan
-from shardwise.search.simulator import ShardCostCache
+from shardwise.search.simulator import ShardCostCache, simulate
 from shardwise.workload import ShardingTask, TableSpec, local_batch, shard_memory_bytes
-from shardwise.workload.tables import DIM_ALIGNMENT
+from shardwise.workload.tables import DIM_ALIGNMENT, row_blocks
 
 from .measured import (
     KernelShard,
     distinct_shards,
     measure_all_reduces,
     measure_comm,
-    measure_plans,
+    measure_row_wise_comm,
     price_comm,
     time_shards_in_rounds,
 )
@@ -102,9 +104,7 @@ def search_resplit(searcher: Searcher, task: ShardingTask, cost_model: CostModel
     def resplit(table: str, pieces: int) -> Plan | None:
         split = tuple((name, p) for name, p in config.split if name != table) + ((table, pieces),)
         try:
-            # without row-wise tables: refinement moves table-wise and column-wise shards only
-            return NeuroShardSearch(dataclasses.replace(config, split=split, row_wise=False)).search(
-                task, cost_model, seed)
+            return NeuroShardSearch(dataclasses.replace(config, split=split)).search(task, cost_model, seed)
         except PlanError:
             return None
 
@@ -171,6 +171,16 @@ class Refinement(BaseModel):
 class _Layout:
     shards: list[Shard]
     data_parallel: tuple[str, ...] = ()  #: kept as the plan has them
+    row_wise: tuple[str, ...] = ()  #: kept as the plan has them
+
+    @classmethod
+    def of(cls, plan: Plan) -> _Layout:
+        return cls(list(plan.shards), plan.data_parallel, plan.row_wise)
+
+    @property
+    def everywhere(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The tables on every device: data-parallel, row-wise."""
+        return self.data_parallel, self.row_wise
 
     def on(self, device: int) -> list[Shard]:
         return [s for s in self.shards if s.device == device]
@@ -185,7 +195,7 @@ def _distinct(candidates: Sequence[tuple[str, _Layout]],
     same_as: dict[str, str] = {}
     for name, layout in candidates:
         groups = sorted(tuple(sorted((s.table, s.col_offset, s.dim) for s in layout.on(d))) for d in range(num_devices))
-        key = (tuple(groups), tuple(sorted(layout.data_parallel)))
+        key = (tuple(groups), *(tuple(sorted(names)) for names in layout.everywhere))
         if key in seen:
             same_as[name] = seen[key]
         else:
@@ -215,26 +225,45 @@ class _Refiner:
         self.common = {**info, "batch_size": self.batch}
         self.written: set[str] = set()
         self.session = comm  # the all-to-all's process group (None on one device: no exchange)
-        self.reserved_bytes = 0  # what the refined layout's data-parallel tables take on every device
-        self._replicated_ms: dict[tuple[str, ...], float] = {}
+        # what the refined layout's tables on every device take of each device's memory: the data-parallel
+        # replicas (the same everywhere) and the device's row blocks (`hold`)
+        self.reserved_bytes = 0
+        self.blocks: list[list[TableSpec]] = [[] for _ in range(task.num_devices)]
+        self._beside: dict[tuple[tuple[str, ...], tuple[str, ...]], np.ndarray] = {}
 
-    def replicated_ms(self, names: tuple[str, ...]) -> float:
-        """Measured ms data-parallel tables add to every device: their dense kernel on the local batch (median over
-        the rounds) and the all-reduce of their gradients; once per set of tables."""
-        if not names:
-            return 0.0
-        if names not in self._replicated_ms:
-            task = self.task
-            specs = [task.table(n) for n in names]
-            timings = time_shards_in_rounds([KernelShard(specs, local_batch(self.batch, task.num_devices),
-                                                         task.optimizer, task.weights_precision, "dense")],
-                                            self.rounds, device=self.device, protocol=self.protocol,
-                                            progress=False)[0]
-            kernel = statistics.median(t.fwd_ms + t.bwd_ms for t in timings)
-            reduce = (measure_all_reduces([gradient_bytes(specs)], self.measurement, self.session)[0]
-                      if self.session is not None else 0.0)
-            self._replicated_ms[names] = kernel + reduce
-        return self._replicated_ms[names]
+    def hold(self, layout: _Layout) -> None:
+        """Memory checks from now on leave room for `layout`'s data-parallel replicas and each device's row blocks."""
+        task = self.task
+        self.reserved_bytes = data_parallel_bytes([task.table(n) for n in layout.data_parallel], task)
+        self.blocks = row_blocks([task.table(n) for n in layout.row_wise], task.num_devices)
+
+    def beside(self, layout: _Layout) -> np.ndarray:
+        """Measured ms each device pays for `layout`'s tables on every device, beside its own shards: the
+        data-parallel tables' dense kernel on the local batch and their gradients' all-reduce (the same on every
+        device), the device's row blocks' kernel at the batch and the row-wise collectives; kernels the median over
+        the rounds, once per set of such tables."""
+        key = layout.everywhere
+        if key not in self._beside:
+            task, n = self.task, self.task.num_devices
+            replicated, split = ([task.table(name) for name in names] for names in key)
+            blocks = row_blocks(split, n)
+            shards = [KernelShard(replicated, local_batch(self.batch, n), task.optimizer, task.weights_precision,
+                                  "dense")] if replicated else []
+            shards += [KernelShard(b, self.batch, task.optimizer, task.weights_precision) for b in blocks if b]
+            timed = iter(time_shards_in_rounds(shards, self.rounds, device=self.device, protocol=self.protocol,
+                                               progress=False) if shards else [])
+
+            def kernel_ms() -> float:
+                return statistics.median(t.fwd_ms + t.bwd_ms for t in next(timed))
+
+            cost = np.full(n, kernel_ms() if replicated else 0.0)
+            cost += np.array([kernel_ms() if b else 0.0 for b in blocks])
+            if self.session is not None and replicated:
+                cost += measure_all_reduces([gradient_bytes(replicated)], self.measurement, self.session)[0]
+            if self.session is not None and split:
+                cost += measure_row_wise_comm([split], self.batch, n, self.measurement, self.session)[0]
+            self._beside[key] = cost
+        return self._beside[key]
 
     def _store(self, specs: list[TableSpec], timings: Sequence[ShardTiming]) -> None:
         """Append one device shard's measurement to the cost dataset (once per shard per refinement)."""
@@ -278,20 +307,24 @@ class _Refiner:
         return [sum(s.dim for s in layout.on(d)) for d in range(self.task.num_devices)]
 
     def measure_comm(self, layouts: Sequence[_Layout]) -> list[np.ndarray]:
-        """Each layout's fwd + bwd all-to-all ms per device, interleaved in the session's process group and priced
-        over these layouts as the measurement's `comm_pricing` says (zeros on one device)."""
-        if self.session is None:
-            return [np.zeros(self.task.num_devices) for _ in layouts]
-        widths = [self.widths(layout) for layout in layouts]
-        timed = measure_comm(widths, self.batch, self.measurement, backend=self.session.backend, session=self.session)
-        priced = price_comm(widths, timed, self.measurement.comm_pricing)
-        return [np.array([fwd + bwd for fwd, bwd in devices]) for devices in priced]
+        """Each layout's ms per device beside its own shards' kernels: the fwd + bwd all-to-all, interleaved in the
+        session's process group and priced over these layouts as the measurement's `comm_pricing` says (none on one
+        device), and its tables on every device (`beside`)."""
+        exchanges = [np.zeros(self.task.num_devices) for _ in layouts]
+        if self.session is not None:
+            widths = [self.widths(layout) for layout in layouts]
+            timed = measure_comm(widths, self.batch, self.measurement, backend=self.session.backend,
+                                 session=self.session)
+            priced = price_comm(widths, timed, self.measurement.comm_pricing)
+            exchanges = [np.array([fwd + bwd for fwd, bwd in devices]) for devices in priced]
+        return [ms + self.beside(layout) for ms, layout in zip(exchanges, layouts, strict=True)]
 
-    def fits(self, shards: Sequence[Shard]) -> bool:
+    def fits(self, shards: Sequence[Shard], device: int) -> bool:
+        """Whether `shards` fit on `device` beside its row blocks and the data-parallel replicas (`hold`)."""
         task = self.task
         names = [s.table for s in shards]
         return len(names) == len(set(names)) and shard_memory_bytes(
-            _specs(shards, task), task.batch_size, task.optimizer,
+            [*_specs(shards, task), *self.blocks[device]], task.batch_size, task.optimizer,
             task.weights_precision) <= task.device_memory_bytes - self.reserved_bytes
 
 
@@ -334,7 +367,7 @@ def _candidates(refiner: _Refiner, layout: _Layout, compute: Sequence[float], co
                 back = t.model_copy(update={"device": slowest})
                 options.append((f"{move}, {t.table}[{t.col_offset}] {other}->{slowest}", move, other, [*rest, back],
                                 [*[x for x in target if x is not t], moved]))
-    options = [o for o in options if refiner.fits(o[3]) and refiner.fits(o[4])]
+    options = [o for o in options if refiner.fits(o[3], slowest) and refiner.fits(o[4], o[2])]
     if not options:
         return []
     ms = refiner.predicted([group for o in options for group in (o[3], o[4])]).reshape(-1, 2)
@@ -372,7 +405,7 @@ def _plan_round(refiner: _Refiner, layout: _Layout, measured: Sequence[float], c
             break
         change = options[0]
         layout = _Layout([s for s in layout.shards if s.device not in change.devices] + change.shards,
-                         layout.data_parallel)
+                         layout.data_parallel, layout.row_wise)
         (a, b), (a_ms, b_ms) = change.devices, change.compute_ms
         compute[a], compute[b] = a_ms, b_ms
         touched.update(change.devices)
@@ -383,13 +416,13 @@ def _plan_round(refiner: _Refiner, layout: _Layout, measured: Sequence[float], c
 def _side_by_side(refiner: _Refiner, layouts: Sequence[_Layout]) -> tuple[list[list[float]], list[np.ndarray],
                                                                           list[float]]:
     """Layouts measured in one session, kernels interleaved then all-to-alls interleaved, so their figures compare:
-    each one's per-device kernel ms, per-device exchange ms and slowest device."""
+    each one's per-device kernel ms, per-device ms beside them (exchange, tables on every device) and slowest
+    device."""
     n = refiner.task.num_devices
     timed = refiner.measure([layout.on(d) for layout in layouts for d in range(n)])
     kernels = [timed[i * n:(i + 1) * n] for i in range(len(layouts))]
     comm = refiner.measure_comm(layouts)
-    return kernels, comm, [float(max(np.array(k) + c)) + refiner.replicated_ms(layout.data_parallel)
-                           for k, c, layout in zip(kernels, comm, layouts, strict=True)]
+    return kernels, comm, [float(max(np.array(k) + c)) for k, c in zip(kernels, comm, strict=True)]
 
 
 def measured_greedy_start(task: ShardingTask, measurement: MeasurementSettings) -> list[Plan]:
@@ -417,27 +450,13 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     for candidate in (plan, *starts):
         validate_plan(candidate, task)
+        if candidate.row_wise or candidate.data_parallel:
+            simulate(candidate, task, cost_model)  # the refined plan is priced so: a model that cannot fails first
     started = time.perf_counter()
-    if plan.row_wise:
-        return _measured_as_it_is(task, plan, measurement, started, progress)
-    starts = [start for start in starts if not start.row_wise]
     if dataset is not None:
         prepare_dataset(dataset)  # a path that cannot hold the dataset fails before anything is measured
     with _open_refiner(task, cost_model, measurement, progress, dataset, exchange) as refiner:
         return _refine(refiner, plan, starts, rounds, time_budget_s, started, resplit)
-
-
-def _measured_as_it_is(task: ShardingTask, plan: Plan, measurement: MeasurementSettings | None, started: float,
-                       progress: bool) -> tuple[Plan, Refinement]:
-    """A plan with row-wise tables, which refinement does not move yet (its rounds time and move table-wise and
-    column-wise shards): measured once and returned as it is, its record saying so."""
-    measured = measure_plans([(task, plan)], measurement, progress=progress)[0]
-    record = Refinement(rounds=[], starts={plan.method: measured.max_cost_ms}, start=plan.method,
-                        before_ms=measured.max_cost_ms, after_ms=measured.max_cost_ms,
-                        seconds=time.perf_counter() - started, devices_measured=plan.num_devices,
-                        stopped=f"not refined: refinement does not move row-wise tables yet ({', '.join(plan.row_wise)});"
-                                " the searched plan is returned as it is, measured")
-    return plan.model_copy(update={"extra": {**plan.extra, "refinement": record.model_dump()}}), record
 
 
 def measure_side_by_side(task: ShardingTask, plans: Sequence[Plan], cost_model: CostModel,
@@ -450,7 +469,7 @@ def measure_side_by_side(task: ShardingTask, plans: Sequence[Plan], cost_model: 
     for plan in plans:
         validate_plan(plan, task)
     with _open_refiner(task, cost_model, measurement, progress, None) as refiner:
-        kernels, _, totals = _side_by_side(refiner, [_Layout(list(plan.shards), plan.data_parallel) for plan in plans])
+        kernels, _, totals = _side_by_side(refiner, [_Layout.of(plan) for plan in plans])
     return [(total, max(k)) for total, k in zip(totals, kernels, strict=True)]
 
 
@@ -496,7 +515,7 @@ def _split_change(split: tuple[str, int]) -> str:
 def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, time_budget_s: float | None,
             started: float, resplit: Resplit | None = None) -> tuple[Plan, Refinement]:
     task, cost_model = refiner.task, refiner.model
-    candidates = [(c.method, _Layout(list(c.shards), c.data_parallel)) for c in (plan, *starts)]
+    candidates = [(c.method, _Layout.of(c)) for c in (plan, *starts)]
     tried: set[tuple[str, int]] = set()  # the splits asked of `resplit`
     if resplit is not None:
         # a shard no move can balance, by the model: the search's plan with its table split is one more start
@@ -509,7 +528,7 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
         if other is not None and split is not None:
             validate_plan(other, task)
             candidates.append((f"{plan.method} with {split[0]} in {split[1]}",
-                               _Layout(list(other.shards), other.data_parallel)))
+                               _Layout.of(other)))
     # a start with another's layout (the measured greedy and TorchRec's planner often agree) is measured once
     candidates, same_as = _distinct(candidates, task.num_devices)
     # the start and the slowest device are chosen on measured kernels and exchanges, every start's side by side
@@ -517,7 +536,7 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
     best = int(np.argmin(totals))
     start, layout = candidates[best]
     measured, comm, before = measured_of[best], comm_of[best], totals[best]
-    refiner.reserved_bytes = data_parallel_bytes([task.table(n) for n in layout.data_parallel], task)
+    refiner.hold(layout)
     history: list[RefinementRound] = []
     refused: set[str] = set()
     stopped = f"{rounds} round{'s' if rounds > 1 else ''} done"
@@ -535,7 +554,7 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
                                            seconds=time.perf_counter() - round_started))
         else:
             validate_plan(other, task)
-            trial = _Layout(list(other.shards), other.data_parallel)
+            trial = _Layout.of(other)
             kernels, comms, paired = _side_by_side(refiner, [layout, trial])
             kept = paired[1] < paired[0]
             history.append(RefinementRound(round=1, measured_max_ms=paired[0], slowest_device=slowest,
@@ -544,7 +563,7 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
                                            after_ms=paired[1], kept=kept, seconds=time.perf_counter() - round_started))
             if kept:
                 layout, measured, comm = trial, kernels[1], comms[1]
-                refiner.reserved_bytes = data_parallel_bytes([task.table(n) for n in layout.data_parallel], task)
+                refiner.hold(layout)
     for _ in range(rounds):
         if time_budget_s is not None and time.perf_counter() - started > time_budget_s:
             stopped = f"the {time_budget_s:g} s budget was spent"
@@ -617,6 +636,7 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
                         devices_measured=refiner.devices_measured, stopped=stopped)
     shards = tuple(sorted(layout.shards, key=lambda s: (s.table, s.col_offset)))
     refined = Plan(num_devices=plan.num_devices, shards=shards, data_parallel=layout.data_parallel,
+                   row_wise=layout.row_wise,
                    method=f"{plan.method}+refine")
     # predicted costs, memory and provenance of the refined layout (validated: never over memory)
     refined = finish_plan(refined, task, cost_model, planning_time_s=record.seconds, seed=0,

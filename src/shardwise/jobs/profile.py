@@ -161,7 +161,9 @@ def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult
 def run_apart(settings: ProfileJobSettings, holdout_tables: str, holdout_shards: int) -> ProfileResult:
     """Profile `settings.tables` (and the all-to-alls), then `holdout_shards` shards built only from the held-out
     tables (seed + 1) into the same dataset: profiled apart, held-out tables never share a shard with training
-    tables, so `pretrain --holdout-tables` trains on every training shard and evaluates on every held-out one."""
+    tables, so `pretrain --holdout-tables` trains on every training shard and evaluates on every held-out one.
+    Row blocks are taken of the held-out shards in the training profile's proportion (at least one where it takes
+    any), so pretrain's report has the held-out row blocks' error beside the whole shards'."""
     if holdout_shards < 1:
         raise ShardwiseError(
             f"holdout_shards {holdout_shards}: pretrain evaluates (and its promotion gate compares) on shards of "
@@ -171,6 +173,6 @@ def run_apart(settings: ProfileJobSettings, holdout_tables: str, holdout_shards:
     # all-to-alls depend on widths, not on which tables: measured once, in the first call
     return run(settings.model_copy(update={
         "tables": holdout_tables, "num_shards": holdout_shards, "comm_layouts": 0, "data_parallel_shards": 0,
-        "row_wise_shards": 0,
+        "row_wise_shards": -(-settings.row_wise_shards * holdout_shards // max(settings.num_shards, 1)),
         "seed": settings.seed + 1,
     }))

@@ -85,6 +85,11 @@ class TableSpec(BaseModel):
                                        "pooling_factor": self.pooling_factor * rows / self.rows,
                                        "source": self.source or self.name})
 
+    @property
+    def is_row_block(self) -> bool:
+        """Whether this is one device's block of a row-wise table (`row_block`)."""
+        return "[rows " in self.name
+
     def reuse_features(self, batch_size: int) -> np.ndarray:
         """The 17 reuse-bin fractions: given ones, else derived from `zipf_alpha` (uniform when neither)."""
         if self.reuse_bins is not None:
