@@ -55,7 +55,7 @@ def main() -> None:
     rows = []
     searched = args.method
     methods = (searched, *BASELINES)
-    header = (f"{'task':<18}{searched[:11]:>11}{'refined':>9}{'meas.greedy':>12}{'torchrec':>9}{'ref/srch':>8}"
+    header = (f"{'task':<18}{searched[:11]:>11}{'refined':>9}{'meas.greedy':>12}{'torchrec':>9}{'ref/srch':>9}"
               f"{'ref/greedy':>11}{'ref/torchrec':>13}{'ref imbal':>10}{'refine s':>9}  start: measured slowest device per round")
     lines = []
     tasks = paper_tasks(args.tasks, args.seed, model.batch_size)
@@ -76,7 +76,7 @@ def main() -> None:
         per_round = " ".join(f"{r.measured_max_ms:.2f}{'*' if r.kept else ''}" for r in refinement.rounds)
         label = f"{name} #{index % args.tasks + 1}"
         lines.append(f"{label:<18}{ms[searched]:>11.3f}{ms['refined']:>9.3f}{ms['measured_greedy']:>12.3f}"
-                     f"{ms['torchrec']:>9.3f}{ms['refined'] / ms[searched]:>8.3f}"
+                     f"{ms['torchrec']:>9.3f}{ms['refined'] / ms[searched]:>9.3f}"
                      f"{ms['refined'] / ms['measured_greedy']:>11.3f}{ms['refined'] / ms['torchrec']:>13.3f}"
                      f"{measured['refined'].imbalance:>10.3f}{refine_s:>9.1f}  {refinement.start}: {per_round} -> {refinement.after_ms:.2f}")
         print(lines[-1] if len(lines) > 1 else f"{header}\n{lines[-1]}", flush=True)

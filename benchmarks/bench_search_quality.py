@@ -1,7 +1,8 @@
 """Predicted plan quality: mean predicted plan cost (slowest device) per method over seeded tasks.
 
 Two task sets like the papers': 10-60 tables on 4 devices, and 80-120 tables on 8, drawn from synthetic
-DLRM tables. Every plan is scored by the same cost model; ratios are to NeuroShard (> 1: worse). Failures
+DLRM tables. Every plan is scored by the same cost model; ratios are to NeuroShard (> 1: worse). Beside each
+method: how many tables its plans made data-parallel and row-wise (the plan space beyond placement). Failures
 (PlanError: the method found no plan within memory) are counted, never scored. Measured (not predicted)
 quality is benchmarks/bench_plan_quality.py.
 
@@ -56,6 +57,7 @@ def main() -> None:
     for set_name, (lo, hi, num_devices) in TASK_SETS.items():
         costs: dict[str, list[float]] = {m: [] for m in METHODS}
         failures = dict.fromkeys(METHODS, 0)
+        typed = {m: [0, 0] for m in METHODS}  # data-parallel, row-wise tables over the set's plans
         for i in tqdm(range(args.tasks), desc=set_name, leave=False):
             task = sample_task(
                 tableset, int(rng.integers(lo, hi + 1)), num_devices, seed=args.seed * 1000 + i,
@@ -68,22 +70,28 @@ def main() -> None:
                     failures[method] += 1
                     continue
                 costs[method].append(plan.extra["predicted"]["max_cost_ms"])
+                typed[method][0] += len(plan.data_parallel)
+                typed[method][1] += len(plan.row_wise)
         reference = float(np.mean(costs["neuroshard"])) if costs["neuroshard"] else float("nan")
         print(f"\n{set_name}: {args.tasks} tasks, memory slack {args.memory_slack}")
-        print(f"{'method':>20}  {'mean cost ms':>12}  {'vs neuroshard':>13}  {'failed':>6}")
+        print(f"{'method':>20}  {'mean cost ms':>12}  {'vs neuroshard':>13}  {'failed':>6}  {'dp tables':>9}  "
+              f"{'rw tables':>9}")
         for method in METHODS:
             mean = float(np.mean(costs[method])) if costs[method] else float("nan")
-            print(f"{method:>20}  {mean:>12.3f}  {mean / reference:>12.3f}x  {failures[method]:>6}")
+            print(f"{method:>20}  {mean:>12.3f}  {mean / reference:>12.3f}x  {failures[method]:>6}  "
+                  f"{typed[method][0]:>9}  {typed[method][1]:>9}")
             ratio = mean / reference
             rows.append({"task_set": set_name, "method": method,
                          "mean_cost_ms": round(mean, 3) if np.isfinite(mean) else None,
                          "vs_neuroshard": round(ratio, 3) if np.isfinite(ratio) else None,
-                         "failed": failures[method]})
+                         "failed": failures[method], "data_parallel_tables": typed[method][0],
+                         "row_wise_tables": typed[method][1]})
     if args.record:
         record("search_quality", "Predicted plan cost per method (cost model's slowest device)", rows,
                notes=f"cost model {uri}; {args.tasks} tasks per set, memory slack {args.memory_slack}, "
                      f"synthetic tables at row scale {args.row_scale}; vs_neuroshard > 1: worse; a failed "
-                     "plan (no plan within memory) is counted, never scored")
+                     "plan (no plan within memory) is counted, never scored; data_parallel_tables / row_wise_tables: tables of "
+                     "that type over the set's plans")
 
 
 if __name__ == "__main__":
