@@ -72,6 +72,20 @@ def test_torchrec_dp_offers_torchrecs_planner_data_parallel_and_reads_its_replic
     assert back.data_parallel == (task.tables[0].name,)
 
 
+def test_torchrecs_planner_replicating_a_table_leaves_the_console_quiet(caplog, capfd):
+    """TorchRec's planner warns on the root logger for every data-parallel table it plans (no sharding spec, by
+    design): shardwise's `torchrec_dp` plans without it, and the root logger's other warnings still pass."""
+    import logging
+
+    task = random_task(5, 10, 4, memory_slack=2.0)  # TorchRec's planner replicates one of its tables
+    with caplog.at_level(logging.WARNING):
+        plan = make_searcher("torchrec_dp").search(task, None, 0)
+        logging.warning("Sharding spec of a later warning")
+    assert plan.data_parallel
+    assert [r.getMessage() for r in caplog.records] == ["Sharding spec of a later warning"]
+    assert "Sharding spec not found" not in capfd.readouterr().err
+
+
 def test_torchrec_rw_offers_torchrecs_planner_row_wise_and_reads_its_blocks_back(offered):
     from shardwise.costmodel.data_parallel import AllReduceCost
 

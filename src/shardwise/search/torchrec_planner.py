@@ -11,9 +11,11 @@ accounting of a device's memory is planned again with that much less (`ACCOUNTIN
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from shardwise.costmodel.data_parallel import all_reduce_of
@@ -73,8 +75,9 @@ class TorchRecPlannerSearch:
         cap = task.device_memory_bytes
         for attempt in range(ACCOUNTING_REPLANS + 1):
             try:
-                sharding_plan = _torchrec_planner(task, cap, constraints, self.timeout_s).plan(
-                    ebc_on_meta(task), [EmbeddingBagCollectionSharder()])
+                with _data_parallel_specs_unwarned():
+                    sharding_plan = _torchrec_planner(task, cap, constraints, self.timeout_s).plan(
+                        ebc_on_meta(task), [EmbeddingBagCollectionSharder()])
             except PlannerError as err:
                 raise PlanError(f"{self.name}: TorchRec's planner found no plan: {str(err).splitlines()[0]}"
                                 + (f" (at {cap / 2**30:.3f} GiB a device, planning again within shardwise's memory "
@@ -98,6 +101,26 @@ class TorchRecPlannerSearch:
             )
         except PlanError as err:
             raise PlanError(f"{self.name}: TorchRec's plan is invalid under shardwise's accounting: {err}") from None
+
+
+class _DataParallelSpecFilter(logging.Filter):
+    """Drops TorchRec's "Sharding spec not found for .t" warning: its planner checks its own plan and warns on the
+    root logger for every data-parallel table, which carries no sharding spec by design (a user planning with
+    `torchrec_dp` got it once per table per attempt)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Sharding spec not found for ")
+
+
+@contextlib.contextmanager
+def _data_parallel_specs_unwarned() -> Iterator[None]:
+    """TorchRec's planner without its warning on data-parallel tables (`_DataParallelSpecFilter`)."""
+    root, spec_filter = logging.getLogger(), _DataParallelSpecFilter()
+    root.addFilter(spec_filter)
+    try:
+        yield
+    finally:
+        root.removeFilter(spec_filter)
 
 
 def _torchrec_planner(task: ShardingTask, hbm_cap: int, constraints: dict[str, Any], timeout_s: int | None) -> Any:
