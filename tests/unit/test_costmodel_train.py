@@ -50,6 +50,43 @@ def test_heldout_shard_sizes_are_out_of_training_and_reported_separately(trained
     assert (report.evaluation["split"] == f"held-out sizes [{size}]").any()
 
 
+def test_dense_kernels_of_held_out_tables_evaluate_the_line_fitted_to_the_training_tables():
+    """A held-out profile's dense kernels (tables the compute network never trains on) are what the data-parallel
+    line is evaluated on, fitted to the training tables' alone; without held-out sources given,
+    5-fold over every kernel as before."""
+    import json
+
+    from shardwise.costmodel.data_parallel import DataParallelKernelCost
+
+    truth = DataParallelKernelCost(fwd=(0.02, 0.01, 0.001, 0.003, 0.002, 0.0, 0.0),
+                                   bwd=(0.03, 0.02, 0.0, 0.004, 0.001, 0.002, 0.5), batch_size=512)
+    train_tables, held_tables = synthetic_tables("a", 12, 0), synthetic_tables("h", 6, 1)
+
+    def dense(tables, count, prefix):
+        rng = np.random.default_rng(len(prefix))
+        rows = []
+        for k in range(count):
+            shard = [tables[i] for i in rng.choice(len(tables), size=int(rng.integers(1, 4)), replace=False)]
+            fwd, bwd = truth.predict_ms(shard, (2, 4)[k % 2])
+            rows.append({"kind": "data_parallel", "config_id": f"{prefix}{k}", "repeat": 0, "fwd_ms": fwd,
+                         "bwd_ms": bwd, "batch_size": 512, "hardware_kind": "cpu-test", "num_devices": (2, 4)[k % 2],
+                         "num_tables": len(shard), "optimizer": "sgd",
+                         "tables_json": json.dumps([t.model_dump(mode="json") for t in shard])})
+        return pd.DataFrame(rows)
+
+    df = pd.concat([cost_frame({"a": train_tables, "h": held_tables}, {"a": 60, "h": 20}, 0),
+                    dense(train_tables, 20, "dp"), dense(held_tables, 6, "hdp")], ignore_index=True)
+    held = tuple(t.name for t in held_tables)
+    model, report = train_cost_model(df, 0, TrainConfig(epochs=2, holdout_sources=held, progress=False))
+    assert model.data_parallel_kernel is not None and model.data_parallel_kernel.measured == 20  # training tables'
+    line = report.evaluation.set_index("label").loc["data_parallel_kernel_line_heldout_dense_kernels_total"]
+    assert line["n"] == 6 and line["note"].startswith("held-out tables' dense kernels") and line["mape_pct"] < 1e-3
+    # no held-out sources given (pretrain without --holdout-tables): every kernel, 5-fold
+    model, report = train_cost_model(df, 0, TrainConfig(epochs=2, progress=False))
+    line = report.evaluation.set_index("label").loc["data_parallel_kernel_line_heldout_dense_kernels_total"]
+    assert model.data_parallel_kernel.measured == 26 and line["n"] == 26 and line["note"].startswith("5-fold")
+
+
 def test_heldout_row_blocks_are_evaluated_apart_from_the_heldout_tables(frame):
     """Row blocks of held-out tables (profiled apart with them) get a split of their own: the held-out tables'
     figure, which the promotion gate compares, stays the whole shards'."""

@@ -21,6 +21,8 @@ def test_the_summary_shows_each_methods_predicted_plan_cost_beside_the_measured_
                                                             "ratio_to_torchrec": 0.8})
     _step_output(tmp_path, "pretrain-cost-model", "metrics", {"neural_heldout_tables_total_mape_pct": 3.5,
                                                                "neural_heldout_row_blocks_total_mape_pct": 6.25,
+                                                               "data_parallel_kernel_line_heldout_dense_kernels_total"
+                                                               "_mape_pct": 7.5,
                                                                "train_shards": 560, "not_reported": 1.0})
     _step_output(tmp_path, "train-policies", "predicted", {"neuroshard_predicted_ms": 1.9,
                                                            "dreamshard_predicted_ms": 2.1, "autoshard_predicted_ms": 2.05})
@@ -30,14 +32,15 @@ def test_the_summary_shows_each_methods_predicted_plan_cost_beside_the_measured_
     assert ("predicted plan cost on the task (the cost model's ms per iteration): neuroshard 1.900, dreamshard 2.100, "
             "autoshard 2.050") in text
     assert "ratio 0.800" in text and "MAPE 3.50%" in text
-    assert "their row blocks (row-wise tables' kernels): MAPE 6.25%" in text
+    assert ("MAPE 3.50%, Spearman nan (560 training shards)\n  their kernels as other sharding types, MAPE: "
+            "row-wise (row blocks) 6.25%, data-parallel (dense kernel line) 7.50%\nmeasured vs") in text
 
 
 def test_a_run_without_the_policy_step_has_no_predicted_line(tmp_path):
     _step_output(tmp_path, "evaluate-plans", "comparison", {"method_max_cost_ms": 2.0})
     text = LocalRun(plan_path="p.json", plan_text="", report_path="r.html", comparison=run_figures(tmp_path),
                     elapsed_s=60).summary()
-    assert "predicted plan cost" not in text and "row blocks" not in text
+    assert "predicted plan cost" not in text and "other sharding types" not in text
 
 
 def test_the_refined_plan_shows_its_ratio_to_the_plan_and_refinements_own_paired_session(tmp_path):

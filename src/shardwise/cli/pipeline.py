@@ -26,6 +26,11 @@ def _params(args: argparse.Namespace) -> PipelineParams:
     return pipeline_params(values, preset_name=args.preset)
 
 
+#: the pretrain step's figures for the kernels of each sharding type beyond table-wise, on held-out tables
+_KERNELS_BY_TYPE = (("row-wise (row blocks)", "neural_heldout_row_blocks_total_mape_pct"),
+                    ("data-parallel (dense kernel line)", "data_parallel_kernel_line_heldout_dense_kernels_total_mape_pct"))
+
+
 class LocalRun(JobResult):
     """What a local run printed at its end: the plan, the report, the measured comparison."""
 
@@ -43,13 +48,14 @@ class LocalRun(JobResult):
             f"report: {self.report_path}",
             f"cost model on shards of held-out tables: MAPE {c.get('neural_heldout_tables_total_mape_pct', float('nan')):.2f}%, "
             f"Spearman {c.get('neural_heldout_tables_total_spearman', float('nan')):.3f} "
-            f"({c.get('train_shards', float('nan')):.0f} training shards)"
-            + (f"; their row blocks (row-wise tables' kernels): MAPE {c['neural_heldout_row_blocks_total_mape_pct']:.2f}%"
-               if "neural_heldout_row_blocks_total_mape_pct" in c else ""),
+            f"({c.get('train_shards', float('nan')):.0f} training shards)",
             f"measured vs TorchRec's planner: {c.get('method_max_cost_ms', float('nan')):.3f} ms vs "
             f"{c.get('torchrec_max_cost_ms', float('nan')):.3f} ms per iteration "
             f"(ratio {c.get('ratio_to_torchrec', float('nan')):.3f}; below 1 is better)",
         ]
+        by_type = [f"{name} {c[key]:.2f}%" for name, key in _KERNELS_BY_TYPE if key in c]
+        if by_type:  # held-out tables' kernels of the other sharding types, profiled with them
+            lines.insert(3, "  their kernels as other sharding types, MAPE: " + ", ".join(by_type))
         predicted = {k.removesuffix("_predicted_ms"): v for k, v in c.items() if k.endswith("_predicted_ms")}
         if predicted:  # the searched plan's first, then the trained policies'
             lines.append("predicted plan cost on the task (the cost model's ms per iteration): "

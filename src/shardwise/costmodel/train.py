@@ -7,7 +7,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,23 +206,34 @@ def dense_kernel_samples(df: pd.DataFrame) -> list[MeasuredDenseKernel]:
         _parsed_tables(grouped), grouped["num_devices"], grouped["fwd_ms"], grouped["bwd_ms"], strict=True)]
 
 
-def fit_data_parallel_kernel_rows(df: pd.DataFrame, model: NeuralCostModel) -> tuple[DataParallelKernelCost | None,
-                                                                                     pd.DataFrame]:
+def fit_data_parallel_kernel_rows(df: pd.DataFrame, model: NeuralCostModel, heldout_sources: Collection[str] = (),
+                                  ) -> tuple[DataParallelKernelCost | None, pd.DataFrame]:
     """The data-parallel kernel's line fitted to the dataset's measured dense kernels (None with fewer than
-    MIN_DENSE_KERNELS) and its evaluation: 5-fold held-out, beside the compute network's price of the same kernels
-    (the fused kernel at pooling / D, what `model` would price them with otherwise)."""
+    MIN_DENSE_KERNELS) and its evaluation, beside the compute network's price of the same kernels (the fused kernel at
+    pooling / D, what `model` would price them with otherwise). Where the dataset has dense kernels of the held-out
+    tables alone (`heldout_sources`, given: a held-out profile's) and enough of the rest, the line is fitted to the
+    rest and evaluated on them, as the compute network is; else 5-fold held-out over every kernel."""
     measured = dense_kernel_samples(df)
-    if len(measured) < MIN_DENSE_KERNELS:
+    held_set = set(heldout_sources)
+    apart = [m for m in measured if _sources(m[0]) <= held_set]
+    rest = [m for m in measured if not _sources(m[0]) & held_set]
+    if apart and len(rest) >= MIN_DENSE_KERNELS:
+        fitted = fit_data_parallel_kernel(rest, model.batch_size, hardware_kind=model.hardware_kind)
+        predicted_ms = np.array([fitted.predict_ms(tables, d) for tables, d, _, _ in apart])
+        held = np.array([(m[2], p[0], m[3], p[1]) for m, p in zip(apart, predicted_ms, strict=True)])
+        evaluated, how = apart, "held-out tables' dense kernels, the line fitted to the training tables'"
+    elif len(measured) >= MIN_DENSE_KERNELS:
+        fitted = fit_data_parallel_kernel(measured, model.batch_size, hardware_kind=model.hardware_kind)
+        held = np.array(heldout_data_parallel_kernel_errors(measured, model.batch_size))  # [N, measured/predicted x 2]
+        evaluated, how = measured, "5-fold: each kernel predicted by the line fitted to the other folds"
+    else:
         return None, pd.DataFrame()
-    fitted = fit_data_parallel_kernel(measured, model.batch_size, hardware_kind=model.hardware_kind)
-    held = np.array(heldout_data_parallel_kernel_errors(measured, model.batch_size))  # [N, measured/predicted x 2]
     network = np.asarray(model.predict_compute([[local_batch_table(t, d) for t in tables]
-                                                for tables, d, _, _ in measured]), dtype=np.float64)
-    ms = np.array([(fwd, bwd) for *_, fwd, bwd in measured])
+                                                for tables, d, _, _ in evaluated]), dtype=np.float64)
+    ms = np.array([(fwd, bwd) for *_, fwd, bwd in evaluated])
     rows = []
     for method, split, predicted, truth, note in (
-        ("data_parallel_kernel_line", "held-out dense kernels", held[:, [1, 3]], held[:, [0, 2]],
-         "5-fold: each kernel predicted by the line fitted to the other folds"),
+        ("data_parallel_kernel_line", "held-out dense kernels", held[:, [1, 3]], held[:, [0, 2]], how),
         ("data_parallel_kernel_network", "dense kernels", network, ms,
          "the compute network at pooling / devices (models profiled before dense kernels were)"),
     ):
@@ -524,7 +535,7 @@ def train_cost_model(
         line, evaluation = fit_all_reduce_rows(df, hardware_kind, collective)
         setattr(model, collective, line)
         collective_evaluations.append(evaluation)
-    model.data_parallel_kernel, dense_evaluation = fit_data_parallel_kernel_rows(df, model)
+    model.data_parallel_kernel, dense_evaluation = fit_data_parallel_kernel_rows(df, model, cfg.holdout_sources or ())
     collective_evaluations.append(dense_evaluation)
 
     single = {s[0]: c for s, c in zip(samples.shards, samples.costs_ms) if len(s) == 1}

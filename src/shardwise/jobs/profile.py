@@ -162,8 +162,8 @@ def run_apart(settings: ProfileJobSettings, holdout_tables: str, holdout_shards:
     """Profile `settings.tables` (and the all-to-alls), then `holdout_shards` shards built only from the held-out
     tables (seed + 1) into the same dataset: profiled apart, held-out tables never share a shard with training
     tables, so `pretrain --holdout-tables` trains on every training shard and evaluates on every held-out one.
-    Row blocks are taken of the held-out shards in the training profile's proportion (at least one where it takes
-    any), so pretrain's report has the held-out row blocks' error beside the whole shards'."""
+    Row blocks and dense kernels are taken of the held-out shards in the training profile's proportion (at least one
+    where it takes any), so pretrain's report has their error on held-out tables beside the whole shards'."""
     if holdout_shards < 1:
         raise ShardwiseError(
             f"holdout_shards {holdout_shards}: pretrain evaluates (and its promotion gate compares) on shards of "
@@ -172,7 +172,8 @@ def run_apart(settings: ProfileJobSettings, holdout_tables: str, holdout_shards:
     run(settings)
     # all-to-alls depend on widths, not on which tables: measured once, in the first call
     return run(settings.model_copy(update={
-        "tables": holdout_tables, "num_shards": holdout_shards, "comm_layouts": 0, "data_parallel_shards": 0,
-        "row_wise_shards": -(-settings.row_wise_shards * holdout_shards // max(settings.num_shards, 1)),
+        "tables": holdout_tables, "num_shards": holdout_shards, "comm_layouts": 0,
+        **{key: -(-getattr(settings, key) * holdout_shards // max(settings.num_shards, 1))
+           for key in ("data_parallel_shards", "row_wise_shards")},
         "seed": settings.seed + 1,
     }))
