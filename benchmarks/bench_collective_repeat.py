@@ -26,6 +26,7 @@ import numpy as np
 from record import record
 
 from shardwise.costmodel.data_parallel import fit_all_reduce
+from shardwise.costmodel.evaluate import regression_metrics
 from shardwise.profiling import AllToAllSession
 from shardwise.profiling.comm import COLLECTIVES
 from shardwise.profiling.sampling import all_reduce_sizes
@@ -45,7 +46,7 @@ STATISTICS: dict[str, Callable[[np.ndarray], float]] = {
 
 
 def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
-    return float(np.mean(np.abs(predicted - measured) / measured) * 100)
+    return regression_metrics(predicted, measured)["mape_pct"]
 
 
 def groups_samples(count: int, groups: int, iters: int) -> list[dict[str, list[np.ndarray]]]:

@@ -69,6 +69,7 @@ from shardwise.costmodel.data_parallel import (
     heldout_all_reduce_errors,
     local_batch_table,
 )
+from shardwise.costmodel.evaluate import regression_metrics
 from shardwise.costmodel.row_wise import ids_bytes, output_bytes, row_wise_cost
 from shardwise.profiling import AllToAllSession, MeasurementSettings, measure_shard, resolve_timing
 from shardwise.workload import local_batch, row_blocks
@@ -207,7 +208,7 @@ def row_block_rows(model_dirs: list[str], shards: list[list[Any]], devices: list
         for model_dir, model in zip(model_dirs, models, strict=True):
             priced = np.asarray(model.predict_compute(layout_shards)).sum(axis=1)
             rows.append({"layout": layout, "model": model_dir, "shards": len(layout_shards),
-                         "mape_pct": round(float(np.mean(np.abs(priced - measured) / measured) * 100), 1),
+                         "mape_pct": round(regression_metrics(priced, measured)["mape_pct"], 1),
                          "median_price_over_measured": round(float(np.median(priced / measured)), 3)})
             print(", ".join(f"{k} {v}" for k, v in rows[-1].items()), flush=True)
     return rows

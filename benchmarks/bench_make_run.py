@@ -3,8 +3,10 @@
     make run && python benchmarks/bench_make_run.py [--workdir runs/local] [--record]
 
 Measures nothing itself: it reads the latest finished run under WORKDIR/pipeline_root (the pretrain step's
-held-out accuracy next to TorchRec's estimator and the noise floor, the evaluate step's measured plan cost and
-DLRM throughput next to TorchRec's planner) and prints each figure beside its comparison. `make run`'s time on a
+held-out accuracy next to TorchRec's estimator and the noise floor, and the held-out tables' kernels as other
+sharding types next to the whole shards' and the compute network's; the evaluate step's measured plan cost and DLRM
+throughput next to TorchRec's planner, the refined plan next to the plan it refined in both sessions) and prints each
+figure beside its comparison. `make run`'s time on a
 busy machine is `bench_newcomer.py`'s figure. A run whose evaluate step has not finished is refused.
 """
 
@@ -50,9 +52,21 @@ def figures(run: Path) -> tuple[list[dict[str, Any]], str]:
         row("plan cost, ms (slowest device, measured)", "method_max_cost_ms", "torchrec_max_cost_ms",
             "TorchRec's planner", ".3f"),
     ]
+    if "neural_heldout_row_blocks_total_mape_pct" in found:
+        rows.append(row("held-out row blocks (row-wise kernels), MAPE %", "neural_heldout_row_blocks_total_mape_pct",
+                        mape, "held-out whole shards", ".2f"))
+    if "data_parallel_kernel_line_heldout_dense_kernels_total_mape_pct" in found:
+        rows.append(row("held-out dense kernels (data-parallel line), MAPE %",
+                        "data_parallel_kernel_line_heldout_dense_kernels_total_mape_pct",
+                        "data_parallel_kernel_network_dense_kernels_total_mape_pct", "the compute network", ".2f"))
     if "refined_max_cost_ms" in found:
         rows.append(row("refined plan cost, ms (measured in the same session)", "refined_max_cost_ms",
                         "torchrec_max_cost_ms", "TorchRec's planner", ".3f"))
+        rows.append(row("refined plan cost, ms (evaluate step's session)", "refined_max_cost_ms",
+                        "method_max_cost_ms", "the plan it refined", ".3f"))
+    if "refinement_after_ms" in found:
+        rows.append(row("refined plan, ms (refinement's own paired session)", "refinement_after_ms",
+                        "refinement_before_ms", "its start", ".3f"))
     if "method_samples_per_s" in found:
         rows.append(row("DLRM training, samples/s", "method_samples_per_s", "torchrec_samples_per_s",
                         "TorchRec's planner", ",.0f"))

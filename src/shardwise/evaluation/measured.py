@@ -245,6 +245,18 @@ class KernelShard(NamedTuple):
     compute_kernel: ComputeKernel = "fused"
 
 
+def everywhere_kernels(task: ShardingTask, replicated: Sequence[TableSpec], blocks: Sequence[Sequence[TableSpec]],
+                       batch_size: int) -> list[KernelShard]:
+    """The kernels a plan's tables on every device add, in this order: one dense kernel over the data-parallel
+    `replicated` tables at the local batch (the same on every device; none without them), then each device's row
+    `blocks` at `batch_size` (a block's lookups are the batch's ids that fall in its rows; devices holding none left
+    out)."""
+    kernels = [KernelShard(replicated, local_batch(batch_size, task.num_devices), task.optimizer,
+                           task.weights_precision, "dense")] if replicated else []
+    return kernels + [KernelShard(device_blocks, batch_size, task.optimizer, task.weights_precision)
+                      for device_blocks in blocks if device_blocks]
+
+
 def timing_document(protocol: TimingProtocol, measurement: MeasurementSettings) -> dict[str, Any]:
     """How a measurement was timed, as stored in `MeasuredPlanCost.timing` (keys of shardwise.measured/v1):
     the protocol's settings (its reference is stored on its own), compute_rounds, comm_iters, comm_rounds,
@@ -411,23 +423,21 @@ def measure_plans(
         for tables in devices
         if tables
     ]
-    # data-parallel tables: one dense kernel over all of a plan's, on the local batch, the same on every device
+    # data-parallel tables (one dense kernel over all of a plan's, on the local batch, the same on every device) and
+    # row-wise tables (one kernel over each device's row blocks); devices with the same blocks are timed once
     replicated = [data_parallel_specs(plan, task) for task, plan in items]
-    shards += [KernelShard(tables, local_batch(batch, task.num_devices), task.optimizer, task.weights_precision,
-                           "dense")
-               for (task, _), tables, batch in zip(items, replicated, batches) if tables]
-    # row-wise tables: one kernel over each device's row blocks, at the whole batch (a block's lookups are the
-    # batch's ids that fall in its rows); devices with the same blocks are timed once
     blocks = [row_block_specs(plan, task) for task, plan in items]
-    shards += [KernelShard(device_blocks, batch, task.optimizer, task.weights_precision)
-               for (task, _), devices, batch in zip(items, blocks, batches) for device_blocks in devices if device_blocks]
+    shards += [kernel for (task, _), tables, devices, batch in zip(items, replicated, blocks, batches)
+               for kernel in everywhere_kernels(task, tables, devices, batch)]
     timed = iter(time_shards_in_rounds(
         shards, measurement.timing_rounds, device=device, protocol=protocol, progress=progress
     ))
     timings = [[next(timed) if tables else [] for tables in devices] for devices in layouts]
-    replicated_ms = [_median_fwd_bwd(next(timed)) if tables else (0.0, 0.0) for tables in replicated]
-    block_ms = [[_median_fwd_bwd(next(timed)) if device_blocks else (0.0, 0.0) for device_blocks in devices]
-                for devices in blocks]
+    replicated_ms: list[tuple[float, float]] = []
+    block_ms: list[list[tuple[float, float]]] = []
+    for tables, devices in zip(replicated, blocks, strict=True):  # in everywhere_kernels' order
+        replicated_ms.append(_median_fwd_bwd(next(timed)) if tables else (0.0, 0.0))
+        block_ms.append([_median_fwd_bwd(next(timed)) if device_blocks else (0.0, 0.0) for device_blocks in devices])
     compute = [[_median_fwd_bwd(t) if t else (0.0, 0.0) for t in devices] for devices in timings]
     compute = [[(fwd + extra[0] + own[0], bwd + extra[1] + own[1]) for (fwd, bwd), own in zip(devices, rows, strict=True)]
                for devices, extra, rows in zip(compute, replicated_ms, block_ms, strict=True)]

@@ -76,12 +76,13 @@ from shardwise.search.neuroshard import NeuroShardSearch
 from shardwise.search.plan import Plan, PlanError, Shard, data_parallel_bytes, validate_plan
 from shardwise.search.report import finish_plan
 from shardwise.search.simulator import ShardCostCache, simulate
-from shardwise.workload import ShardingTask, TableSpec, local_batch, shard_memory_bytes
-from shardwise.workload.tables import DIM_ALIGNMENT, row_blocks
+from shardwise.workload import ShardingTask, TableSpec, row_blocks, shard_memory_bytes
+from shardwise.workload.tables import DIM_ALIGNMENT
 
 from .measured import (
     KernelShard,
     distinct_shards,
+    everywhere_kernels,
     measure_all_reduces,
     measure_comm,
     measure_row_wise_comm,
@@ -247,9 +248,7 @@ class _Refiner:
             task, n = self.task, self.task.num_devices
             replicated, split = ([task.table(name) for name in names] for names in key)
             blocks = row_blocks(split, n)
-            shards = [KernelShard(replicated, local_batch(self.batch, n), task.optimizer, task.weights_precision,
-                                  "dense")] if replicated else []
-            shards += [KernelShard(b, self.batch, task.optimizer, task.weights_precision) for b in blocks if b]
+            shards = everywhere_kernels(task, replicated, blocks, self.batch)
             timed = iter(time_shards_in_rounds(shards, self.rounds, device=self.device, protocol=self.protocol,
                                                progress=False) if shards else [])
 

@@ -3,6 +3,8 @@ tables, and data-parallel tables' dense kernels, into a cost dataset (resumable)
 
 from __future__ import annotations
 
+import math
+
 from pydantic import Field, model_validator
 
 from shardwise.errors import ShardwiseError
@@ -173,7 +175,7 @@ def run_apart(settings: ProfileJobSettings, holdout_tables: str, holdout_shards:
     # all-to-alls depend on widths, not on which tables: measured once, in the first call
     return run(settings.model_copy(update={
         "tables": holdout_tables, "num_shards": holdout_shards, "comm_layouts": 0,
-        **{key: -(-getattr(settings, key) * holdout_shards // max(settings.num_shards, 1))
+        **{key: math.ceil(getattr(settings, key) * holdout_shards / max(settings.num_shards, 1))
            for key in ("data_parallel_shards", "row_wise_shards")},
         "seed": settings.seed + 1,
     }))

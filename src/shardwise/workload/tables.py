@@ -81,14 +81,14 @@ class TableSpec(BaseModel):
         if rows == 0:
             return None
         lo = sum(sizes[:rank])
-        return self.model_copy(update={"name": f"{self.name}[rows {lo}:{lo + rows}]", "rows": rows,
+        return self.model_copy(update={"name": f"{self.name}{ROW_BLOCK_MARK}{lo}:{lo + rows}]", "rows": rows,
                                        "pooling_factor": self.pooling_factor * rows / self.rows,
                                        "source": self.source or self.name})
 
     @property
     def is_row_block(self) -> bool:
         """Whether this is one device's block of a row-wise table (`row_block`)."""
-        return "[rows " in self.name
+        return ROW_BLOCK_MARK in self.name
 
     def reuse_features(self, batch_size: int) -> np.ndarray:
         """The 17 reuse-bin fractions: given ones, else derived from `zipf_alpha` (uniform when neither)."""
@@ -97,6 +97,10 @@ class TableSpec(BaseModel):
         return np.array(
             derive_reuse_bins(self.rows, self.pooling_factor, batch_size, self.zipf_alpha or 0.0)
         )
+
+
+#: what a row block's name carries after its table's (`TableSpec.row_block`: `t[rows lo:hi]`)
+ROW_BLOCK_MARK = "[rows "
 
 
 def row_wise_rows(rows: int, world_size: int) -> list[int]:
