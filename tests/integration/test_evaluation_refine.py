@@ -361,3 +361,50 @@ def test_a_table_holding_the_slowest_device_up_is_tried_split(fixed_all_to_all):
         assert split or "was faster than the refined one" in record.stopped, record.table()
     else:
         assert not split
+
+
+def _scripted_sessions(monkeypatch, *sessions: list[float]) -> list[int]:
+    """Refinement's paired sessions at scripted slowest-device figures, in order (kernels only, no exchange), and no
+    round promising a gain: what it returns is then decided by the sessions alone. The layouts each session had."""
+    import shardwise.evaluation.refine as refine
+
+    script, seen = iter(sessions), []
+
+    def side_by_side(refiner, layouts):
+        totals = next(script)
+        assert len(totals) == len(layouts)
+        seen.append(len(layouts))
+        return [[ms] * refiner.task.num_devices for ms in totals], [np.zeros(refiner.task.num_devices)] * len(
+            layouts), list(totals)
+
+    monkeypatch.setattr(refine, "_side_by_side", side_by_side)
+    monkeypatch.setattr(refine, "_plan_round", lambda refiner, layout, measured, comm, refused: (layout, [], 0.0))
+    return seen
+
+
+@pytest.mark.parametrize(("again", "returned"), [([10.3, 10.0], "good"), ([9.8, 10.0], "bad")])
+def test_a_plan_departs_from_the_starts_given_only_where_a_second_session_agrees(
+        fixed_all_to_all, monkeypatch, again, returned):
+    """The searched plan measured 0.1 ms under the measured greedy's (the start given) in one session: it is measured
+    again beside it, and returned only if faster there too; else the start is, at its figure in the first session."""
+    task = _task()
+    bad, good = _bad_and_good()
+    seen = _scripted_sessions(monkeypatch, [10.0, 10.1], again)
+    refined, record = refine_plan(task, bad, FeatureCostModel(), MEASUREMENT, rounds=1, starts=[good],
+                                  progress=False)
+    assert seen == [2, 2]
+    heavy = {s.table: s.device for s in refined.shards if s.table.startswith("h")}
+    assert heavy == ({"h0": 1, "h1": 2} if returned == "good" else {"h0": 0, "h1": 0})
+    assert record.before_ms == 10.0 and record.after_ms == (10.1 if returned == "good" else 10.0)
+    assert ("good's plan was faster" in record.stopped) == (returned == "good")
+    assert ("confirmed it faster than good's" in record.stopped) == (returned == "bad")
+
+
+def test_a_start_given_measured_fastest_is_returned_without_a_second_session(fixed_all_to_all, monkeypatch):
+    task = _task()
+    bad, good = _bad_and_good()
+    seen = _scripted_sessions(monkeypatch, [10.2, 10.0])
+    refined, record = refine_plan(task, bad, FeatureCostModel(), MEASUREMENT, rounds=1, starts=[good],
+                                  progress=False)
+    assert seen == [2] and record.start == "good" and record.after_ms == record.before_ms == 10.0
+    assert {s.table: s.device for s in refined.shards if s.table.startswith("h")} == {"h0": 1, "h1": 2}
