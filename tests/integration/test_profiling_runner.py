@@ -251,6 +251,26 @@ def test_data_parallel_shards_are_profiled_as_dense_kernels_at_each_local_batch_
     assert again.measured == 0 and again.skipped == first.measured
 
 
+def test_the_first_dense_kernels_are_timed_again_for_their_noise_floor(tmp_path: Path) -> None:
+    """With repeats, the first `repeat_shards` dense kernels of each device count are timed again (after the
+    shards: their noise floor over the run), pretrain reports it beside the shards', and a resumed run skips them."""
+    from shardwise.costmodel.evaluate import noise_floor_table
+
+    out = tmp_path / "costs"
+    settings = ProfileSettings(num_shards=3, data_parallel_shards=2, repeats=1, repeat_shards=1, max_tables=3,
+                               batch_size=64, seed=3, protocol=FAST, device="cpu")
+    first = profile(TABLES, out, settings, progress=False)
+    counts = len(runner.DATA_PARALLEL_DEVICE_COUNTS)
+    assert first.measured == 3 + 1 + 2 * counts + counts  # shards, a shard's repeat, dense kernels, one's repeat
+    dense = load_costs(out).query("kind == 'data_parallel'")
+    again = dense[dense["repeat"] == 1]
+    assert len(again) == counts and set(again["config_id"]) < set(dense.loc[dense["repeat"] == 0, "config_id"])
+    floor = noise_floor_table(dense, split="dense kernel repeats")
+    assert set(floor["target"]) == {"fwd", "bwd", "total"} and (floor["n"] == counts).all()
+    assert (floor["split"] == "dense kernel repeats").all() and floor["mape_pct"].notna().all()
+    assert profile(TABLES, out, settings, progress=False).measured == 0
+
+
 def test_row_wise_shards_are_profiled_as_their_row_blocks_and_resumed(tmp_path: Path) -> None:
     out = tmp_path / "costs"
     settings = ProfileSettings(num_shards=3, row_wise_shards=2, max_tables=3, batch_size=64, seed=3, protocol=FAST,

@@ -23,6 +23,7 @@ def test_the_summary_shows_each_methods_predicted_plan_cost_beside_the_measured_
                                                                "neural_heldout_row_blocks_total_mape_pct": 6.25,
                                                                "data_parallel_kernel_line_heldout_dense_kernels_total"
                                                                "_mape_pct": 7.5,
+                                                               "noise_floor_dense_kernel_repeats_total_mape_pct": 5.0,
                                                                "train_shards": 560, "not_reported": 1.0})
     _step_output(tmp_path, "train-policies", "predicted", {"neuroshard_predicted_ms": 1.9,
                                                            "dreamshard_predicted_ms": 2.1, "autoshard_predicted_ms": 2.05})
@@ -33,7 +34,7 @@ def test_the_summary_shows_each_methods_predicted_plan_cost_beside_the_measured_
             "autoshard 2.050") in text
     assert "ratio 0.800" in text and "MAPE 3.50%" in text
     assert ("MAPE 3.50%, Spearman nan (560 training shards)\n  their kernels as other sharding types, MAPE: "
-            "row-wise (row blocks) 6.25%, data-parallel (dense kernel line) 7.50%\nmeasured vs") in text
+            "row-wise (row blocks) 6.25%, data-parallel (dense kernel line) 7.50% (noise floor 5.00%)\nmeasured vs") in text
 
 
 def test_a_run_without_the_policy_step_has_no_predicted_line(tmp_path):

@@ -200,10 +200,11 @@ def evaluate_compute(
     return pd.DataFrame(rows, columns=list(EVAL_COLUMNS))
 
 
-def noise_floor_table(compute_df: pd.DataFrame) -> pd.DataFrame:
-    """Evaluation rows for the noise floor (repeated measurements vs the first one)."""
+def noise_floor_table(compute_df: pd.DataFrame, split: str = "repeats") -> pd.DataFrame:
+    """Evaluation rows for the noise floor (repeated measurements vs the first one) of `compute_df`'s kernels (the
+    shards', or with `split` "dense kernel repeats", data-parallel tables' dense kernels)."""
     rows = [
-        {"split": "repeats", "method": "noise_floor", "target": k, "n": int(v.pop("n")), **v,
+        {"split": split, "method": "noise_floor", "target": k, "n": int(v.pop("n")), **v,
          "note": "repeat >= 1 vs repeat 0 of the same config"}
         for k, v in noise_floor_rows(compute_df).items()
     ]

@@ -547,6 +547,7 @@ def train_cost_model(
         frames.append(evaluate_compute(model, train, block_test, single_table_ms=single, split="held-out row blocks",
                                        baselines=False))
     frames.append(noise_floor_table(df[df["kind"] == "compute"]))
+    frames.append(noise_floor_table(df[df["kind"] == "data_parallel"], split="dense kernel repeats"))
     if comm is not None and comm_test is not None and comm_test.any():
         pred = np.exp(comm_net(torch.from_numpy(comm_norm(comm.features[comm_test]))).detach().numpy() + comm_offset)  # type: ignore[misc,arg-type]
         meas = comm.costs_ms[comm_test]

@@ -87,7 +87,7 @@ _COST_MODEL_FIGURES = (
     "neural_heldout_row_blocks_total_mape_pct", "data_parallel_kernel_line_heldout_dense_kernels_total_mape_pct",
     "data_parallel_kernel_network_dense_kernels_total_mape_pct",
     "torchrec_estimator_heldout_tables_total_mape_pct", "torchrec_estimator_heldout_tables_total_spearman",
-    "noise_floor_repeats_total_mape_pct",
+    "noise_floor_repeats_total_mape_pct", "noise_floor_dense_kernel_repeats_total_mape_pct",
 )
 
 

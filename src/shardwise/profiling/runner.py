@@ -329,11 +329,14 @@ def profile(
     reduce_ids = [collective_config_id(op, size, count, backend, kind) for op, count, size in reduces]
     reduce_mine = [k for k in range(len(reduces)) if k % settings.workers == settings.worker]
     reduce_todo = [k for k in reduce_mine if (reduce_ids[k], 0) not in done]
-    # data-parallel tables: the first sampled shards' dense kernels at each device count's local batch
-    dense = [(index, count) for count in DATA_PARALLEL_DEVICE_COUNTS
-             for index in range(min(settings.data_parallel_shards, len(sampled)))]
-    dense_ids = [config_id("data_parallel", ids[index], count) for index, count in dense]
-    dense_todo = [k for k in range(len(dense)) if k % settings.workers == settings.worker and (dense_ids[k], 0) not in done]
+    # data-parallel tables: the first sampled shards' dense kernels at each device count's local batch, timed before
+    # the shards; the first `repeat_shards` of them again `repeats` times after (their noise floor, over the run)
+    dense_shards = min(settings.data_parallel_shards, len(sampled))
+    dense = [(index, count, repeat) for repeat in range(settings.repeats + 1) for count in DATA_PARALLEL_DEVICE_COUNTS
+             for index in range(dense_shards if repeat == 0 else min(settings.repeat_shards, dense_shards))]
+    dense_ids = [config_id("data_parallel", ids[index], count) for index, count, _ in dense]
+    dense_mine = [k for k in range(len(dense)) if k % settings.workers == settings.worker]
+    dense_todo = [k for k in dense_mine if (dense_ids[k], dense[k][2]) not in done]
 
     if protocol.reference_normalised and protocol.reference_ms is None and todo:
         reused = _reuse_reference_ms(stored, kind, timing)
@@ -348,6 +351,8 @@ def profile(
                disable=not progress)
     try:
         with _sigterm_as_interrupt():
+            measured += _profile_dense(configs, dense, dense_ids, [k for k in dense_todo if dense[k][2] == 0],
+                                       settings, device, protocol, index_data, common, timing, buffer, bar)
             # on a GPU the next shard's kernel is built while the device runs this one's timed calls
             timings = measure_shards([configs[job.index] for job in todo], settings.batch_size, device=device,
                                      protocol=protocol, optimizer=settings.optimizer,
@@ -359,18 +364,8 @@ def profile(
                                         weights_precision=settings.weights_precision, provenance="profile")])
                 measured += 1
                 bar.update()
-            for count in sorted({dense[k][1] for k in dense_todo}):
-                mine = [k for k in dense_todo if dense[k][1] == count]
-                timings = measure_shards([configs[dense[k][0]] for k in mine], local_batch(settings.batch_size, count),
-                                         device=device, protocol=protocol, index_data=index_data,
-                                         compute_kernel="dense")
-                for k, timing_result in zip(mine, timings):
-                    row = compute_row(configs[dense[k][0]], timing_result, config_id=dense_ids[k], repeat=0,
-                                      common=common, timing=timing, optimizer="sgd", weights_precision="fp32",
-                                      provenance="profile")
-                    buffer.add([{**row, "kind": "data_parallel", "num_devices": count}])
-                    measured += 1
-                    bar.update()
+            measured += _profile_dense(configs, dense, dense_ids, [k for k in dense_todo if dense[k][2] > 0],
+                                       settings, device, protocol, index_data, common, timing, buffer, bar)
             measured += _profile_comm(
                 layouts, layout_ids, comm_todo, [(*reduces[k], reduce_ids[k]) for k in reduce_todo], settings,
                 backend, common, buffer, bar
@@ -381,11 +376,30 @@ def profile(
     return ProfileSummary(
         measured=measured,
         skipped=(len(jobs) - len(todo) + len(comm_mine) - len(comm_todo) + len(reduce_mine) - len(reduce_todo)
-                 + sum(1 for k in range(len(dense)) if k % settings.workers == settings.worker) - len(dense_todo)),
+                 + len(dense_mine) - len(dense_todo)),
         total_rows=count_rows(out),
         hardware_kind=kind,
         reference_ms=protocol.reference_ms,
     )
+
+
+def _profile_dense(configs: Sequence[Sequence[TableSpec]], dense: list[tuple[int, int, int]], dense_ids: list[str],
+                   todo: list[int], settings: ProfileSettings, device: torch.device, protocol: TimingProtocol,
+                   index_data: IndexData | None, common: dict[str, Any], timing: str, buffer: _RowBuffer,
+                   bar: tqdm) -> int:
+    """Time the `todo` dense kernels (`dense[k]`: the shard's config index, the device count whose local batch,
+    the repeat), a device count at a time, as kind "data_parallel" rows; how many were timed."""
+    for count in sorted({dense[k][1] for k in todo}):
+        mine = [k for k in todo if dense[k][1] == count]
+        timings = measure_shards([configs[dense[k][0]] for k in mine], local_batch(settings.batch_size, count),
+                                 device=device, protocol=protocol, index_data=index_data, compute_kernel="dense")
+        for k, timing_result in zip(mine, timings):
+            row = compute_row(configs[dense[k][0]], timing_result, config_id=dense_ids[k], repeat=dense[k][2],
+                              common=common, timing=timing, optimizer="sgd", weights_precision="fp32",
+                              provenance="profile")
+            buffer.add([{**row, "kind": "data_parallel", "num_devices": count}])
+            bar.update()
+    return len(todo)
 
 
 def _profile_comm(
