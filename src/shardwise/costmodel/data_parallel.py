@@ -125,36 +125,17 @@ class AllReduceCost:
                    points=points, by_devices=lines, collective=collective)
 
 
-def _non_negative_fit(terms: np.ndarray, active: list[int], target: np.ndarray | None = None) -> np.ndarray:
-    """Least squares of `terms` @ coef = 1 (rows already scaled to relative error; or = `target`) over the `active`
-    columns, a negative coefficient dropped and the rest refitted; zeros elsewhere."""
+def _non_negative_fit(terms: np.ndarray, active: list[int]) -> np.ndarray:
+    """Least squares of `terms` @ coef = 1 (rows already scaled to relative error) over the `active` columns, a
+    negative coefficient dropped and the rest refitted; zeros elsewhere."""
     coef = np.zeros(terms.shape[1])
     active = list(active)
-    target = np.ones(len(terms)) if target is None else target
     while active:
-        solution, *_ = np.linalg.lstsq(terms[:, active], target, rcond=None)
+        solution, *_ = np.linalg.lstsq(terms[:, active], np.ones(len(terms)), rcond=None)
         if (solution >= 0).all():
             coef[active] = solution
             break
         active.remove(active[int(np.argmin(solution))])
-    return coef
-
-
-#: iterations of the reweighted fit, and the smallest relative error a row's weight is taken at
-L1_ITERATIONS = 50
-L1_FLOOR = 1e-3
-
-
-def _non_negative_l1_fit(terms: np.ndarray) -> np.ndarray:
-    """The coefficients >= 0 of `terms` @ coef = 1 (rows scaled to relative error) with the least mean absolute
-    relative error (MAPE), by iteratively reweighted least squares: each row weighted by 1 / its last absolute error.
-    A timing a busy machine stretched pulls a squared-error line by its square, this one by its size."""
-    weights = np.ones(len(terms))
-    coef = np.zeros(terms.shape[1])
-    for _ in range(L1_ITERATIONS):
-        root = np.sqrt(weights)
-        coef = _non_negative_fit(terms * root[:, None], list(range(terms.shape[1])), target=root)
-        weights = 1.0 / np.maximum(np.abs(terms @ coef - 1.0), L1_FLOOR)
     return coef
 
 
@@ -280,10 +261,8 @@ MeasuredDenseKernel = tuple[Sequence[TableSpec], int, float, float]
 
 def fit_data_parallel_kernel(measured: Sequence[MeasuredDenseKernel], batch_size: int, *,
                              hardware_kind: str = "") -> DataParallelKernelCost:
-    """The lines through measured dense kernels (`MeasuredDenseKernel`s at the local batch of `batch_size`) with the
-    least mean absolute relative error, each coefficient kept >= 0 (`_non_negative_l1_fit`). Least squares on
-    relative error priced make run's 18 held-out dense kernels at 6.59% MAPE, this fit at 5.02% (2026-11-28; the
-    network on the tables' whole shards: 4.30%)."""
+    """The lines through measured dense kernels (`MeasuredDenseKernel`s at the local batch of `batch_size`), least
+    squares on relative error, each coefficient kept >= 0 (a negative one dropped and the rest refitted)."""
     if len(measured) < len(DATA_PARALLEL_KERNEL_TERMS):
         raise ValueError(f"fit_data_parallel_kernel needs at least {len(DATA_PARALLEL_KERNEL_TERMS)} measured dense "
                          f"kernels, got {len(measured)}")
@@ -293,7 +272,7 @@ def fit_data_parallel_kernel(measured: Sequence[MeasuredDenseKernel], batch_size
         ms = np.array([m[column] for m in measured], dtype=np.float64)
         if not (np.isfinite(ms).all() and (ms > 0).all()):
             raise ValueError("fit_data_parallel_kernel: every measured fwd_ms and bwd_ms must be finite and > 0")
-        coefficients.append(tuple(_non_negative_l1_fit(terms / ms[:, None]).tolist()))
+        coefficients.append(tuple(_non_negative_fit(terms / ms[:, None], list(range(terms.shape[1]))).tolist()))
     return DataParallelKernelCost(coefficients[0], coefficients[1], int(batch_size), hardware_kind, len(measured))
 
 
