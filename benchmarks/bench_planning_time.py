@@ -197,8 +197,8 @@ def main() -> None:
         record(args.record_name, title, rows,
                notes=f"cost model: {source}, on {' and '.join(devices)} (neuroshard_s: on {first}); synthetic DLRM tables at full size, batch {batch_size}, memory "
                      "per device 1.5x an even share; *_over_neuroshard = TorchRec's time / NeuroShard's on "
-                     "the same task; neuroshard_cpu_s = NeuroShard's process CPU time (far below wall time: "
-                     "the machine was busy with others); peak_gib = the process's peak resident memory after the "
+                     "the same task; neuroshard_cpu_s = NeuroShard's process CPU time (far below wall time where "
+                     "the machine is busy with others); peak_gib = the process's peak resident memory after the "
                      f"search; TorchRec's planner run up to {args.torchrec_max_tables} tables")
 
 
