@@ -125,6 +125,15 @@ def _record(args: argparse.Namespace, specs: tuple[TaskSetSpec, ...], rows: list
            notes="; ".join(notes))
 
 
+def finished_run(parser: argparse.ArgumentParser, run: str) -> tuple[Path, dict[str, Any]]:
+    """A finished run's --out directory and its results.json (its protocol, `measurement`); a usage error where
+    `run` is not one."""
+    path = Path(run)
+    if not (path / "results.json").is_file():
+        parser.error(f"--run: {path} has no results.json (a bench_plan_quality.py --out directory)")
+    return path, json.loads((path / "results.json").read_text())
+
+
 def at_or_below(results: list[PlanResult], method: str, reference: str, value: Callable[[PlanResult], float]) -> str:
     """On how many tasks `method`'s figure is at or below `reference`'s, the worst ratio and the mean of the
     ratios ("" when no task has both)."""

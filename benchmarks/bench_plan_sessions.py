@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 from bench_measurement_noise import moved
-from bench_plan_quality import at_or_below
-from record import record
+from bench_plan_quality import at_or_below, finished_run
+from record import add_record_options, record
 
 from shardwise.cli import quiet_libraries
 from shardwise.evaluation import PlanResult, cost_ratio, measure_plans
@@ -67,17 +67,12 @@ def main() -> None:
     parser.add_argument("--sets", default=None, help="only these task sets (comma separated names)")
     parser.add_argument("--out", default=None, help="where each session's figures are kept (default: <run>/sessions.json)")
     parser.add_argument("--resume", action="store_true", help="keep the sessions already in --out and go on")
-    parser.add_argument("--record", action="store_true", help="write benchmarks/results/plan_sessions.json")
-    parser.add_argument("--record-name", default="plan_sessions", metavar="NAME",
-                        help="record as benchmarks/results/NAME.json instead")
+    add_record_options(parser, "plan_sessions")
     args = parser.parse_args()
     quiet_libraries(verbose=False)
-    run = Path(args.run)
-    if not (run / "results.json").is_file():
-        parser.error(f"--run: {run} has no results.json (a bench_plan_quality.py --out directory)")
+    run, original = finished_run(parser, args.run)
     if args.sessions < 2:
         parser.error(f"--sessions: at least 2 (a ratio moves between sessions), got {args.sessions}")
-    original = json.loads((run / "results.json").read_text())
     # the run's protocol, its reference pinned; runs before 2026-11-26 priced each device's all-to-all as measured
     measurement = MeasurementSettings(**{"comm_pricing": "measured", **original["measurement"]})
     tasks = _tasks(run, args.sets.split(",") if args.sets else None)
