@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 from bench_plan_quality import finished_run
-from record import add_record_options, record
+from record import record
 
 from shardwise.cli import quiet_libraries
 from shardwise.costmodel.data_parallel import gradient_bytes
@@ -57,7 +57,9 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="the cost model the run planned with (its predictions)")
     parser.add_argument("--counts", default="1,2,4", help="how many of the smallest tables to replicate")
     parser.add_argument("--num-tasks", type=int, default=None, help="the first this many tasks of each set")
-    add_record_options(parser, "data_parallel_choice")
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/data_parallel_choice.json")
+    parser.add_argument("--record-name", default="data_parallel_choice", metavar="NAME",
+                        help="record as benchmarks/results/NAME.json instead")
     args = parser.parse_args()
     quiet_libraries(verbose=False)
     run, original = finished_run(parser, args.run)

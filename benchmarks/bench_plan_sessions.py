@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from bench_measurement_noise import moved
 from bench_plan_quality import at_or_below, finished_run
-from record import add_record_options, record
+from record import record
 
 from shardwise.cli import quiet_libraries
 from shardwise.evaluation import PlanResult, cost_ratio, measure_plans
@@ -67,7 +67,9 @@ def main() -> None:
     parser.add_argument("--sets", default=None, help="only these task sets (comma separated names)")
     parser.add_argument("--out", default=None, help="where each session's figures are kept (default: <run>/sessions.json)")
     parser.add_argument("--resume", action="store_true", help="keep the sessions already in --out and go on")
-    add_record_options(parser, "plan_sessions")
+    parser.add_argument("--record", action="store_true", help="write benchmarks/results/plan_sessions.json")
+    parser.add_argument("--record-name", default="plan_sessions", metavar="NAME",
+                        help="record as benchmarks/results/NAME.json instead")
     args = parser.parse_args()
     quiet_libraries(verbose=False)
     run, original = finished_run(parser, args.run)

@@ -4,7 +4,6 @@ renders docs/results.md from those documents, so figures in docs always come fro
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import os
@@ -53,10 +52,3 @@ def record(name: str, title: str, rows: list[dict[str, Any]], *, notes: str = ""
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"recorded {path}")
     return path
-
-
-def add_record_options(parser: argparse.ArgumentParser, name: str) -> None:
-    """--record (write benchmarks/results/`name`.json) and --record-name NAME (under another name)."""
-    parser.add_argument("--record", action="store_true", help=f"write benchmarks/results/{name}.json")
-    parser.add_argument("--record-name", default=name, metavar="NAME",
-                        help="record as benchmarks/results/NAME.json instead")
