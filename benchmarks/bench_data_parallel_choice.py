@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 import torch
-from bench_plan_quality import finished_run
+from bench_plan_quality import REFINED, finished_run
 from record import record
 
 from shardwise.cli import quiet_libraries
@@ -35,8 +35,6 @@ from shardwise.profiling import MeasurementSettings
 from shardwise.search import Plan, PlanError, load_plan, validate_plan
 from shardwise.search.simulator import simulate
 from shardwise.workload import ShardingTask, load_task
-
-REFINED = "neuroshard+refine"
 
 
 def replicated(plan: Plan, task: ShardingTask, count: int) -> Plan:
@@ -87,15 +85,16 @@ def main() -> None:
                 left_out.append(f"{task_dir.parent.name} task {index}, {count} replicated: {err}")
         measured = measure_plans([(task, p) for _, p in plans], measurement, progress=False)
         predicted = [simulate(p, task, model).max_cost_ms for _, p in plans]
-        for (count, p), cost, ms in zip(plans, measured, predicted, strict=True):
-            rows.append({"task_set": task_dir.parent.name, "task": index, "replicated": count,
-                         "gradient_kib": round(gradient_bytes([task.table(n) for n in p.data_parallel]) / 1024, 1),
-                         "measured_ms": round(cost.max_cost_ms, 4), "predicted_ms": round(ms, 4),
-                         "measured_ratio": round(cost.max_cost_ms / measured[0].max_cost_ms, 4),
-                         "predicted_ratio": round(ms / predicted[0], 4)})
+        mine = [{"task_set": task_dir.parent.name, "task": index, "replicated": count,
+                 "gradient_kib": round(gradient_bytes([task.table(n) for n in p.data_parallel]) / 1024, 1),
+                 "measured_ms": round(cost.max_cost_ms, 4), "predicted_ms": round(ms, 4),
+                 "measured_ratio": round(cost.max_cost_ms / measured[0].max_cost_ms, 4),
+                 "predicted_ratio": round(ms / predicted[0], 4)}
+                for (count, p), cost, ms in zip(plans, measured, predicted, strict=True)]
+        rows += mine
         print(f"{task_dir.parent.name} task {index}: " + ", ".join(
             f"{r['replicated']} replicated {r['measured_ratio']:.3f} measured / {r['predicted_ratio']:.3f} predicted"
-            for r in rows if r["task"] == index and r["task_set"] == task_dir.parent.name and r["replicated"]))
+            for r in mine[1:]))
     if not rows:
         parser.error(f"--run: no task in {run} has a {REFINED} plan")
     headlines = []
@@ -109,7 +108,8 @@ def main() -> None:
                     f"{statistics.mean(r['measured_ratio'] for r in mine):.3f} (cheaper on {cheaper} of {len(mine)} "
                     f"tasks, best {min(r['measured_ratio'] for r in mine):.3f}), predicted "
                     f"{statistics.mean(r['predicted_ratio'] for r in mine):.3f}")
-    print("\n".join(headlines + [f"left out (memory): {line}" for line in left_out]))
+    headlines += [f"left out (memory): {line}" for line in left_out]
+    print("\n".join(headlines))
     seconds = time.perf_counter() - started
     print(f"({seconds:.0f} s)")
     if args.record:
@@ -119,7 +119,7 @@ def main() -> None:
                          f"one session under the run's protocol ({measurement.timing_rounds} kernel timings, "
                          f"{measurement.comm_rounds} x {measurement.comm_iters} all-to-alls, all-reduces measured), "
                          f"predicted by {args.model}; ratios over the plan without replicas ({seconds:.0f} s); "
-                         + "; ".join(headlines + [f"left out (memory): {line}" for line in left_out]))))
+                         + "; ".join(headlines))))
 
 
 if __name__ == "__main__":

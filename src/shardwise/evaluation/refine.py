@@ -638,8 +638,8 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
             layout, after_ms = layouts[fastest], final[fastest]
             stopped += (f"; measured side by side at the end, {candidates[fastest - 1][0]}'s plan was faster than "
                         "the refined one: it is returned")
-    names = {s.method for s in starts}  # the starts given, or the candidate measured for one (the same layout)
-    given = [(m, c) for m, c in candidates if m in names | {same_as[n] for n in names if n in same_as}]
+    names = {same_as.get(s.method, s.method) for s in starts}  # a start given, or the candidate measured for it
+    given = [(m, c) for m, c in candidates if m in names]
     if given and _layout_key(layout, task.num_devices) not in {_layout_key(c, task.num_devices) for _, c in given}:
         # the plan departs from the starts given (the measured greedy's, say) only where a second paired session
         # agrees that it is faster: one session's win within noise measured 1.018x the greedy's plan in the next
