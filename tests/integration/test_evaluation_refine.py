@@ -386,7 +386,8 @@ def _scripted_sessions(monkeypatch, *sessions: list[float]) -> list[int]:
 def test_a_plan_departs_from_the_starts_given_only_where_a_second_session_agrees(
         fixed_all_to_all, monkeypatch, again, returned):
     """The searched plan measured 0.1 ms under the measured greedy's (the start given) in one session: it is measured
-    again beside it, and returned only if faster there too; else the start is, at its figure in the first session."""
+    again beside it, and returned only if faster there too; else the start given is. Before and after are both the
+    second session's figures, so the record never says the returned plan was slower than its start."""
     task = _task()
     bad, good = _bad_and_good()
     seen = _scripted_sessions(monkeypatch, [10.0, 10.1], again)
@@ -395,9 +396,38 @@ def test_a_plan_departs_from_the_starts_given_only_where_a_second_session_agrees
     assert seen == [2, 2]
     heavy = {s.table: s.device for s in refined.shards if s.table.startswith("h")}
     assert heavy == ({"h0": 1, "h1": 2} if returned == "good" else {"h0": 0, "h1": 0})
-    assert record.before_ms == 10.0 and record.after_ms == (10.1 if returned == "good" else 10.0)
+    assert record.start == "bad" and record.before_ms == again[0] and record.after_ms == min(again)
+    assert record.after_ms <= record.before_ms
     assert ("good's plan was faster" in record.stopped) == (returned == "good")
     assert ("confirmed it faster than good's" in record.stopped) == (returned == "bad")
+
+
+@pytest.mark.parametrize(("again", "returned"), [([10.2, 10.0, 10.1], "good"), ([9.7, 10.0, 10.1], "refined"),
+                                                 ([10.2, 10.3, 9.9], "bad")])
+def test_a_refined_plan_is_measured_again_beside_the_starts_given_and_its_own_start(
+        fixed_all_to_all, monkeypatch, again, returned):
+    """A round kept (the searched plan "bad" with h1 moved to device 1) and confirmed at the end beside both starts:
+    the second session measures it beside the start given ("good") and the start it was refined from ("bad", whose
+    figure before_ms is), and the fastest of the three is returned."""
+    import shardwise.evaluation.refine as refine
+
+    task = _task()
+    bad, good = _bad_and_good()
+    seen = _scripted_sessions(monkeypatch, [10.0, 10.1], [9.9, 10.0, 10.1], again)
+    moved = [Shard(table="h1", col_offset=0, dim=64, device=1) if s.table == "h1" else s for s in bad.shards]
+    change = refine._Change("h1[0] 0->1", "h1[0] 0->1", (0, 1), [s for s in moved if s.device in (0, 1)],
+                            (9.0, 9.0), 9.0, 9.0)
+    monkeypatch.setattr(refine, "_plan_round", lambda refiner, layout, measured, comm, refused: (
+        refine._Layout(moved), [change], 9.0))
+    # the round's paired figures (the two devices changed, then as they were) and no exchange: the change is kept
+    monkeypatch.setattr(refine._Refiner, "measure", lambda self, groups: [9.0, 9.0, 11.0, 11.0])
+    monkeypatch.setattr(refine._Refiner, "measure_comm", lambda self, layouts: [np.zeros(3) for _ in layouts])
+    refined, record = refine_plan(task, bad, FeatureCostModel(), MEASUREMENT, rounds=1, starts=[good],
+                                  progress=False)
+    assert seen == [2, 3, 3] and record.rounds[0].kept and record.start == "bad"
+    heavy = {s.table: s.device for s in refined.shards if s.table.startswith("h")}
+    assert heavy == {"good": {"h0": 1, "h1": 2}, "refined": {"h0": 0, "h1": 1}, "bad": {"h0": 0, "h1": 0}}[returned]
+    assert record.before_ms == again[2] and record.after_ms == min(again) <= record.before_ms
 
 
 def test_a_start_given_measured_fastest_is_returned_without_a_second_session(fixed_all_to_all, monkeypatch):

@@ -58,6 +58,7 @@ import statistics
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -625,7 +626,6 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
             # greedy (benchmarks/results/plan_quality_fresh_after_refusal.json against plan_quality_width)
             refused.add(changes[0].move)
     after_ms = before  # nothing kept: the start, as first measured (a refused round leaves its figures alone)
-    last = dict(zip((m for m, _ in candidates), totals, strict=True))  # each start in the last paired session
     if any(r.kept for r in history):
         # the rounds' figures come from sessions minutes apart, and a shared machine drifts between them: the
         # refined layout is measured once more beside every start, in one paired session, and the fastest of them
@@ -633,27 +633,31 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
         layouts = [layout, *(c for _, c in candidates)]
         final = _side_by_side(refiner, layouts)[2]
         after_ms, before = final[0], final[1 + best]
-        last = dict(zip((m for m, _ in candidates), final[1:], strict=True))
         if (fastest := int(np.argmin(final))) > 0:
             layout, after_ms = layouts[fastest], final[fastest]
             stopped += (f"; measured side by side at the end, {candidates[fastest - 1][0]}'s plan was faster than "
                         "the refined one: it is returned")
+    key = partial(_layout_key, num_devices=task.num_devices)
     names = {same_as.get(s.method, s.method) for s in starts}  # a start given, or the candidate measured for it
     given = [(m, c) for m, c in candidates if m in names]
-    if given and _layout_key(layout, task.num_devices) not in {_layout_key(c, task.num_devices) for _, c in given}:
+    if given and key(layout) not in {key(c) for _, c in given}:
         # the plan departs from the starts given (the measured greedy's, say) only where a second paired session
         # agrees that it is faster: one session's win within noise measured 1.018x the greedy's plan in the next
-        # (4 devices, benchmarks/results/plan_quality_types.json). Else the start faster there is returned, at its
-        # figure in the session above (before_ms and after_ms stay paired)
-        confirm = _side_by_side(refiner, [layout, *(c for _, c in given)])[2]
-        if (fastest := int(np.argmin(confirm))) > 0:
-            name, layout = given[fastest - 1]
-            after_ms = last[name]
+        # (4 devices, benchmarks/results/plan_quality_types.json). The session has the start before_ms is of too,
+        # where it is neither; the fastest there is returned, before_ms and after_ms both from it (so after <= before)
+        session = [(f"{plan.method}+refine", layout), *given]
+        if key(candidates[best][1]) not in {key(c) for _, c in session}:
+            session.append(candidates[best])
+        confirm = _side_by_side(refiner, [c for _, c in session])[2]
+        before = confirm[[key(c) for _, c in session].index(key(candidates[best][1]))]
+        fastest = int(np.argmin(confirm))
+        (name, layout), after_ms = session[fastest], confirm[fastest]
+        if fastest > 0:
             stopped += (f"; measured again beside the starts, {name}'s plan was faster ({confirm[fastest]:.3f} ms "
                         f"against {confirm[0]:.3f}): it is returned")
         else:
             stopped += (f"; a second paired session confirmed it faster than {', '.join(m for m, _ in given)}'s "
-                        f"({confirm[0]:.3f} ms against {min(confirm[1:]):.3f})")
+                        f"({confirm[0]:.3f} ms against {min(confirm[1:len(given) + 1]):.3f})")
     starts_ms = {m: ms for (m, _), ms in zip(candidates, totals, strict=True)}
     record = Refinement(rounds=history, starts=starts_ms | {m: starts_ms[other] for m, other in same_as.items()},
                         start=start, before_ms=before, after_ms=after_ms, seconds=time.perf_counter() - started,
