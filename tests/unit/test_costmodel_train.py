@@ -5,7 +5,7 @@ import torch
 from costmodel_synthetic import cost_frame, synthetic_tables
 
 from shardwise.costmodel import CostDataError, TrainConfig, train_cost_model
-from shardwise.costmodel.train import compute_samples, pick_heldout_sources
+from shardwise.costmodel.train import compute_samples, on_one_reference, pick_heldout_sources
 
 torch.set_num_threads(1)
 
@@ -122,6 +122,27 @@ def test_training_is_reproducible_for_a_seed(frame):
     shards = [list(s) for s in rep.test.shards]
     np.testing.assert_array_equal(a.predict_compute(shards), b.predict_compute(shards))
     assert not np.array_equal(a.predict_compute(shards), c.predict_compute(shards))
+
+
+def test_kernels_timed_against_another_reference_calibration_train_on_one_scale(frame):
+    """A third of the configs profiled by another worker (or a dataset merged at pretrain) whose reference kernel
+    calibrated 1.25x slower: the same ratios to the reference, every ms 1.25x. Put on the rows' median reference
+    (the model's), they train the very model the one-session profile does; the collectives (timed raw) stay."""
+    other = frame["config_id"].isin(frame["config_id"].unique()[::3])
+    merged = frame.copy()
+    merged.loc[other, ["fwd_ms", "bwd_ms", "reference_ms"]] *= 1.25
+    comm = pd.DataFrame([{"kind": "all_reduce", "config_id": "ar", "repeat": 0, "fwd_ms": 0.0, "bwd_ms": 2.0,
+                          "reference_ms": np.nan}])
+    rescaled = on_one_reference(pd.concat([merged, comm], ignore_index=True))
+    np.testing.assert_allclose(rescaled["fwd_ms"].iloc[:-1], frame["fwd_ms"])
+    assert (rescaled["reference_ms"].iloc[:-1] == 1.0).all() and rescaled["bwd_ms"].iloc[-1] == 2.0
+    assert on_one_reference(frame) is frame  # one calibration: nothing to do
+    cfg = TrainConfig(epochs=3, progress=False)
+    one, report = train_cost_model(frame, 0, cfg)
+    two, _ = train_cost_model(merged, 0, cfg)
+    shards = [list(s) for s in report.test.shards]
+    np.testing.assert_allclose(two.predict_compute(shards), one.predict_compute(shards), rtol=1e-5)
+    assert two.reference_ms == 1.0
 
 
 def test_repeats_are_averaged_into_one_sample(frame):

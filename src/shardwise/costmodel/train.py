@@ -454,6 +454,7 @@ def train_cost_model(
     evaluate on held-out tables, layouts and sizes."""
     cfg = config or TrainConfig()
     hardware_kind, batch_size = check_cost_frame(df)
+    df = on_one_reference(df)
     torch.manual_seed(seed)
     samples = compute_samples(df)
     notes: list[str] = []
@@ -640,8 +641,30 @@ def fine_tune_cost_model(model: NeuralCostModel, samples: ComputeSamples, seed: 
 def _reference_ms(df: pd.DataFrame) -> float | None:
     if "reference_ms" not in df.columns:
         return None
-    ref = pd.to_numeric(df["reference_ms"], errors="coerce").dropna()
+    ref = pd.to_numeric(df["reference_ms"], errors="coerce")
+    ref = ref[ref > 0]
     return float(ref.median()) if len(ref) else None
+
+
+def on_one_reference(df: pd.DataFrame) -> pd.DataFrame:
+    """Kernel rows normalised against different reference calibrations (the profile's workers each calibrate one,
+    datasets profiled apart and merged at pretrain) put on one scale: a row's fwd_ms and bwd_ms are its median
+    ratios to the reference kernel times its own `reference_ms`, so they are rescaled to the rows' median
+    reference_ms, the model's (`ModelMeta.reference_ms`, what plans are timed against). Rows without a reference
+    (timed raw: CUDA, collectives) are left as they are."""
+    common = _reference_ms(df)
+    if common is None:
+        return df
+    ref = pd.to_numeric(df["reference_ms"], errors="coerce")
+    normalised = ref > 0
+    if (ref[normalised] == common).all():
+        return df
+    scale = (common / ref).where(normalised, 1.0)
+    out = df.copy()
+    out["fwd_ms"] = out["fwd_ms"] * scale
+    out["bwd_ms"] = out["bwd_ms"] * scale
+    out.loc[normalised, "reference_ms"] = common
+    return out
 
 
 def _label(method: str, split: str, target: str) -> str:
