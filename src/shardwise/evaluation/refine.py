@@ -46,8 +46,9 @@ searched one, kernels and all-to-alls, and refinement goes on from the fastest. 
 refined plan is measured once more beside every start in one paired session at the end (the rounds' figures are
 minutes apart, and a shared machine drifts in between), and the fastest there is returned: never a plan measured
 slower than the searched one or any start. A plan other than the starts' (the measured greedy's) is returned only
-where one more paired session beside them agrees that it is faster; else the start faster there is. Each round is recorded in the plan's `extra["refinement"]`; with a cost dataset,
-every device shard timed is appended to it for the next pre-training.
+where one more paired session beside them (and the start refinement went on from) agrees that it is faster; else
+the plan fastest there is, with before and after both that session's figures. Each round is recorded in the plan's
+`extra["refinement"]`; with a cost dataset, every device shard timed is appended to it for the next pre-training.
 """
 
 from __future__ import annotations
