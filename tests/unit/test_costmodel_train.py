@@ -176,6 +176,9 @@ def test_mixed_hardware_kinds_are_refused_by_name(frame):
         # a GPU's rows timed around the launches (unrecorded: before the timer was stored) beside device-held ones
         (lambda df: df.assign(hardware_kind="cuda-nvidia-h100",
                               timer=np.where(np.arange(len(df)) % 2, "held", None)), "mixes CUDA timers"),
+        # a dataset profiled with --no-reference-normalisation merged with a normalised one
+        (lambda df: df.assign(reference_ms=np.where(np.arange(len(df)) % 2, 1.0, np.nan)),
+         r"mixes kernels normalised by the reference kernel \(\d+ compute rows with a 'reference_ms'\) and timed raw"),
     ],
 )
 def test_bad_datasets_are_refused_naming_the_field(frame, change, message):

@@ -140,6 +140,12 @@ def check_cost_frame(df: pd.DataFrame) -> tuple[str, int]:
             "the host's launches where they outlast the kernels, 'held' and 'graph' the device's work; profile into "
             "a new dataset (or dataset_uri prefix) with a device timer"
         )
+    if "reference_ms" in compute.columns and 0 < compute["reference_ms"].notna().sum() < len(compute):
+        raise CostDataError(
+            f"cost dataset mixes kernels normalised by the reference kernel ({compute['reference_ms'].notna().sum()} "
+            f"compute rows with a 'reference_ms') and timed raw ({compute['reference_ms'].isna().sum()}, profiled with "
+            "--no-reference-normalisation): their ms are on different scales; profile into one dataset one way"
+        )
     if "tables_json" not in compute.columns:
         raise CostDataError("cost dataset lacks column 'tables_json' for kind='compute' rows")
     costs = compute[["fwd_ms", "bwd_ms"]].to_numpy(dtype=np.float64)
