@@ -142,8 +142,9 @@ class Refinement(BaseModel):
     #: the measured slowest device of each plan refinement could start from, by method; it went on from the fastest
     starts: dict[str, float] = {}
     start: str = ""
-    #: the start's and the returned plan's measured slowest device, side by side in one session: the final paired
-    #: check's when a round kept a change, else the first session's (nothing changed)
+    #: the start's and the returned plan's measured slowest device, side by side in one session: the second paired
+    #: session's where the plan departs from the starts given, else the final paired check's when a round kept a
+    #: change, else the first session's (nothing changed); so they may differ from `starts`
     before_ms: float
     after_ms: float
     seconds: float
@@ -166,8 +167,8 @@ class Refinement(BaseModel):
 
     def outcome(self) -> str:
         """The measured slowest device before and after, what it cost and why it stopped, in one line."""
-        return (f"slowest device {self.before_ms:.3f} -> {self.after_ms:.3f} ms measured "
-                f"({self.after_ms / self.before_ms:.3f}x), {self.devices_measured} device shards timed in "
+        return (f"slowest device {self.before_ms:.3f} -> {self.after_ms:.3f} ms, measured side by side in one "
+                f"session ({self.after_ms / self.before_ms:.3f}x), {self.devices_measured} device shards timed in "
                 f"{self.seconds:.1f} s" + (f"; stopped: {self.stopped}" if self.stopped else ""))
 
 
