@@ -271,6 +271,18 @@ def test_the_first_dense_kernels_are_timed_again_for_their_noise_floor(tmp_path:
     assert profile(TABLES, out, settings, progress=False).measured == 0
 
 
+def test_dense_kernels_added_to_a_profile_reuse_its_reference(tmp_path: Path) -> None:
+    """A profile whose shards are all measured, run again for its dense kernels (or resumed after an interrupt in
+    the dense repeats, which come last): they are normalised by the dataset's reference, not one calibrated anew."""
+    out = tmp_path / "costs"
+    settings = ProfileSettings(num_shards=3, max_tables=3, batch_size=64, seed=3, protocol=FAST, device="cpu")
+    profile(TABLES, out, settings, progress=False)
+    more = profile(TABLES, out, settings.model_copy(update={"data_parallel_shards": 2}), progress=False)
+    assert more.measured == 2 * len(runner.DATA_PARALLEL_DEVICE_COUNTS)
+    df = load_costs(out)
+    assert (df["kind"] == "data_parallel").any() and df["reference_ms"].nunique() == 1
+
+
 def test_row_wise_shards_are_profiled_as_their_row_blocks_and_resumed(tmp_path: Path) -> None:
     out = tmp_path / "costs"
     settings = ProfileSettings(num_shards=3, row_wise_shards=2, max_tables=3, batch_size=64, seed=3, protocol=FAST,

@@ -338,7 +338,9 @@ def profile(
     dense_mine = [k for k in range(len(dense)) if k % settings.workers == settings.worker]
     dense_todo = [k for k in dense_mine if (dense_ids[k], dense[k][2]) not in done]
 
-    if protocol.reference_normalised and protocol.reference_ms is None and todo:
+    # one reference for every kernel of the dataset: a run with only dense kernels left (added to a profile, or
+    # resumed in their repeats, which come last) reuses the stored one too, not one calibrated per device count
+    if protocol.reference_normalised and protocol.reference_ms is None and (todo or dense_todo):
         reused = _reuse_reference_ms(stored, kind, timing)
         protocol = protocol.model_copy(update={"reference_ms": reused or calibrate_reference(device, protocol)})
 
