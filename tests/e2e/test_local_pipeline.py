@@ -107,6 +107,12 @@ def test_local_pipeline_then_the_next_commands(tmp_path, smoke_steps):
     doc = json.loads((tmp_path / "plan.json").read_text())
     assert doc["provenance"]["cost_model_uri"].startswith("models:/shardwise-cost-")
     assert (tmp_path / "mlflow.db").is_file()
+    # README's next line: the same plan refined on this machine with the run's model, never measured slower
+    refined = _shardwise("plan", "--task", str(task), "--method", "neuroshard", "--refine", "1", "--out",
+                         "refined.json", cwd=tmp_path)
+    assert refined.returncode == 0, refined.stderr
+    record = json.loads((tmp_path / "refined.json").read_text())["refinement"]
+    assert record["after_ms"] <= record["before_ms"] and set(record["starts"]) >= {"neuroshard", "measured_greedy"}
 
     # the run trained and registered both placement policies: they plan with no further step, and the summary
     # gave their plans' predicted cost beside the searched plan's
