@@ -75,7 +75,9 @@ def main() -> None:
           f"{max(t[0].pooling_factor * t[0].dim for t in heaviest):,.0f}; median of {args.rounds} rounds each")
     print(f"{'model':44s} {'shards':24s} {'n':>3s} {'signed':>8s} {'MAPE':>7s} {'fwd signed':>11s} "
           f"{'MAPE / typical':>15s}")
-    rows = []
+    rows, per_table = [], []
+    kind_of = np.array(kinds)
+    alone = np.flatnonzero(kind_of == "heavy table alone")
     for uri, model in models.items():
         # in the measured session's units: a model predicts its training data's ratios to the reference kernel
         # times its own reference_ms
@@ -83,9 +85,9 @@ def main() -> None:
         predicted = scale * np.asarray(model.predict_compute([s.tables for s in shards]), dtype=np.float64)
         error = predicted.sum(axis=1) / total - 1
         fwd_error = predicted[:, 0] / fwd - 1
-        typical = float(np.abs(error[np.array(kinds) == "typical table alone"]).mean())
+        typical = float(np.abs(error[kind_of == "typical table alone"]).mean())
         for kind in groups:
-            k = np.array(kinds) == kind
+            k = kind_of == kind
             mape = float(np.abs(error[k]).mean())
             print(f"{uri:44s} {kind:24s} {k.sum():3d} {error[k].mean():8.1%} {mape:7.1%} {fwd_error[k].mean():11.1%} "
                   f"{mape / typical:15.2f}")
@@ -94,15 +96,13 @@ def main() -> None:
                          "mape_pct": round(100 * mape, 1),
                          "fwd_signed_error_pct": round(100 * float(fwd_error[k].mean()), 1),
                          "mape_over_typical": round(mape / typical, 2)})
-    alone = [i for i, kind in enumerate(kinds) if kind == "heavy table alone"]
-    per_table = []
-    for uri, model in models.items():  # which heavy tables each model misses, and how they are accessed
-        scale = first.reference_ms / model.reference_ms if first.reference_ms and model.reference_ms else 1.0
-        predicted = scale * np.asarray(model.predict_compute([shards[i].tables for i in alone])).sum(axis=1)
+        # which heavy tables it misses, how they are accessed, and whether its training ranges flag them
+        flagged = model.outside_training([shards[i].tables[0] for i in alone], first.batch_size) or ""
         per_table.append(f"{uri}: " + ", ".join(
-            f"{t.name} (pooling x dim {t.pooling_factor * t.dim:,.0f}, zipf {t.zipf_alpha:g}) {p / total[i] - 1:+.0%}"
-            for i, p in zip(alone, predicted) for t in shards[i].tables))
-        print(per_table[-1])
+            f"{t.name} (pooling x dim {t.pooling_factor * t.dim:,.0f}, zipf {t.zipf_alpha:g}"
+            f"{', outside training' if t.name in flagged else ''}) {error[i]:+.0%}"
+            for i in alone for t in shards[i].tables))
+    print("\n".join(per_table))
     print(f"({time.perf_counter() - started:.0f} s)")
     if args.record:
         record("heavy_tables", "Cost-model error on new heavy tables, beside typical ones", rows,

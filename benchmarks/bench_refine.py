@@ -12,6 +12,8 @@ blocks and collectives refinement keeps and moves the other shards around (recor
 
     python benchmarks/bench_refine.py --model MODEL_DIR [--tasks 3] [--rounds 4] [--searched-only]
         [--method torchrec_rw] [--record]
+    python benchmarks/bench_refine.py --model MODEL_DIR --task my_task.json --rounds 3 --record \
+        --record-name refine_readme_example      # tasks of your own (README's example) instead of the paper sets
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 from bench_plan_quality import paper_tasks
@@ -30,6 +33,7 @@ from shardwise.evaluation.refine import refine_plan
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import make_searcher
+from shardwise.workload import load_task
 
 BASELINES = ("measured_greedy", "torchrec")
 
@@ -46,7 +50,11 @@ def main() -> None:
                         help="the method whose plan is refined (default neuroshard; torchrec_rw: plans with row-wise "
                              "tables)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--task", action="append", default=None, metavar="FILE",
+                        help="a shardwise.task/v1 file to refine instead of the paper tasks (repeatable)")
     parser.add_argument("--record", action="store_true", help="write benchmarks/results/refine.json")
+    parser.add_argument("--record-name", default=None, metavar="NAME",
+                        help="record as benchmarks/results/NAME.json instead")
     args = parser.parse_args()
     quiet_libraries(verbose=False)  # MLflow's download bars and INFO logs, as the CLI without -v
     torch.set_num_threads(1)
@@ -58,7 +66,8 @@ def main() -> None:
     header = (f"{'task':<18}{searched[:11]:>11}{'refined':>9}{'meas.greedy':>12}{'torchrec':>9}{'ref/srch':>9}"
               f"{'ref/greedy':>11}{'ref/torchrec':>13}{'ref imbal':>10}{'refine s':>9}  start: measured slowest device per round")
     lines = []
-    tasks = paper_tasks(args.tasks, args.seed, model.batch_size)
+    tasks = ([(Path(f).stem, load_task(f)) for f in args.task] if args.task
+             else paper_tasks(args.tasks, args.seed, model.batch_size))
     if args.sets:
         tasks = [(name, task) for name, task in tasks if name in args.sets.split(",")]
     for index, (name, task) in enumerate(tasks):
@@ -74,7 +83,7 @@ def main() -> None:
                                                  measurement, progress=False)))
         ms = {m: measured[m].max_cost_ms for m in order}
         per_round = " ".join(f"{r.measured_max_ms:.2f}{'*' if r.kept else ''}" for r in refinement.rounds)
-        label = f"{name} #{index % args.tasks + 1}"
+        label = name if args.task else f"{name} #{index % args.tasks + 1}"
         lines.append(f"{label:<18}{ms[searched]:>11.3f}{ms['refined']:>9.3f}{ms['measured_greedy']:>12.3f}"
                      f"{ms['torchrec']:>9.3f}{ms['refined'] / ms[searched]:>9.3f}"
                      f"{ms['refined'] / ms['measured_greedy']:>11.3f}{ms['refined'] / ms['torchrec']:>13.3f}"
@@ -100,9 +109,10 @@ def main() -> None:
           "gain); per round: the measured slowest device (kernels + all-to-all, both measured) "
           "before it; * = its change was kept")
     if args.record:
-        name = "refine" if searched == "neuroshard" else f"refine_{searched}"
+        name = args.record_name or ("refine" if searched == "neuroshard" else f"refine_{searched}")
+        what = ", ".join(args.task) if args.task else f"first {args.tasks} task(s) of {args.sets or 'each paper set'}"
         record(name, f"Refinement on hardware: {searched} before and after, the measured greedy, TorchRec",
-               rows, notes=f"first {args.tasks} task(s) of {args.sets or 'each paper set'}, {args.rounds} rounds, "
+               rows, notes=f"{what}, {args.rounds} rounds, "
                f"{'from the searched plan only' if args.searched_only else f'from the faster of {searched} and the measured greedy'}, CPU")
 
 

@@ -59,7 +59,6 @@ import statistics
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -639,19 +638,21 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
             layout, after_ms = layouts[fastest], final[fastest]
             stopped += (f"; measured side by side at the end, {candidates[fastest - 1][0]}'s plan was faster than "
                         "the refined one: it is returned")
-    key = partial(_layout_key, num_devices=task.num_devices)
     names = {same_as.get(s.method, s.method) for s in starts}  # a start given, or the candidate measured for it
     given = [(m, c) for m, c in candidates if m in names]
-    if given and key(layout) not in {key(c) for _, c in given}:
+    session = [(f"{plan.method}+refine", layout), *given]
+    keys = [_layout_key(c, task.num_devices) for _, c in session]
+    if given and keys[0] not in keys[1:]:
         # the plan departs from the starts given (the measured greedy's, say) only where a second paired session
         # agrees that it is faster: one session's win within noise measured 1.018x the greedy's plan in the next
         # (4 devices, benchmarks/results/plan_quality_types.json). The session has the start before_ms is of too,
         # where it is neither; the fastest there is returned, before_ms and after_ms both from it (so after <= before)
-        session = [(f"{plan.method}+refine", layout), *given]
-        if key(candidates[best][1]) not in {key(c) for _, c in session}:
+        start_key = _layout_key(candidates[best][1], task.num_devices)
+        if start_key not in keys:
             session.append(candidates[best])
+            keys.append(start_key)
         confirm = _side_by_side(refiner, [c for _, c in session])[2]
-        before = confirm[[key(c) for _, c in session].index(key(candidates[best][1]))]
+        before = confirm[keys.index(start_key)]
         fastest = int(np.argmin(confirm))
         (name, layout), after_ms = session[fastest], confirm[fastest]
         if fastest > 0:
