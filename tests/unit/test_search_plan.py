@@ -80,3 +80,62 @@ def test_plan_files_round_trip_with_extra_keys(tmp_path):
     annotated = GOOD.model_copy(update={"method": "handmade", "extra": {"memory_bytes": [1, 2]}})
     loaded = load_plan(save_plan(annotated, tmp_path / "plan.json"))
     assert loaded == annotated
+
+
+def _plan_space_task(**plan_space: object) -> ShardingTask:
+    """`task()` with table b (dim 32) given a plan space, validated as a task file's would be."""
+    b = TableSpec.model_validate({**TABLES[1].model_dump(), **plan_space})
+    return ShardingTask(num_devices=2, device_memory_bytes=2**30, batch_size=256, tables=(TABLES[0], b, TABLES[2]))
+
+
+WHOLE_B = plan(("a", 0, 16, 0), ("b", 0, 32, 1), ("c", 0, 8, 1))
+
+
+@pytest.mark.parametrize(
+    ("plan_space", "bad", "message"),
+    [
+        ({"sharding_types": ["table_wise"]}, GOOD,
+         r"table 'b' is split into 2 column slices; its plan space \(sharding_types \['table_wise'\]\) does not "
+         "allow column_wise"),
+        ({"min_partition": 20}, GOOD, r"table 'b': column slice \[\d+:\d+\] is 16 columns, narrower than its "
+                                      "min_partition 20"),
+        ({"min_partition": 8}, plan(("a", 0, 16, 0), ("b", 0, 28, 1), ("b", 28, 4, 0), ("c", 0, 8, 1)),
+         r"table 'b': column slice \[28:32\] is 4 columns, narrower than its min_partition 8"),
+        ({"sharding_types": ["table_wise", "column_wise", "row_wise"]},
+         Plan(num_devices=2, data_parallel=("b",), shards=WHOLE_B.shards[:1] + WHOLE_B.shards[2:]),
+         r"data_parallel table 'b': its plan space \(sharding_types \['table_wise', 'column_wise', 'row_wise'\]\) "
+         "does not allow data_parallel"),
+        ({"sharding_types": ["column_wise", "data_parallel"], "min_partition": 16},
+         Plan(num_devices=2, row_wise=("b",), shards=WHOLE_B.shards[:1] + WHOLE_B.shards[2:]),
+         r"row_wise table 'b': its plan space \(sharding_types \['column_wise', 'data_parallel'\], min_partition 16\) "
+         "does not allow row_wise"),
+    ],
+)
+def test_plans_outside_a_tables_plan_space_are_refused_naming_it(plan_space, bad, message):
+    validate_plan(bad, task())  # the same plan is valid where b has no plan space
+    with pytest.raises(PlanError, match=message):
+        validate_plan(bad, _plan_space_task(**plan_space))
+
+
+def test_plans_inside_a_tables_plan_space_pass():
+    validate_plan(WHOLE_B, _plan_space_task(sharding_types=["column_wise"], min_partition=64))  # whole: one shard
+    validate_plan(GOOD, _plan_space_task(sharding_types=["column_wise"], min_partition=16))
+    replicated = Plan(num_devices=2, data_parallel=("b",), shards=WHOLE_B.shards[:1] + WHOLE_B.shards[2:])
+    validate_plan(replicated, _plan_space_task(sharding_types=["table_wise", "data_parallel"]))
+
+
+def test_memory_bounds_consider_only_the_splits_a_tables_plan_space_allows():
+    # b alone does not fit one device, its halves do: not where its plan space forbids halves
+    cap = shard_memory_bytes([TABLES[1]], 256) - 1
+    for plan_space in ({"sharding_types": ["table_wise", "row_wise"]}, {"min_partition": 20}):
+        tight = _plan_space_task(**plan_space).model_copy(update={"device_memory_bytes": cap})
+        with pytest.raises(PlanError, match=r"table 'b': the table alone needs .* over the device cap"):
+            check_memory_bounds(tight, column_split=True)
+    check_memory_bounds(_plan_space_task(min_partition=16).model_copy(update={"device_memory_bytes": cap}),
+                        column_split=True)
+    # a block of b's rows fits, where its plan space allows rows
+    rows = _plan_space_task(sharding_types=["table_wise", "row_wise"]).model_copy(update={"device_memory_bytes": cap})
+    check_memory_bounds(rows, column_split=False, row_wise=True)
+    no_rows = _plan_space_task(sharding_types=["table_wise"]).model_copy(update={"device_memory_bytes": cap})
+    with pytest.raises(PlanError, match="table 'b': the table alone needs"):
+        check_memory_bounds(no_rows, column_split=True, row_wise=True)

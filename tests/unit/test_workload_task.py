@@ -63,6 +63,16 @@ def test_round_trip(tmp_path):
         (lambda d: d["tables"][1].update(name="t0"), "appears more than once"),
         (lambda d: d.update(optimizer="lamb"), "field 'optimizer'"),
         (lambda d: d.update(weights_precision="int8"), "field 'weights_precision'"),
+        (lambda d: d["tables"][0].update(sharding_types=["row_wise"]),
+         r"field 'tables\.0\.sharding_types': sharding_types \['row_wise'\] has neither 'table_wise' nor 'column_wise'"),
+        (lambda d: d["tables"][0].update(sharding_types=["table_wise", "grid_shard"]),
+         r"field 'tables\.0\.sharding_types\.1': Input should be 'table_wise'"),
+        (lambda d: d["tables"][0].update(sharding_types=[]), r"field 'tables\.0\.sharding_types': sharding_types is empty"),
+        (lambda d: d["tables"][0].update(sharding_types=["table_wise", "table_wise"]),
+         r"field 'tables\.0\.sharding_types': .* more than once"),
+        (lambda d: d["tables"][0].update(sharding_types="table_wise"), r"field 'tables\.0\.sharding_types'"),
+        (lambda d: d["tables"][0].update(min_partition=2), r"field 'tables\.0\.min_partition'"),
+        (lambda d: d["tables"][0].update(min_partition="32"), r"field 'tables\.0\.min_partition'"),
     ],
 )
 def test_bad_task_refused_naming_field(tmp_path, mutate, field):
@@ -72,6 +82,49 @@ def test_bad_task_refused_naming_field(tmp_path, mutate, field):
     path.write_text(json.dumps(doc))
     with pytest.raises(TaskError, match=field):
         load_task(path)
+
+
+def test_a_tables_plan_space_round_trips_and_is_absent_where_unset(tmp_path):
+    doc = _task_doc()
+    doc["tables"][0].update(sharding_types=["table_wise", "column_wise", "data_parallel"], min_partition=32)
+    (tmp_path / "task.json").write_text(json.dumps(doc))
+    task = load_task(tmp_path / "task.json")
+    assert task.tables[0].sharding_types == ("table_wise", "column_wise", "data_parallel")
+    assert task.tables[0].min_partition == 32 and task.tables[1].sharding_types is None
+    again = load_task(save_task(task, tmp_path / "out.json"))
+    assert again == task
+    written = json.loads((tmp_path / "out.json").read_text())["tables"]
+    assert written[0]["min_partition"] == 32 and written[0]["sharding_types"] == ["table_wise", "column_wise",
+                                                                                   "data_parallel"]
+    # unset, a table reads as before in every dump (task files, profiling rows, resume keys)
+    assert "sharding_types" not in written[1] and "min_partition" not in written[1]
+    assert set(task.tables[1].model_dump()) == {"name", "rows", "dim", "pooling_factor", "zipf_alpha", "reuse_bins",
+                                                "source"}
+    assert "min_partition" in task.tables[0].model_dump() and "sharding_types" not in task.tables[1].model_dump_json()
+
+
+@pytest.mark.parametrize(
+    ("plan_space", "allowed", "pieces_on_8"),
+    [
+        ({}, {"table_wise", "column_wise", "row_wise", "data_parallel"}, 8),  # 8 slices of 8 columns
+        ({"sharding_types": ["table_wise", "row_wise"]}, {"table_wise", "row_wise"}, 1),
+        ({"sharding_types": ["column_wise"]}, {"column_wise"}, 8),
+        ({"min_partition": 16}, {"table_wise", "column_wise", "row_wise", "data_parallel"}, 4),
+        ({"min_partition": 17}, {"table_wise", "column_wise", "row_wise", "data_parallel"}, 2),
+        ({"min_partition": 64}, {"table_wise", "column_wise", "row_wise", "data_parallel"}, 1),
+    ],
+)
+def test_a_tables_plan_space_says_which_types_and_how_many_column_slices(plan_space, allowed, pieces_on_8):
+    table = TableSpec.model_validate({"name": "t", "rows": 100, "dim": 64, "pooling_factor": 1.0, **plan_space})
+    assert {k for k in ("table_wise", "column_wise", "row_wise", "data_parallel") if table.allows(k)} == allowed
+    assert table.max_column_pieces(8) == pieces_on_8
+    assert table.max_column_pieces(3) == min(pieces_on_8, 2) and table.max_column_pieces(1) == 1
+    assert table.with_dim(32, "t[0:32]").sharding_types == table.sharding_types  # a slice keeps its table's
+
+
+def test_max_column_pieces_keeps_slices_on_the_4_column_grid():
+    table = TableSpec(name="t", rows=10, dim=24, pooling_factor=1.0)
+    assert table.max_column_pieces(8) == 2  # 2 x 12; 4 x 6 is off the grid
 
 
 def test_unreadable_task_files(tmp_path):

@@ -86,6 +86,16 @@ class FeatureRanges:
             raise ValueError(f"field 'feature_ranges.batch_size' must be a positive integer, got {batch!r}")
         return cls(**spans, batch_size=batch)
 
+    def beyond(self, names: Sequence[str], transformed: np.ndarray) -> list[str]:
+        """The tables above the largest seen value of any ranged table feature (bigger rows, dim, pooling or skew),
+        in task order; tables only under the smallest seen are not named (they are cheap: adapting for them never
+        pays)."""
+        values = _table_values(transformed)
+        over = np.zeros(len(names), dtype=bool)
+        for name, _ in TABLE_RANGES:
+            over |= values[name] > getattr(self, name)[1]
+        return [name for name, is_over in zip(names, over, strict=True) if is_over]
+
     def outside(self, names: Sequence[str], transformed: np.ndarray, batch_size: int,
                 tables_per_device: Sequence[int] = ()) -> list[str]:
         """What of a task lies outside these ranges, one phrase per feature and side, naming the tables and how

@@ -20,6 +20,7 @@ from torch import nn
 from torch.multiprocessing import start_processes
 
 from shardwise.profiling import resolve_device
+from shardwise.profiling.processes import main_module_hidden
 from shardwise.search.plan import Plan, plan_from_json, validate_plan
 from shardwise.search.torchrec_plan import to_sharding_plan
 from shardwise.workload import ShardingTask, sample_batch, stable_seed, task_from_json
@@ -289,9 +290,11 @@ def measure_dlrm_throughputs(
     results = []
     with tempfile.TemporaryDirectory(prefix="shardwise-dlrm-") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
-        start_processes(
-            _worker, args=(world_size, init_file, tmp, job), nprocs=world_size, join=True, start_method="spawn"
-        )
+        with main_module_hidden():
+            ranks = start_processes(_worker, args=(world_size, init_file, tmp, job), nprocs=world_size, join=False,
+                                    start_method="spawn")
+        while not ranks.join():  # torch's own wait for join=True: raises when a rank failed
+            pass
         for i, plan in enumerate(plans):
             per_rank = [json.loads(Path(tmp, f"rank{r}_plan{i}.json").read_text())["iter_ms"]
                         for r in range(world_size)]

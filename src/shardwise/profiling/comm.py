@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .processes import main_module_hidden
+
 #: what a rank reports once it has joined the process group
 READY = "ready"
 
@@ -261,13 +263,14 @@ class AllToAllSession:
         env_before = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = "1"  # keep the children's thread pools small
         try:
-            for rank in range(self.num_devices):
-                process = context.Process(
-                    target=_rank_main, daemon=True,
-                    args=(rank, self.num_devices, port, self.backend, self._jobs[rank], self._results),
-                )
-                process.start()
-                self._ranks.append(process)
+            with main_module_hidden():
+                for rank in range(self.num_devices):
+                    process = context.Process(
+                        target=_rank_main, daemon=True,
+                        args=(rank, self.num_devices, port, self.backend, self._jobs[rank], self._results),
+                    )
+                    process.start()
+                    self._ranks.append(process)
         except BaseException:
             self._stop(graceful=False)
             raise

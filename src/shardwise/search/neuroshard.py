@@ -119,6 +119,8 @@ class _Placer:
         self._replicated: dict[tuple[int, ...], tuple[float, int]] = {}
         self._replicated_bytes: dict[tuple[int, ...], int] = {}
         self._piece_bytes: dict[tuple[int, int], int] = {}  # (table, pieces) -> one piece's bytes, no model call
+        #: per table, the most column slices its plan space allows (`TableSpec.max_column_pieces`)
+        self.max_pieces = [t.max_column_pieces(task.num_devices) for t in task.tables]
         self.head_calls = 0
 
     def replicated(self, state: SplitState) -> tuple[float, int]:
@@ -361,10 +363,9 @@ def _place_unless_bounded(placer: _Placer, seen: dict[SplitState, _Evaluated], b
 
 
 def _too_big_for_columns(task: ShardingTask, table: TableSpec) -> bool:
-    """Whether `table` fits on no device even split by columns into as many 4-aligned slices as there are devices."""
-    pieces = max(1, min(task.num_devices, table.dim // DIM_ALIGNMENT))
-    widest = -(-table.dim // pieces)
-    widest += -widest % DIM_ALIGNMENT
+    """Whether `table` fits on no device even in the narrowest column split its plan space allows (as many 4-aligned
+    slices as there are devices, none below `min_partition`; whole where it allows no column split)."""
+    widest = table.widest_slice_dim(task.num_devices)
     return shard_state_bytes(table.with_dim(widest), task) > task.device_memory_bytes
 
 
@@ -406,13 +407,8 @@ class NeuroShardSearch:
         self.config = config or NeuroShardConfig(**options)  # type: ignore[arg-type]
 
     def _candidates(self, placer: _Placer, state: SplitState) -> list[int]:
-        num_devices = placer.task.num_devices
-        splittable = [
-            i
-            for i, p in enumerate(state)
-            if p >= 1 and 2 * p <= num_devices and (placer.task.tables[i].dim // (2 * p)) % DIM_ALIGNMENT == 0
-            and placer.task.tables[i].dim % (2 * p) == 0
-        ]
+        # pieces are powers of two, and the splits a table allows are all those up to its most
+        splittable = [i for i, p in enumerate(state) if p >= 1 and 2 * p <= placer.max_pieces[i]]
         if not splittable:
             return []
         placer._fill([(i, state[i]) for i in splittable])  # one batched model call for all of them
@@ -424,15 +420,18 @@ class NeuroShardSearch:
 
     def _data_parallel_order(self, placer: _Placer) -> list[int]:
         """Tables in the order they are tried data-parallel: ascending rows (the fewest gradient bytes all-reduced
-        per output column taken out of the all-to-all; ties: the costliest first). Empty where none are tried."""
+        per output column taken out of the all-to-all; ties: the costliest first), those whose plan space allows it.
+        Empty where none are tried."""
         task = placer.task
         if not self.config.data_parallel or task.num_devices < 2 or all_reduce_of(placer.model) is None:
             return []
         placer._fill([(i, 1) for i in range(len(task.tables))])
-        return sorted(range(len(task.tables)), key=lambda i: (task.tables[i].rows, -placer.piece_cost(i, 1)[0]))
+        allowed = [i for i, t in enumerate(task.tables) if t.allows("data_parallel")]
+        return sorted(allowed, key=lambda i: (task.tables[i].rows, -placer.piece_cost(i, 1)[0]))
 
     def _forced_splits(self, task: ShardingTask) -> dict[int, int]:
-        """The config's `split` as pieces by table index; PlanError where a split cannot be laid out."""
+        """The config's `split` as pieces by table index; PlanError where a split cannot be laid out or the table's
+        plan space forbids it."""
         index = {t.name: i for i, t in enumerate(task.tables)}
         forced: dict[int, int] = {}
         for name, pieces in self.config.split:
@@ -443,6 +442,10 @@ class NeuroShardSearch:
                     or (dim // pieces) % DIM_ALIGNMENT):
                 raise PlanError(f"neuroshard: split {name!r} into {pieces}: pieces must be a power of two up to the "
                                 f"{task.num_devices} devices, each a multiple of {DIM_ALIGNMENT} of its {dim} columns")
+            table = task.tables[index[name]]
+            if pieces > (most := table.max_column_pieces(task.num_devices)):
+                raise PlanError(f"neuroshard: split {name!r} into {pieces}: its plan space ({table.plan_space()}) "
+                                f"allows at most {most} column slice(s)")
             forced[index[name]] = pieces
         return forced
 
@@ -491,10 +494,11 @@ class NeuroShardSearch:
         return self.config.row_wise and task.num_devices >= 2 and reduce_scatter_of(cost_model) is not None
 
     def _row_wise_order(self, placer: _Placer, root: SplitState) -> list[int]:
-        """The tables tried row-wise (never those the config's `split` splits by columns): first those that fit on no
-        device even split by columns (every prefix holds them), then the costliest: those not data-parallel in
-        `root` whose predicted cost alone is at least ROW_WISE_MIN_SHARE of a device's even share of the work, with
-        a row for every device; at most ROW_WISE_MAX_TABLES of those. Empty where none are tried."""
+        """The tables tried row-wise (never those the config's `split` splits by columns, nor those whose plan space
+        does not allow it): first those that fit on no device even split by columns (every prefix holds them), then
+        the costliest: those not data-parallel in `root` whose predicted cost alone is at least ROW_WISE_MIN_SHARE of
+        a device's even share of the work, with a row for every device; at most ROW_WISE_MAX_TABLES of those. Empty
+        where none are tried."""
         task = placer.task
         if not self._row_wise_possible(task, placer.model):
             return []
@@ -503,7 +507,7 @@ class NeuroShardSearch:
         share = sum(alone.values()) / task.num_devices
         split = self._forced_splits(task)  # tables the config splits by columns stay so
         candidates = [i for i, p in enumerate(root) if p != DATA_PARALLEL and i not in split
-                      and task.tables[i].rows >= task.num_devices]
+                      and task.tables[i].rows >= task.num_devices and task.tables[i].allows("row_wise")]
         forced = [i for i in candidates if _too_big_for_columns(task, task.tables[i])]
         costly = [i for i in candidates if alone[i] >= ROW_WISE_MIN_SHARE * share and i not in forced]
         return forced + sorted(costly, key=lambda i: -alone[i])[:ROW_WISE_MAX_TABLES]

@@ -18,7 +18,7 @@ from shardwise.workload import (
     shard_memory_bytes,
 )
 from shardwise.workload.documents import describe_validation_error, read_json_document, write_json_document
-from shardwise.workload.tables import DIM_ALIGNMENT
+from shardwise.workload.tables import DIM_ALIGNMENT, ShardingType
 
 PLAN_FORMAT = "shardwise.plan/v1"
 
@@ -167,12 +167,15 @@ def plan_memory_bytes(plan: Plan, task: ShardingTask) -> list[int]:
 
 def validate_plan(plan: Plan, task: ShardingTask) -> None:
     """Raise PlanError naming the first problem: unknown table, device out of range, columns not tiled
-    exactly once or off the 4-column grid, or a device over `task.device_memory_bytes`."""
+    exactly once or off the 4-column grid, a sharding type or slice its table's plan space forbids, or a device
+    over `task.device_memory_bytes`."""
     if plan.num_devices != task.num_devices:
         raise PlanError(f"plan has num_devices {plan.num_devices}, the task has {task.num_devices}")
     by_name = {t.name: t for t in task.tables}
     everywhere: dict[str, str] = {}  # data-parallel and row-wise tables: on every device, no shard entries
-    for kind, names in (("data_parallel", plan.data_parallel), ("row_wise", plan.row_wise)):
+    kinds: tuple[tuple[ShardingType, tuple[str, ...]], ...] = (("data_parallel", plan.data_parallel),
+                                                               ("row_wise", plan.row_wise))
+    for kind, names in kinds:
         for name in names:
             if name not in by_name:
                 raise PlanError(f"{kind} table {name!r}: no such table in the task")
@@ -180,6 +183,9 @@ def validate_plan(plan: Plan, task: ShardingTask) -> None:
                 again = "listed twice" if everywhere[name] == kind else f"also {everywhere[name]}"
                 raise PlanError(f"{kind} table {name!r} is {again} (a table has one sharding type)")
             everywhere[name] = kind
+            if not by_name[name].allows(kind):
+                raise PlanError(f"{kind} table {name!r}: its plan space ({by_name[name].plan_space()}) does not allow "
+                                f"{kind}")
     columns: dict[str, list[tuple[int, int]]] = {name: [] for name in by_name if name not in everywhere}
     for s in plan.shards:
         if s.table in everywhere:
@@ -213,6 +219,7 @@ def validate_plan(plan: Plan, task: ShardingTask) -> None:
             if covered > dim:
                 raise PlanError(f"table {name!r}: shards reach column {covered}, the table has dim {dim}")
             raise PlanError(f"table {name!r}: columns {covered}..{dim - 1} are not covered")
+        _check_plan_space(by_name[name], spans)
     cap = task.device_memory_bytes
     for device, used in enumerate(plan_memory_bytes(plan, task)):
         if used > cap:
@@ -222,12 +229,27 @@ def validate_plan(plan: Plan, task: ShardingTask) -> None:
             )
 
 
+def _check_plan_space(table: TableSpec, spans: list[tuple[int, int]]) -> None:
+    """Raise PlanError where `table`'s column slices `spans` (tiling it) are a split its plan space forbids."""
+    if len(spans) == 1:
+        return  # the whole table on one device: table-wise, or column-wise with one shard
+    if not table.allows("column_wise"):
+        raise PlanError(f"table {table.name!r} is split into {len(spans)} column slices; its plan space "
+                        f"({table.plan_space()}) does not allow column_wise")
+    narrowest = min(spans, key=lambda span: span[1] - span[0])
+    if table.min_partition is not None and narrowest[1] - narrowest[0] < table.min_partition:
+        lo, hi = narrowest
+        raise PlanError(f"table {table.name!r}: column slice [{lo}:{hi}] is {hi - lo} columns, narrower than its "
+                        f"min_partition {table.min_partition}")
+
+
 def check_memory_bounds(task: ShardingTask, *, column_split: bool, row_wise: bool = False) -> None:
     """Raise PlanError saying how much memory is missing when no plan can fit, whatever the search.
 
     Two bounds: all tables together against the total capacity, and the largest unit a method cannot
     split further (a whole table, or its narrowest slice spread over all devices, or with `row_wise` its largest
-    block of rows with the outputs for the whole batch, if that is smaller) against one device."""
+    block of rows with the outputs for the whole batch, if that is smaller) against one device; each table only in
+    the splits its plan space allows (`TableSpec.sharding_types`, `min_partition`)."""
     cap = task.device_memory_bytes
     total = sum(shard_state_bytes(t, task) for t in task.tables)
     capacity = cap * task.num_devices
@@ -237,16 +259,14 @@ def check_memory_bounds(task: ShardingTask, *, column_split: bool, row_wise: boo
             f"{cap / GIB:.3f} GiB hold {capacity / GIB:.3f} GiB: {(total - capacity) / GIB:.3f} GiB missing"
         )
     for t in task.tables:
-        pieces = min(task.num_devices, t.dim // DIM_ALIGNMENT) if column_split else 1
-        widest = -(-t.dim // pieces)
-        widest += -widest % DIM_ALIGNMENT
+        widest = t.widest_slice_dim(task.num_devices) if column_split else t.dim
         need = shard_state_bytes(t.with_dim(widest), task)
-        block = t.row_block(0, task.num_devices) if row_wise and task.num_devices > 1 else None
+        what = f"its widest slice ({widest} of {t.dim} columns)" if widest < t.dim else "the table alone"
+        rows_split = row_wise and task.num_devices > 1 and t.allows("row_wise")
+        block = t.row_block(0, task.num_devices) if rows_split else None
         if block is not None and (block_need := shard_state_bytes(block, task)) < need:
-            need, widest, pieces = block_need, t.dim, 0
+            need, what = block_need, f"its largest block of rows ({block.rows} of {t.rows})"
         if need > cap:
-            what = (f"its largest block of rows ({block.rows if block else t.rows} of {t.rows})" if pieces == 0
-                    else f"its widest slice ({widest} of {t.dim} columns)" if pieces > 1 else "the table alone")
             raise PlanError(
                 f"no plan fits: table {t.name!r}: {what} needs {need / GIB:.3f} GiB, over the device cap of "
                 f"{cap / GIB:.3f} GiB by {(need - cap) / GIB:.3f} GiB"

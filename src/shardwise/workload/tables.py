@@ -6,10 +6,17 @@ import hashlib
 import math
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 from .documents import FiniteFloat, StrictInt
 
@@ -24,6 +31,10 @@ MAX_ROWS = 2**40
 MAX_DIM = 2**16
 MAX_POOLING_FACTOR = 2.0**16
 MAX_NAME_LENGTH = 256
+#: how a table may be sharded, in TorchRec's words
+ShardingType = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
+#: the plan-space fields, left out of a table's JSON when unset so that documents and config hashes read as before
+PLAN_SPACE_FIELDS = ("sharding_types", "min_partition")
 
 
 class TableSpec(BaseModel):
@@ -39,6 +50,11 @@ class TableSpec(BaseModel):
     reuse_bins: tuple[FiniteFloat, ...] | None = None
     #: the table whose index data this one uses (column slices and augmented copies share it)
     source: str | None = Field(default=None, min_length=1, max_length=MAX_NAME_LENGTH)
+    #: the sharding types a plan may give this table (None: any that shardwise plans); a whole table on one device
+    #: counts as table-wise and as column-wise with one shard
+    sharding_types: tuple[ShardingType, ...] | None = None
+    #: the narrowest column slice a plan may cut (TorchRec's `ParameterConstraints.min_partition`)
+    min_partition: StrictInt | None = Field(default=None, ge=DIM_ALIGNMENT, le=MAX_DIM)
 
     @field_validator("name", "source")
     @classmethod
@@ -65,6 +81,58 @@ class TableSpec(BaseModel):
         if any(not 0.0 <= b <= 1.0 for b in bins):
             raise ValueError("reuse_bins are fractions of the accessed rows: each in [0, 1]")
         return tuple(float(b) for b in bins)
+
+    @field_validator("sharding_types")
+    @classmethod
+    def _plan_space(cls, types: tuple[ShardingType, ...] | None) -> tuple[ShardingType, ...] | None:
+        if types is None:
+            return None
+        if not types:
+            raise ValueError("sharding_types is empty: list at least 'table_wise' or 'column_wise', or leave it out")
+        if len(set(types)) != len(types):
+            raise ValueError(f"sharding_types {list(types)} lists a type more than once")
+        if "table_wise" not in types and "column_wise" not in types:
+            # the search places whole tables and column slices; the caller places row-wise/data-parallel-only ones
+            raise ValueError(f"sharding_types {list(types)} has neither 'table_wise' nor 'column_wise' (a table "
+                             "restricted to row_wise or data_parallel is placed outside the search)")
+        return types
+
+    @model_serializer(mode="wrap")
+    def _without_unset_plan_space(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        doc: dict[str, Any] = handler(self)
+        for key in PLAN_SPACE_FIELDS:
+            if key in doc and doc[key] is None:
+                del doc[key]
+        return doc
+
+    def allows(self, sharding_type: ShardingType) -> bool:
+        """Whether the table's plan space lists `sharding_type` (every type, where it sets none)."""
+        return self.sharding_types is None or sharding_type in self.sharding_types
+
+    def max_column_pieces(self, num_devices: int) -> int:
+        """The most equal column slices (a power of two up to `num_devices`, each a multiple of 4 columns and at
+        least `min_partition` wide) the table may be split into; 1 where column_wise is not allowed."""
+        if not self.allows("column_wise"):
+            return 1
+        narrowest = max(self.min_partition or DIM_ALIGNMENT, DIM_ALIGNMENT)
+        pieces = 1
+        while (2 * pieces <= num_devices and self.dim % (2 * pieces) == 0
+               and (self.dim // (2 * pieces)) % DIM_ALIGNMENT == 0 and self.dim // (2 * pieces) >= narrowest):
+            pieces *= 2
+        return pieces
+
+    def widest_slice_dim(self, num_devices: int) -> int:
+        """The columns of the widest slice in the table's narrowest allowed split over `num_devices` devices, slices
+        of any 4-aligned width (its dim where column_wise is not allowed): what no column split goes below."""
+        narrowest = -(-max(self.min_partition or DIM_ALIGNMENT, DIM_ALIGNMENT) // DIM_ALIGNMENT) * DIM_ALIGNMENT
+        pieces = max(1, min(num_devices, self.dim // narrowest)) if self.allows("column_wise") else 1
+        widest = -(-self.dim // pieces)
+        return widest + -widest % DIM_ALIGNMENT
+
+    def plan_space(self) -> str:
+        """The table's plan space in a message's words: `sharding_types [...], min_partition 32`."""
+        types = "any sharding type" if self.sharding_types is None else f"sharding_types {list(self.sharding_types)}"
+        return types + (f", min_partition {self.min_partition}" if self.min_partition is not None else "")
 
     def with_dim(self, dim: int, name: str | None = None) -> TableSpec:
         """The same table at another width (a column slice or an augmented copy)."""
