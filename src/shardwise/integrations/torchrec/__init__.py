@@ -1,0 +1,44 @@
+"""shardwise plans for TorchRec: `ShardwisePlanner`, TorchRec's `EmbeddingShardingPlanner` with shardwise's search
+in its stages, the stages themselves, and (re-exported from `shardwise.search.torchrec_plan`, where they live) the
+export of a shardwise plan to a `ShardingPlan`.
+
+    DistributedModelParallel(model, plan=ShardwisePlanner(topology).collective_plan(model, sharders, pg))
+    DistributedModelParallel(model, plan=to_sharding_plan(plan, task, module_path="ebc"))
+
+This package needs TorchRec (the `torchrec` extra); docs/torchrec.md says what is honoured and how.
+"""
+
+from shardwise.search.torchrec_plan import (
+    COMPUTE_KERNEL,
+    ebc_on_meta,
+    parameter_sharding,
+    plan_from_module_sharding,
+    to_module_sharding_plan,
+    to_sharding_plan,
+)
+
+from .errors import PlannerError
+from .partitioner import PlacedPartitioner
+from .perf_model import ShardwisePerfModel
+from .planner import ShardwisePlanner
+from .proposer import ShardwiseProposer
+from .search import DEFAULT_ADAPT_S, DEFAULT_REFINE_S, ShardwiseSearch
+from .stats import ShardwiseStats
+
+__all__ = [
+    "COMPUTE_KERNEL",
+    "DEFAULT_ADAPT_S",
+    "DEFAULT_REFINE_S",
+    "PlacedPartitioner",
+    "PlannerError",
+    "ShardwisePerfModel",
+    "ShardwisePlanner",
+    "ShardwiseProposer",
+    "ShardwiseSearch",
+    "ShardwiseStats",
+    "ebc_on_meta",
+    "parameter_sharding",
+    "plan_from_module_sharding",
+    "to_module_sharding_plan",
+    "to_sharding_plan",
+]

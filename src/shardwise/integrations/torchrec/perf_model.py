@@ -1,0 +1,74 @@
+"""A TorchRec `PerfModel` that rates a placed proposal by shardwise's cost model: the predicted slowest rank
+(kernels, all-to-alls, data-parallel and row-wise collectives). Shards the model has not measured (other kernels
+and sharding types, collectives it has no line for) get TorchRec's estimate, scaled to the cost model's hardware by
+the searched tables both price alone, so that one rank's sum is in one unit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from torchrec.distributed.planner.types import PerfModel, ShardingOption
+
+from shardwise.costmodel.data_parallel import all_reduce_of
+from shardwise.costmodel.row_wise import reduce_scatter_of
+from shardwise.costmodel.types import CostModel
+from shardwise.search.simulator import ShardCostCache, simulate
+
+from .proposer import ShardwiseProposer
+from .space import PlanSpace
+
+
+@dataclass(frozen=True)
+class RankCosts:
+    """A rated proposal: predicted ms per rank, and the tables TorchRec's estimator priced."""
+
+    ms: tuple[float, ...]
+    by_torchrec: tuple[str, ...]
+
+
+class ShardwisePerfModel(PerfModel):
+    """The slowest rank's predicted ms (TorchRec's estimate alone where the search has no cost model)."""
+
+    def __init__(self, proposer: ShardwiseProposer) -> None:
+        self.proposer = proposer
+        self._scaled: tuple[PlanSpace, CostModel, float] | None = None
+
+    def costs(self, plan: list[ShardingOption]) -> RankCosts:
+        """Each rank's predicted ms for `plan`, and which tables TorchRec's estimator priced."""
+        space = self.proposer.space_of(plan)
+        model: CostModel | None = self.proposer.search.resolved_cost_model()
+        if model is None:  # a method without a cost model: TorchRec's estimate of every shard
+            return RankCosts(tuple(_estimated(plan, space.world_size)), tuple(t.key for t in space.tables))
+        kinds = frozenset({"table_wise", "column_wise"} | ({"data_parallel"} if all_reduce_of(model) else set())
+                          | ({"row_wise"} if reduce_scatter_of(model) else set()))
+        priced, task, estimated, by_torchrec = space.priced(plan, kinds)
+        ms = np.asarray(estimated, dtype=np.float64) * (self._scale(space, model) if by_torchrec else 1.0)
+        if task is not None:
+            ms = ms + simulate(priced, task, model).total_ms
+        return RankCosts(tuple(float(x) for x in ms), tuple(by_torchrec))
+
+    def _scale(self, space: PlanSpace, model: CostModel) -> float:
+        """Cost-model ms per TorchRec-estimated ms: the searched tables' table-wise shards, each alone."""
+        if self._scaled is not None and self._scaled[0] is space and self._scaled[1] is model:
+            return self._scaled[2]
+        pairs = [(t.priced, t.option("table_wise")) for t in space.searched if t.priced is not None
+                 and t.spec is not None and "table_wise" in (t.spec.sharding_types or ())]
+        learned = ShardCostCache(model).compute_ms([[spec] for spec, _ in pairs]).sum() if pairs else 0.0
+        theirs = sum(s.perf.total for _, option in pairs for s in option.shards if s.perf is not None)
+        scale = float(learned / theirs) if theirs > 0 and learned > 0 else 1.0
+        self._scaled = (space, model, scale)
+        return scale
+
+    def rate(self, plan: list[ShardingOption]) -> float:
+        return max(self.costs(plan).ms)
+
+
+def _estimated(plan: list[ShardingOption], world_size: int) -> list[float]:
+    """Each rank's ms by TorchRec's estimator."""
+    ms = [0.0] * world_size
+    for option in plan:
+        for shard in option.shards:
+            if shard.rank is not None and shard.perf is not None:
+                ms[shard.rank] += shard.perf.total
+    return ms

@@ -1,0 +1,136 @@
+"""A TorchRec `Proposer` backed by a shardwise search.
+
+It proposes TorchRec's greedy proposal first (its feedback brings the planner's storage constraint, and it stays in
+the running), then the shardwise plan of the searched tables within each rank's storage, placed, searched again with
+less memory where TorchRec's storage estimate of it does not fit. Where the search finds no plan that fits, TorchRec's
+greedy proposals go on, so that the planner finds what TorchRec's would, or raises the error it would raise."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from torchrec.distributed.planner.proposers import GreedyProposer
+from torchrec.distributed.planner.types import Enumerator, Proposer, ShardingOption, Topology
+
+from shardwise.search import Plan, PlanError
+from shardwise.workload import Optimizer, ShardingTask, WeightsPrecision
+
+from .search import ShardwiseSearch
+from .space import PlanSpace, device_tier, rank_capacity
+
+log = logging.getLogger("shardwise.torchrec")
+
+#: searches again with less memory where TorchRec's storage estimate of the plan is over a rank's (its estimate of
+#: a shard's buffers is not shardwise's)
+ACCOUNTING_REPLANS = 4
+
+
+def proposal_key(proposal: list[ShardingOption]) -> frozenset[tuple[Any, ...]]:
+    """The placements of a proposal's placed options (type, kernel, shards and their ranks): the same in the
+    plan the planner returns where it returns this proposal."""
+    return frozenset((o.fqn, o.sharding_type, o.compute_kernel,
+                      tuple((tuple(s.size), tuple(s.offset), s.rank) for s in o.shards))
+                     for o in proposal if o.shards and all(s.rank is not None for s in o.shards))
+
+
+class ShardwiseProposer(Proposer):
+    """Proposes TorchRec's greedy proposal, then the plan `search` makes of the tables shardwise searches."""
+
+    def __init__(self, search: ShardwiseSearch, topology: Topology, *, constraints: Mapping[str, Any] | None = None,
+                 task: ShardingTask | None = None, optimizer: Optimizer = "rowwise_adagrad",
+                 weights_precision: WeightsPrecision = "fp32") -> None:
+        self.search = search
+        self.topology = topology
+        self.constraints = constraints
+        self.known = task
+        self.optimizer: Optimizer = optimizer
+        self.weights_precision: WeightsPrecision = weights_precision
+        self.space: PlanSpace | None = None
+        #: the shardwise task and plan of the last search, and why it found none
+        self.last_task: ShardingTask | None = None
+        self.last_search: Plan | None = None
+        self.last_error: str | None = None
+        #: `proposal_key` of the last search's proposal
+        self.last_key: frozenset[tuple[Any, ...]] | None = None
+        self._greedy = GreedyProposer()
+        self._enumerator: Enumerator | None = None
+        self._storage: Topology | None = None
+        self._phase = "greedy"
+        self._first_fitted: bool | None = None
+        self._memory_cut = 0
+        self._replans = 0
+
+    def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None) -> None:
+        self.space = PlanSpace(search_space, constraints=self.constraints, known=self.known, optimizer=self.optimizer,
+                               weights_precision=self.weights_precision, world_size=self.topology.world_size)
+        self._greedy.load(search_space, enumerator)
+        self._enumerator = enumerator
+        self._storage = None
+        self._phase, self._first_fitted, self._memory_cut, self._replans = "greedy", None, 0, 0
+        self.last_task = self.last_search = self.last_error = self.last_key = None
+
+    def space_of(self, options: list[ShardingOption]) -> PlanSpace:
+        """The plan space `options` lie in: the one loaded, else (another proposer's plan) one of their own."""
+        if self.space is not None and {o.fqn for o in options} <= {t.fqn for t in self.space.tables}:
+            return self.space
+        return PlanSpace(options, constraints=self.constraints, known=self.known, optimizer=self.optimizer,
+                         weights_precision=self.weights_precision, world_size=self.topology.world_size)
+
+    def propose(self) -> list[ShardingOption] | None:
+        if self._phase in ("greedy", "torchrec"):
+            return self._greedy.propose()
+        if self._phase != "search" or self.space is None or self._storage is None:
+            return None
+        space = self.space
+        tier = device_tier(self._storage)
+        budget = rank_capacity(self._storage, tier) - space.kept_bytes(tier) - self._memory_cut
+        if not space.searched or budget <= 0:
+            self.last_error = "no table to search" if not space.searched else (
+                f"nothing is left of each rank's {tier.upper()} for the tables shardwise searches after the others")
+            return self._fall_back()
+        self.last_task = space.task(budget)
+        try:
+            self.last_search = self.search.plan(self.last_task)
+        except PlanError as err:
+            self.last_error = str(err)
+            log.info("ShardwisePlanner: %s", err)
+            return self._fall_back()
+        proposal = space.proposal(self.last_search, self._enumerator)
+        self.last_key = proposal_key(proposal)
+        return proposal
+
+    def _fall_back(self) -> list[ShardingOption] | None:
+        """TorchRec's greedy proposals after its first, where the search has no plan that fits: TorchRec's planner
+        then finds what it would have found, or raises what it would have raised."""
+        self._phase = "torchrec"
+        return self._greedy.propose() if self._first_fitted is False else None
+
+    def feedback(self, partitionable: bool, plan: list[ShardingOption] | None = None,
+                 perf_rating: float | None = None, storage_constraint: Topology | None = None) -> None:
+        self._storage = storage_constraint
+        if self._phase == "greedy":
+            self._first_fitted = partitionable
+            self._greedy.feedback(partitionable, plan, perf_rating, storage_constraint)
+            self._phase = "search"
+            return
+        if self._phase == "torchrec":
+            self._greedy.feedback(partitionable, plan, perf_rating, storage_constraint)
+            return
+        self._replans += 1
+        if partitionable or plan is None or storage_constraint is None:
+            self._phase = "done"
+            return
+        if self._replans > ACCOUNTING_REPLANS:
+            self._fall_back()
+            return
+        # the most a rank is over in TorchRec's estimate: the search gets that much less memory, and a little more
+        tier = device_tier(storage_constraint)
+        used = [0] * len(storage_constraint.devices)
+        for option in plan:
+            for shard in option.shards:
+                if shard.rank is not None and shard.storage is not None:
+                    used[shard.rank] += getattr(shard.storage, tier)
+        over = max(u - getattr(d.storage, tier) for u, d in zip(used, storage_constraint.devices, strict=True))
+        self._memory_cut += max(over, 0) + rank_capacity(storage_constraint, tier) // 100

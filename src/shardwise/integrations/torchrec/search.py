@@ -1,0 +1,169 @@
+"""How the drop-in makes a shardwise plan for the tables it searches: the cost model (given, or this hardware's
+champion), adapted on this machine where the tables are bigger than any it was trained on, the search, and the plan
+refined on this machine's kernels after adaptation ran."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from shardwise.costmodel.model import NeuralCostModel
+from shardwise.costmodel.types import CostModel, KnowsItsTraining
+from shardwise.errors import ServiceError, ShardwiseError
+from shardwise.profiling import MeasurementSettings, hardware_kind
+from shardwise.search import Plan, PlanError, Searcher, get_method, make_searcher
+from shardwise.workload import ShardingTask, TableSpec
+
+from ..mlflow import MlflowService, champion_uri, cost_model_name
+from .errors import PlannerError
+
+if TYPE_CHECKING:
+    from shardwise.evaluation.adapt import AdaptRecord
+    from shardwise.evaluation.refine import Refinement
+
+log = logging.getLogger("shardwise.torchrec")
+
+#: seconds of adaptation by default, where the tables are bigger than any the cost model was trained on and this
+#: machine is its hardware (record `torchrec_dropin`: the MLPerf DLRM-DCNv2 tables time within it on 2 CPU cores)
+DEFAULT_ADAPT_S = 120.0
+#: seconds of refinement by default after adaptation ran (its plans are measured here, so they can be refined on
+#: the same kernels and all-to-alls)
+DEFAULT_REFINE_S = 50.0
+#: refinement's rounds at most (its time budget ends it first)
+REFINE_ROUNDS = 20
+#: interleaved kernel timings per device shard while refining: 3, as `make run`'s evaluate step, so that the
+#: side-by-side measurement of the starts fits the budget (record `torchrec_dropin`)
+REFINE_TIMING_ROUNDS = 3
+
+
+@dataclass
+class ShardwiseSearch:
+    """A shardwise search method with its cost model, adaptation and refinement: `plan(task)`."""
+
+    method: str = "neuroshard"
+    searcher: Searcher | None = None
+    cost_model: CostModel | str | Path | None = None
+    tracking_uri: str | None = None
+    seed: int = 0
+    device_type: str = "cpu"
+    #: seconds to adapt the cost model on this machine first (None: where the tables are bigger than its training,
+    #: 0: never)
+    adapt: float | None = None
+    adapt_dataset: str | Path | None = None
+    #: seconds to refine the searched plan on this machine (None: after adaptation ran, 0: never)
+    refine: float | None = None
+    #: what adaptation and refinement did for the last plan (None: they did not run)
+    last_adaptation: AdaptRecord | None = None
+    last_refinement: Refinement | None = None
+    #: seconds the last plan's search, adaptation and refinement took
+    last_seconds: dict[str, float] = field(default_factory=dict)
+    _adapted_to: set[frozenset[TableSpec]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.refine is not None and not (0.0 <= self.refine < math.inf):
+            raise PlannerError(f"refine {self.refine}: seconds of refinement, >= 0 (0: off; None: "
+                               f"{DEFAULT_REFINE_S:g} s after adaptation ran)")
+        if self.adapt is not None and not (0.0 <= self.adapt < math.inf):
+            raise PlannerError(f"adapt {self.adapt}: seconds of adaptation, >= 0 (0: off; None: {DEFAULT_ADAPT_S:g} s "
+                               "where the tables are bigger than the cost model's training and this machine is its "
+                               "hardware)")
+        self.searcher = self.searcher or make_searcher(self.method)
+
+    def resolved_cost_model(self) -> CostModel | None:
+        """The cost model to plan with: the one given, loaded from a directory or URI, else the champion."""
+        if self.cost_model is not None and not isinstance(self.cost_model, str | Path):
+            return self.cost_model
+        if self.cost_model is None and not get_method(self.method).needs_cost_model:
+            return None
+        service = MlflowService(self.tracking_uri)
+        uri = str(self.cost_model) if self.cost_model is not None else champion_uri(
+            cost_model_name(hardware_kind(self.device_type)))
+        try:
+            model = service.load_cost_model(uri)
+        except ServiceError as err:  # the registry is down or refused: its own line says which
+            raise PlannerError(str(err)) from None
+        except (ShardwiseError, ValueError, OSError) as err:  # RegistryError, ModelFileError, a damaged file
+            raise PlannerError(
+                f"ShardwisePlanner: no cost model at {uri} ({err}); make one with `make run` or `shardwise pretrain`,"
+                " or pass cost_model=DIR or a models:/ URI"
+            ) from None
+        self.cost_model = model  # loaded once per planner
+        return model
+
+    def plan(self, task: ShardingTask) -> Plan:
+        """The searched plan of `task` (PlanError where the search finds none)."""
+        self.last_seconds = {}
+        model = self._adapted_cost_model(task)
+        assert self.searcher is not None  # set in __post_init__
+        started = time.perf_counter()
+        plan = self.searcher.search(task, model, self.seed)
+        self.last_seconds["search"] = time.perf_counter() - started
+        return self._refined(task, plan, model)
+
+    def _adapted_cost_model(self, task: ShardingTask) -> CostModel | None:
+        """The cost model to plan `task` with: adapted on this machine first (`adapt` seconds; by default where some
+        table is bigger than any the model was trained on and this machine is the hardware it is for)."""
+        model = self.resolved_cost_model()
+        self.last_adaptation = None
+        if self.adapt == 0 or model is None:
+            return model
+        if self.adapt is None and (frozenset(task.tables) in self._adapted_to or not (
+                isinstance(model, KnowsItsTraining) and model.tables_beyond_training(task.tables))):
+            return model  # small tables cost the kernel's fixed overhead: measuring them never pays
+        # the measuring stack (fbgemm's kernels, the cost dataset, training) loads only where adaptation may run
+        from shardwise.evaluation.adapt import AdaptError, adapt_cost_model, cannot_adapt_here
+
+        reason = cannot_adapt_here(model, self.device_type)
+        if reason and self.adapt is None:
+            log.info("ShardwisePlanner: not adapting (%s)", reason)
+            return model
+        if reason:
+            raise PlannerError(f"ShardwisePlanner(adapt={self.adapt:g}): {reason}")
+        assert isinstance(model, NeuralCostModel)  # cannot_adapt_here refuses the others
+        started = time.perf_counter()
+        try:
+            adapted, self.last_adaptation = adapt_cost_model(
+                task, model, self.adapt or DEFAULT_ADAPT_S, seed=self.seed,
+                measurement=MeasurementSettings(device=self.device_type), dataset=self.adapt_dataset)
+        except AdaptError as err:
+            raise PlannerError(f"ShardwisePlanner: {err}") from None
+        self.last_seconds["adaptation"] = time.perf_counter() - started
+        self.cost_model = adapted  # the next plan of these tables needs no adaptation
+        self._adapted_to.add(frozenset(task.tables))  # nor where fine-tuning did not help: it would not again
+        return adapted
+
+    def _refined(self, task: ShardingTask, plan: Plan, model: CostModel | None) -> Plan:
+        """`plan` refined on this machine's kernels and all-to-alls for `refine` seconds (by default, where adaptation
+        ran: its plans are measured here), from the fastest of it, the greedy on measured single-table costs and
+        TorchRec's planner's plan of the same task, measured side by side."""
+        budget = self.refine if self.refine is not None else DEFAULT_REFINE_S if self.last_adaptation else 0.0
+        self.last_refinement = None
+        if not budget or model is None:
+            return plan
+        # the measuring stack loads only where refinement runs
+        from shardwise.evaluation.adapt import cannot_adapt_here
+        from shardwise.evaluation.refine import measured_greedy_start, refine_plan, search_resplit
+
+        reason = cannot_adapt_here(model, self.device_type)  # the same condition: this machine is the model's hardware
+        if reason:
+            raise PlannerError(f"ShardwisePlanner(refine={budget:g}): {reason.replace('adaptation', 'refinement')}")
+        started = time.perf_counter()
+        measurement = MeasurementSettings(device=self.device_type, timing_rounds=REFINE_TIMING_ROUNDS).for_cost_model(
+            getattr(model, "reference_ms", None), model.batch_size)
+        starts = measured_greedy_start(task, measurement)
+        # TorchRec's planner's plan of the same task: refinement never returns one measured slower than it (none
+        # where it finds no plan within this memory: its estimate counts more than shardwise's)
+        with contextlib.suppress(PlanError):
+            starts.append(make_searcher("torchrec").search(task, None, self.seed))
+        assert self.searcher is not None  # set in __post_init__
+        refined, self.last_refinement = refine_plan(
+            task, plan, model, measurement, rounds=REFINE_ROUNDS, starts=starts, progress=False,
+            time_budget_s=max(budget - (time.perf_counter() - started), 1.0),
+            resplit=search_resplit(self.searcher, task, model, self.seed))
+        self.last_seconds["refinement"] = time.perf_counter() - started
+        return refined

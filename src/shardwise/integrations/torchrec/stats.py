@@ -1,0 +1,97 @@
+"""TorchRec's `EmbeddingStats`, followed by what shardwise did for the plan: per rank its shards, storage and
+predicted ms; which tables TorchRec's estimator priced and why; whether the plan is shardwise's or TorchRec's greedy
+proposal; what adaptation and refinement did and how long each stage took."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from torchrec.distributed.planner.stats import EmbeddingStats
+from torchrec.distributed.planner.types import ShardingOption, Storage
+
+from shardwise.costmodel.types import KnowsItsTraining
+
+from .perf_model import ShardwisePerfModel
+from .proposer import ShardwiseProposer, proposal_key
+
+log = logging.getLogger("shardwise.torchrec")
+GIB = 2**30
+
+
+class ShardwiseStats(EmbeddingStats):
+    """TorchRec's stats table, then shardwise's account of the best plan at INFO (its caveats at WARNING), kept in
+    `last`."""
+
+    def __init__(self, proposer: ShardwiseProposer, perf_model: ShardwisePerfModel) -> None:
+        super().__init__()
+        self.proposer = proposer
+        self.perf_model = perf_model
+        #: the last plan's account (None before the first plan)
+        self.last: str | None = None
+        #: its caveats: what the cost model did not see or price
+        self.notes: list[str] = []
+
+    def log(self, sharding_plan: Any, topology: Any, batch_size: int, storage_reservation: Any, num_proposals: int,
+            num_plans: int, run_time: float, best_plan: list[ShardingOption], *args: Any, **kwargs: Any) -> None:
+        super().log(sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans, run_time,
+                    best_plan, *args, **kwargs)
+        if not best_plan or any(s.rank is None or s.rank < 0 for o in best_plan for s in o.shards):
+            return  # no plan: TorchRec's planner raises its PlannerError next
+        proposer, search = self.proposer, self.proposer.search
+        costs = self.perf_model.costs(best_plan)
+        ours = proposer.last_key is not None and proposer.last_key <= proposal_key(best_plan)
+        source = (f"shardwise's {search.method} search" if ours else
+                  "TorchRec's greedy proposal (the cost model rates it faster than "
+                  f"{'the search' if proposer.last_search else 'nothing: the search found no plan'})")
+        lines = [f"ShardwisePlanner: {len(best_plan)} tables on {topology.world_size} ranks ({topology.local_world_size}"
+                 f" per host), batch {batch_size} per rank, {num_plans} of {num_proposals} proposals placed in "
+                 f"{run_time:.2f} s; the plan: {source}",
+                 f"{'rank':>5}  {'shards':>6}  {'HBM GiB':>9}  {'DDR GiB':>9}  {'predicted ms':>12}"]
+        shards: Counter[int] = Counter()
+        storage = [Storage(0, 0, 0) for _ in range(topology.world_size)]
+        for option in best_plan:
+            for shard in option.shards:
+                shards[shard.rank] += 1
+                if shard.storage is not None:
+                    storage[shard.rank] = storage[shard.rank] + shard.storage
+        for rank in range(topology.world_size):
+            lines.append(f"{rank:>5}  {shards[rank]:>6}  {storage[rank].hbm / GIB:>9.3f}  {storage[rank].ddr / GIB:>9.3f}"
+                         f"  {costs.ms[rank]:>12.3f}")
+        kinds = Counter(f"{o.sharding_type} ({o.compute_kernel})" for o in best_plan)
+        lines.append("sharding: " + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common()))
+        self.notes = self._notes(best_plan, costs.by_torchrec, ours)
+        lines += self.notes
+        if search.last_adaptation is not None:
+            lines.append(search.last_adaptation.line())
+        if search.last_refinement is not None:
+            lines.append(f"refined on this machine: {search.last_refinement.outcome()}")
+        if search.last_seconds:
+            lines.append("seconds: " + ", ".join(f"{stage} {s:.2f}" for stage, s in search.last_seconds.items()))
+        self.last = "\n".join(lines)
+        log.info("%s", self.last)
+        for note in self.notes:
+            log.warning("ShardwisePlanner: %s", note)
+
+    def _notes(self, best_plan: list[ShardingOption], by_torchrec: tuple[str, ...], ours: bool) -> list[str]:
+        """What the plan's figures rest on beyond the cost model's measurements."""
+        proposer, space = self.proposer, self.proposer.space
+        notes: list[str] = []
+        if by_torchrec:
+            notes.append(f"priced by TorchRec's estimator (the cost model has not measured them): "
+                         f"{', '.join(by_torchrec)}")
+        if space is not None and space.kept:
+            notes.append("not searched by shardwise, their own option kept: "
+                         + "; ".join(f"{t.key} ({t.why})" for t in space.kept))
+        sequence = [o.name for o in best_plan if not o.is_pooled]
+        if sequence:
+            notes.append(f"sequence tables (EmbeddingCollection), costed as pooled lookups: {', '.join(sequence)}")
+        if proposer.last_error and not ours:
+            notes.append(f"shardwise's search found no plan: {proposer.last_error}")
+        model = proposer.search.resolved_cost_model()
+        if ours and isinstance(model, KnowsItsTraining) and proposer.last_task is not None:
+            outside = model.outside_training(proposer.last_task.tables, model.batch_size)  # type: ignore[attr-defined]
+            if outside:
+                notes.append(outside)
+        return notes
