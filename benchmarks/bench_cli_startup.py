@@ -58,7 +58,7 @@ module, constraints = dcnv2_module(0.001)  # a step of 2048 samples: 512 per ran
 memory = int(1.5 * shard_memory_bytes(list(mlperf_dcnv2_tables(0.001)), 2048) / 4)
 planner = ShardwisePlanner(world_size=4, batch_size=2048 // 4, constraints=constraints, device_type="cpu",
                            device_memory_bytes=memory, storage_reservation=0.0, tracking_uri=sys.argv[1], adapt=0)
-_, _, theirs, ours_s, theirs_s = plan_both(planner, module, make_searcher("torchrec"))
+_, _, theirs, ours_s, theirs_s, _ = plan_both(planner, module, make_searcher("torchrec"))
 print(json.dumps({"ours_s": ours_s, "theirs_s": theirs_s, "mlflow": "mlflow" in sys.modules}))
 """
 

@@ -5,8 +5,10 @@ The 26 tables of MLPerf training's DLRM-DCNv2 (Criteo 1TB, embedding dim 128, mu
 scaled down to fit CPU memory), and the first N tasks of each of bench_plan_quality.py's paper task sets (10-60
 tables on 4 devices, 80-120 on 8), each planned two ways for the same `EmbeddingBagCollection` on meta:
 `ShardwisePlanner(...).plan(module)` (the cost model: this hardware's champion or --model) and TorchRec's
-`EmbeddingShardingPlanner` (the `torchrec` method: fused kernel, the same pooling factors and memory cap). All
-plans are measured in one session on this machine's fbgemm kernels and all-to-alls (evaluation.measure_plans).
+`EmbeddingShardingPlanner` (the `torchrec` method: fused kernel, the same pooling factors and memory cap). The
+drop-in's plan is the one `plan()` returns: its search's, or TorchRec's greedy proposal where the cost model rates
+that faster (the `returned` column says which). All plans are measured in one session on this machine's fbgemm
+kernels and all-to-alls (evaluation.measure_plans).
 
     python benchmarks/bench_torchrec_dropin.py --model MODEL_DIR [--devices 4] [--paper-tasks 3] [--adapt SECONDS]
         [--record]
@@ -28,7 +30,7 @@ from bench_plan_quality import paper_tasks
 from record import record
 
 from shardwise.evaluation import measure_plans
-from shardwise.integrations.torchrec import ShardwisePlanner, ebc_on_meta
+from shardwise.integrations.torchrec import ShardwisePlanner, ebc_on_meta, plan_from_module_sharding
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import Plan, PlanError, Searcher, make_searcher
 from shardwise.workload import ShardingTask, TableSpec, mlperf_dcnv2_tables, shard_memory_bytes
@@ -51,21 +53,41 @@ def dcnv2_module(row_scale: float):  # noqa: ANN201 - a torch module holding the
 
 
 def plan_both(planner: ShardwisePlanner, module: Any, torchrec: Searcher) -> tuple[ShardingTask, Plan, Plan | None,
-                                                                                  float, float]:
-    """The drop-in planner's plan of `module` and TorchRec's planner's of the same task (None where it finds none:
-    its storage estimate is larger than shardwise's), and their seconds."""
+                                                                                  float, float, str]:
+    """The drop-in planner's plan of `module` (the plan `plan()` returns) and TorchRec's planner's of the same task
+    (None where it finds none: its storage estimate is larger than shardwise's), their seconds, and which plan the
+    drop-in returned ("search" or "torchrec_greedy")."""
     start = time.perf_counter()
-    planner.plan(module)
+    sharding_plan = planner.plan(module)
     ours_s = time.perf_counter() - start
-    task, ours = planner.last_task, planner.last_plan
-    assert task is not None and ours is not None  # set by plan()
+    task, searched = planner.last_task, planner.last_plan
+    # every table here is one shardwise searches: its task holds them all
+    assert task is not None and searched is not None, planner.last_stats
+    (module_plan,) = sharding_plan.plan.values()  # the one EmbeddingBagCollection, wherever it sits
+    ours, returned = _returned(module_plan, task.num_devices, searched)
     start = time.perf_counter()
     try:
         theirs: Plan | None = torchrec.search(task, None, 0)
     except PlanError as err:
         print(f"{len(task.tables)} tables on {task.num_devices} devices: {err}")
         theirs = None
-    return task, ours, theirs, ours_s, time.perf_counter() - start
+    return task, ours, theirs, ours_s, time.perf_counter() - start, returned
+
+
+def _returned(module_plan: Any, num_devices: int, searched: Plan) -> tuple[Plan, str]:
+    """The plan the drop-in returned, as a shardwise plan: its search's, or TorchRec's greedy proposal (where that
+    has sharding types shardwise does not measure, the search's plan, and the label says so)."""
+    try:
+        plan = plan_from_module_sharding(module_plan, num_devices, "dropin_torchrec_greedy")
+    except PlanError as err:
+        print(f"the drop-in returned TorchRec's greedy proposal, not measurable here ({err}): measuring the search's")
+        return searched, "torchrec_greedy (search's measured)"
+    return (searched, "search") if _placements(plan) == _placements(searched) else (plan, "torchrec_greedy")
+
+
+def _placements(plan: Plan) -> tuple[list[tuple[str, int, int, int]], set[str], set[str]]:
+    return (sorted((s.table, s.col_offset, s.dim, s.device) for s in plan.shards), set(plan.data_parallel),
+            set(plan.row_wise))
 
 
 def main() -> None:
@@ -96,7 +118,7 @@ def main() -> None:
                                 device_memory_bytes=int(args.memory_slack * need / args.devices),
                                 storage_reservation=0.0, cost_model=cost_model, adapt=adapt)
 
-    planner = dcnv2_planner(args.model, 0.0)  # the run without adaptation, as before it existed
+    planner = dcnv2_planner(args.model, 0.0)  # the run without adaptation
     runs = [("mlperf-dcnv2", *plan_both(planner, module, torchrec))]
     model = planner.resolved_cost_model()
     outside = planner.last_plan.extra.get("outside_training") if planner.last_plan else None
@@ -123,14 +145,14 @@ def main() -> None:
     # measured as the cost model's data was (its reference timing and batch), like bench_plan_quality.py
     measurement = MeasurementSettings(device="cpu").for_cost_model(getattr(model, "reference_ms", None),
                                                                    getattr(model, "batch_size", None))
-    pairs = [(task, plan) for _, task, ours, theirs, _, _ in runs for plan in (ours, theirs) if plan is not None]
+    pairs = [(task, plan) for _, task, ours, theirs, *_ in runs for plan in (ours, theirs) if plan is not None]
     measured = iter(measure_plans(pairs, measurement))
     # floor: the plan's mean device cost over TorchRec's slowest device, the ratio its shards would reach perfectly
     # balanced (a split that adds work raises it: a column half of a lookup-bound table costs more than half of it)
     print(f"{'task':<28}{'tables':>7}{'devices':>8}{'shardwise ms':>13}{'torchrec ms':>12}{'ratio':>7}{'floor':>7}"
-          f"{'plan s':>8}{'torchrec s':>11}")
+          f"{'plan s':>8}{'torchrec s':>11}  returned")
     rows: list[dict[str, Any]] = []
-    for index, (name, task, _, theirs, ours_s, theirs_s) in enumerate(runs):
+    for index, (name, task, _, theirs, ours_s, theirs_s, returned) in enumerate(runs):
         ours_cost = next(measured)
         mine = ours_cost.max_cost_ms
         baseline = next(measured).max_cost_ms if theirs is not None else None
@@ -140,12 +162,12 @@ def main() -> None:
         print(f"{label:<28}{len(task.tables):>7}{task.num_devices:>8}{mine:>13.3f}"
               + (f"{baseline:>12.3f}{ratio:>7.3f}{floor:>7.3f}" if baseline and ratio and floor
                  else f"{'no plan':>12}{'':>14}")
-              + f"{ours_s:>8.2f}{theirs_s:>11.2f}")
+              + f"{ours_s:>8.2f}{theirs_s:>11.2f}  {returned}")
         rows.append({"task": label, "tables": len(task.tables), "devices": task.num_devices,
                      "shardwise_max_ms": round(mine, 3), "torchrec_max_ms": baseline and round(baseline, 3),
                      "ratio_to_torchrec": ratio and round(ratio, 3),
                      "balanced_floor": floor and round(floor, 3), "planning_s": round(ours_s, 2),
-                     "torchrec_planning_s": round(theirs_s, 2)})
+                     "torchrec_planning_s": round(theirs_s, 2), "returned": returned})
     for name in dict.fromkeys(r[0] for r in runs):
         ratios = [r["ratio_to_torchrec"] for r in rows if r["task"].split(" #")[0] == name and r["ratio_to_torchrec"]]
         if ratios:

@@ -76,18 +76,18 @@ def test_a_model_for_other_hardware_is_not_adapted_here():
 
 
 def test_the_drop_in_adapts_by_default_where_the_tables_are_new_and_says_so(here, monkeypatch):
-    import shardwise.integrations.torchrec as dropin
+    import shardwise.integrations.torchrec.search as dropin_search
     from shardwise.integrations.torchrec import ShardwisePlanner, ebc_on_meta
 
     module = torch.nn.Module()
     module.sparse = ebc_on_meta(TASK)
-    monkeypatch.setattr(dropin, "DEFAULT_ADAPT_S", BUDGET_S)  # the default's 120 s, shortened for the suite
-    monkeypatch.setattr(dropin, "DEFAULT_REFINE_S", BUDGET_S)  # and the refinement's 50 s
+    monkeypatch.setattr(dropin_search, "DEFAULT_ADAPT_S", BUDGET_S)  # the default's 120 s, shortened for the suite
+    monkeypatch.setattr(dropin_search, "DEFAULT_REFINE_S", BUDGET_S)  # and the refinement's 50 s
     planner = ShardwisePlanner(task=TASK, device_type="cpu", cost_model=here)
     planner.plan(module)
     record = planner.last_adaptation
     assert record is not None and record.kept and record.line() in planner.last_stats
-    assert planner.cost_model is not here  # planned with the adapted model, kept for the next plan
+    assert planner.resolved_cost_model() is not here  # planned with the adapted model, kept for the next plan
     # and its plan refined here: measured beside the greedy on measured tables and TorchRec's planner's plan, never
     # slower than the fastest
     refined = planner.last_refinement
@@ -105,7 +105,14 @@ def test_the_drop_in_adapts_by_default_where_the_tables_are_new_and_says_so(here
     elsewhere = ShardwisePlanner(task=TASK, device_type="cpu", cost_model=_trained("cpu-test"))
     elsewhere.plan(module)  # by default, a model for other hardware plans as it is
     assert elsewhere.last_adaptation is None and elsewhere.last_refinement is None
-    with pytest.raises(dropin.PlannerError, match=r"refine=5\): refinement times kernels on this machine"):
+
+
+def test_the_drop_in_refuses_to_refine_a_model_for_other_hardware():
+    from shardwise.integrations.torchrec import PlannerError, ShardwisePlanner, ebc_on_meta
+
+    module = torch.nn.Module()
+    module.sparse = ebc_on_meta(TASK)
+    with pytest.raises(PlannerError, match=r"refine=5\): refinement times kernels on this machine"):
         ShardwisePlanner(task=TASK, device_type="cpu", cost_model=_trained("cpu-test"), refine=5).plan(module)
 
 

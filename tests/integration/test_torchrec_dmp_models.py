@@ -1,8 +1,9 @@
 """TorchRec's own models planned by the drop-in `ShardwisePlanner` and run in `DistributedModelParallel`: DLRM,
 DLRM_DCN and a model with sequence embeddings (`EmbeddingCollection`), on 2 ranks and on 4 ranks with 2 ranks per
 simulated host (gloo, CPU). Memory is tight enough that a table must be split column-wise, one table is
-restricted to row-wise and one to data-parallel; each sharded model computes what the unsharded one does, and each
-rank holds exactly the shards the plan gave it."""
+restricted to row-wise and one to data-parallel (TorchRec's sharders offer row-wise on GPUs only: the bags' sharder
+here offers it on CPU too, as gloo runs it, and the other bags' constraints keep to the types offered on CPU); each
+sharded model computes what the unsharded one does, and each rank holds exactly the shards the plan gave it."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ BAGS = (("t0", 4000, 3), ("t1", 300, 2), ("t2", 500, 2), ("t3", 200, 1), ("t4", 
 #: (name, rows, dim, lookups per sample) of the sequence tables
 SEQUENCES = (("s0", 200, DIM, 3), ("s1", 120, DIM, 2))  # one dim per EmbeddingCollection
 MODELS = ("dlrm", "dlrm_dcn", "sequence")
+ROWS = {n: r for n, r, _ in BAGS} | {n: r for n, r, _, _ in SEQUENCES}
 
 
 class SequenceModel(nn.Module):
@@ -85,16 +87,33 @@ def _inputs(kind: str, rank: int) -> tuple:
     return torch.randn(BATCH, DENSE_IN, generator=torch.Generator().manual_seed(300 + rank)), bags
 
 
+def _sharders() -> list:
+    """TorchRec's sharders of both collections, the bags' offering row-wise on CPU too."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    class RowWiseOnCpu(EmbeddingBagCollectionSharder):
+        def sharding_types(self, compute_device_type: str) -> list[str]:
+            types = super().sharding_types(compute_device_type)
+            return types if "row_wise" in types else [*types, "row_wise"]
+
+    return [RowWiseOnCpu(), EmbeddingCollectionSharder()]
+
+
 def _planner(world_size: int):  # noqa: ANN202 - a ShardwisePlanner whose memory forces a column split
     from search_doubles import FeatureCostModel
+    from torchrec.distributed.comm import get_local_size
     from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.planner.types import Topology
 
     from shardwise.integrations.torchrec import ShardwisePlanner
     from shardwise.workload import TableSpec
     from shardwise.workload.memory import shard_memory_bytes
 
     batch = BATCH * world_size
-    constraints = {name: ParameterConstraints(pooling_factors=[float(k)]) for name, _, k in BAGS}
+    # the bags other than t2 and t3 with the sharding types TorchRec offers on CPU (no row-wise)
+    constraints = {name: ParameterConstraints(sharding_types=["table_wise", "column_wise", "data_parallel"],
+                                              pooling_factors=[float(k)]) for name, _, k in BAGS}
     constraints |= {name: ParameterConstraints(pooling_factors=[float(k)]) for name, _, _, k in SEQUENCES}
     constraints["t2"] = ParameterConstraints(sharding_types=["row_wise"], pooling_factors=[2.0])
     constraints["t3"] = ParameterConstraints(sharding_types=["data_parallel"], pooling_factors=[1.0])
@@ -103,8 +122,10 @@ def _planner(world_size: int):  # noqa: ANN202 - a ShardwisePlanner whose memory
     largest = shard_memory_bytes(everything[:1], batch)
     # t0 alone is over a rank's memory; everything spread evenly fits with room to spare
     memory = min(int(0.9 * largest), 2 * shard_memory_bytes(everything, batch) // world_size)
-    return ShardwisePlanner(world_size=world_size, batch_size=BATCH, device_memory_bytes=memory,
-                            storage_reservation=0.0, device_type="cpu", constraints=constraints,
+    # the ranks per host as torchrun gives them (LOCAL_WORLD_SIZE), as TorchRec's planner reads them
+    topology = Topology(world_size=world_size, compute_device="cpu", local_world_size=get_local_size(world_size),
+                        ddr_cap=memory)
+    return ShardwisePlanner(topology, batch_size=BATCH, storage_reservation=0.0, constraints=constraints,
                             cost_model=FeatureCostModel())
 
 
@@ -128,10 +149,23 @@ def _copy_weights(dmp: nn.Module, reference: nn.Module) -> list[tuple[str, int, 
     return held
 
 
+def _placed(plan, world_size: int, rows: dict[str, int]) -> set[tuple[int, str, int, int, int, int]]:  # noqa: ANN001
+    """(rank, table, row offset, rows, col offset, cols) of every shard a ShardingPlan places (a data-parallel table:
+    all of it on every rank)."""
+    placed = set()
+    for params in plan.plan.values():
+        for table, param in params.items():
+            if param.sharding_spec is None:
+                placed |= {(r, table, 0, rows[table], 0, DIM) for r in range(world_size)}
+                continue
+            for meta in param.sharding_spec.shards:
+                (r0, c0), (rs, cs) = meta.shard_offsets, meta.shard_sizes
+                placed.add((meta.placement.rank(), table, r0, rs, c0, cs))
+    return placed
+
+
 def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
-    from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))  # search_doubles
@@ -145,7 +179,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
             torch.manual_seed(0)  # the same reference weights on every rank
             reference = _model(kind, torch.device("cpu"))
             model = _model(kind, torch.device("meta"))
-            sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+            sharders = _sharders()
             planner = _planner(world_size)
             plan = planner.collective_plan(model, sharders, dist.group.WORLD)
             dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
@@ -157,6 +191,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
                 "got": got, "expected": expected, "held": held,
                 "planned": [(s.table, s.col_offset, s.dim, s.device) for s in planner.last_plan.shards]
                 if rank == 0 else None,
+                "placed": _placed(plan, world_size, ROWS) if rank == 0 else None,
                 "stats": planner.last_stats if rank == 0 else None,
             }
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
@@ -179,17 +214,18 @@ def test_torchrec_models_planned_by_shardwise_match_unsharded(world_size, tmp_pa
     for kind in MODELS:
         first = ranks[0][kind]
         assert f"on {world_size} ranks (2 per host" in first["stats"]
-        assert "row-wise over every rank, not costed by the cost model" in first["stats"]
+        assert "the plan: shardwise's neuroshard search" in first["stats"], first["stats"]
+        assert "not searched by shardwise, their own option kept: t2 (" in first["stats"]
         planned = first["planned"]
         assert len([s for s in planned if s[0] == "t0"]) > 1, f"{kind}: t0 must be split to fit: {planned}"
-        expected_held = {(rank, table, 0, 0, col, dim) for table, col, dim, rank in planned}
-        rows = dict((n, r) for n, r, _ in BAGS) | {n: r for n, r, _, _ in SEQUENCES}
-        expected_held = {(rank, table, 0, rows[table], col, dim) for rank, table, _, _, col, dim in expected_held}
-        block = -(-rows["t2"] // world_size)
-        expected_held |= {(r, "t2", r * block, min(block, rows["t2"] - r * block), 0, DIM) for r in range(world_size)}
-        expected_held |= {(r, "t3", 0, rows["t3"], 0, DIM) for r in range(world_size)}
+        # the search's shards, t2 in row blocks and t3 replicated, as the plan DMP was given places them
+        searched = {(rank, table, 0, ROWS[table], col, dim) for table, col, dim, rank in planned}
+        block = -(-ROWS["t2"] // world_size)
+        blocks = {(r, "t2", r * block, min(block, ROWS["t2"] - r * block), 0, DIM) for r in range(world_size)}
+        replicas = {(r, "t3", 0, ROWS["t3"], 0, DIM) for r in range(world_size)}
+        assert first["placed"] == searched | blocks | replicas, kind
         held = {(rank, *shard) for rank in range(world_size) for shard in ranks[rank][kind]["held"]}
-        assert held == expected_held, kind
+        assert held == first["placed"], kind
         for rank in range(world_size):
             result = ranks[rank][kind]
             torch.testing.assert_close(result["got"], result["expected"], rtol=1e-4, atol=1e-5,

@@ -1,5 +1,6 @@
-"""`ShardwisePlanner` as a TorchRec user meets it: a `Topology` (several hosts), the storage reservation, the
-champion cost model found by default, constraints honoured or refused by table name, and the stats table."""
+"""`ShardwisePlanner` as a TorchRec user meets it: a `Topology` (several hosts), TorchRec's storage reservation, the
+champion cost model found by default, constraints honoured (TorchRec's enumerator decides the plan space; what
+shardwise does not search keeps TorchRec's option), TorchRec's refusals, and the stats."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 import torch
 
 from shardwise.integrations.mlflow import MlflowService
-from shardwise.integrations.torchrec import DEFAULT_STORAGE_RESERVATION, PlannerError, ShardwisePlanner
+from shardwise.integrations.torchrec import PlannerError, ShardwisePlanner
 from shardwise.profiling import hardware_kind
+from shardwise.search import validate_plan
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
 from search_doubles import FeatureCostModel  # noqa: E402
@@ -48,10 +50,10 @@ def _topology(world_size: int, local_world_size: int, hbm: int = GIB):
 
 
 def _placements(sharding_plan) -> set[tuple[int, str]]:
-    """(rank, device) of every shard of the plan."""
+    """(rank, device) of every shard of the plan (data-parallel tables have no shards to place)."""
     found = set()
     for param in sharding_plan.plan["sparse"].values():
-        for meta in param.sharding_spec.shards:
+        for meta in param.sharding_spec.shards if param.sharding_spec is not None else ():
             found.add((meta.placement.rank(), str(meta.placement.device())))
     return found
 
@@ -64,6 +66,13 @@ def test_a_topology_of_two_hosts_places_each_rank_on_its_hosts_gpu():
     assert planner.last_task.num_devices == 4
 
 
+def test_without_a_topology_the_keywords_make_one_with_its_hosts():
+    planner = ShardwisePlanner(world_size=4, local_world_size=2, device_memory_bytes=GIB, batch_size=1024,
+                               cost_model=FeatureCostModel(), device_type="cuda")
+    assert all(device == f"cuda:{rank % 2}" for rank, device in _placements(planner.plan(_model(TABLES))))
+    assert "on 4 ranks (2 per host)" in planner.last_stats
+
+
 def test_local_world_size_comes_from_torchrun_when_the_topology_has_none(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     planner = ShardwisePlanner(world_size=4, device_memory_bytes=GIB, batch_size=1024, method="size_greedy",
@@ -72,31 +81,39 @@ def test_local_world_size_comes_from_torchrun_when_the_topology_has_none(monkeyp
 
 
 def test_the_storage_reservation_keeps_part_of_each_device_free():
+    """TorchRec's HeuristicalStorageReservation(0.15) by default (15% of HBM, and the dense and input buffers); a
+    share becomes TorchRec's FixedPercentageStorageReservation; any TorchRec StorageReservation is taken as it is."""
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+    from torchrec.distributed.planner.types import PlannerErrorType
+
     planner = ShardwisePlanner(_topology(2, 2, hbm=GIB), batch_size=512, method="size_greedy")
     planner.plan(_model(TABLES))
-    assert planner.last_task.device_memory_bytes == int(GIB * (1 - DEFAULT_STORAGE_RESERVATION))
-    none = ShardwisePlanner(_topology(2, 2, hbm=GIB), batch_size=512, method="size_greedy", storage_reservation=0.0)
-    none.plan(_model(TABLES))
-    assert none.last_task.device_memory_bytes == GIB
-    with pytest.raises(PlannerError, match="storage_reservation 1.5"):
+    assert planner.last_task.device_memory_bytes <= int(GIB * 0.85)
+    for reservation, left in ((0.0, GIB), (0.25, int(GIB * 0.75)), (FixedPercentageStorageReservation(0.5), GIB // 2)):
+        fixed = ShardwisePlanner(_topology(2, 2, hbm=GIB), batch_size=512, method="size_greedy",
+                                 storage_reservation=reservation)
+        fixed.plan(_model(TABLES))
+        assert fixed.last_task.device_memory_bytes == left, reservation
+    with pytest.raises(PlannerError, match="storage_reservation 1.5") as refused:
         ShardwisePlanner(_topology(2, 2), batch_size=512, storage_reservation=1.5)
+    assert refused.value.error_type == PlannerErrorType.INPUT_VALIDATION
 
 
 def test_a_cpu_topology_plans_in_its_ddr_as_torchrecs_planner_does():
     """TorchRec gives a CPU topology no HBM (hbm 0): its tables live in DDR, and so does the plan's budget."""
-    from torchrec.distributed.planner.types import Topology
+    from torchrec.distributed.planner.types import PlannerError as TorchRecPlannerError
+    from torchrec.distributed.planner.types import PlannerErrorType, Topology
 
     cpu = Topology(world_size=2, compute_device="cpu", hbm_cap=4 * GIB, ddr_cap=2 * GIB)
-    planner = ShardwisePlanner(cpu, batch_size=512, method="size_greedy")
+    planner = ShardwisePlanner(cpu, batch_size=512, method="size_greedy", storage_reservation=0.0)
     sharding_plan = planner.plan(_model(TABLES))
-    assert planner.last_task.device_memory_bytes == int(2 * GIB * (1 - DEFAULT_STORAGE_RESERVATION))
+    assert planner.last_task.device_memory_bytes == 2 * GIB
     assert {device for _, device in _placements(sharding_plan)} == {"cpu"}
 
     nothing = ShardwisePlanner(_topology(2, 2, hbm=0), batch_size=512, method="size_greedy")
-    with pytest.raises(PlannerError, match="^each rank's memory is 0 bytes .*: nothing to place tables in; give a "
-                                           "Topology's hbm_cap .* or ddr_cap") as refused:
+    with pytest.raises(TorchRecPlannerError) as refused:
         nothing.plan(_model(TABLES))
-    assert "GiB" not in str(refused.value)  # no budget figures for tables the model does not have
+    assert refused.value.error_type == PlannerErrorType.INSUFFICIENT_STORAGE
 
 
 def test_a_shardwise_task_gives_its_budget_skew_and_precision():
@@ -108,9 +125,15 @@ def test_a_shardwise_task_gives_its_budget_skew_and_precision():
                                      for i, (rows, dim) in enumerate(TABLES)))
     module = torch.nn.Module()
     module.sparse = ebc_on_meta(task)
-    planner = ShardwisePlanner(task=task, method="size_greedy", device_type="cpu")
+    planner = ShardwisePlanner(task=task, cost_model=FeatureCostModel(), device_type="cpu")
     planner.plan(module)
-    assert planner.last_task == task  # nothing of the task lost on the way through the module
+    # nothing of the task lost on the way through the module; its tables gain the plan space the sharders allow
+    searched = planner.last_task
+    assert searched.model_copy(update={"tables": task.tables}) == task
+    assert [t.model_copy(update={"sharding_types": None, "min_partition": None}) for t in searched.tables] == list(
+        task.tables)
+    assert all({"table_wise", "column_wise"} <= set(t.sharding_types or ()) for t in searched.tables)
+    validate_plan(planner.last_plan, searched)
 
 
 def test_pooling_of_a_table_serving_several_features_adds_up():
@@ -123,32 +146,47 @@ def test_pooling_of_a_table_serving_several_features_adds_up():
     assert planner.last_task.table("t1").pooling_factor == 1.0  # TorchRec's default
 
 
-@pytest.mark.parametrize("constraint, expected", [
-    ({"compute_kernels": ["dense"]}, "table 't2': compute_kernels \\['dense'\\] exclude 'fused'"),
-    ({"sharding_types": ["table_row_wise"]}, "table 't2': sharding_types \\['table_row_wise'\\]: shardwise plans"),
-    ({"sharding_types": ["grid_shard"]}, "table 't2'.*emits row_wise and data_parallel"),
-    ({"sharding_types": ["data_parallel"], "compute_kernels": ["fused"]},
-     "table 't2': compute_kernels \\['fused'\\] exclude 'dense': TorchRec's data-parallel sharding runs 'dense'"),
+@pytest.mark.parametrize("constraint", [
+    {"compute_kernels": ["dense"]},
+    {"sharding_types": ["table_row_wise"]},
+    {"sharding_types": ["grid_shard"]},
 ])
-def test_constraints_shardwise_cannot_honour_are_refused_naming_the_table(constraint, expected):
+def test_constraints_outside_shardwises_search_keep_torchrecs_option_and_the_stats_say_so(constraint):
+    """A table whose constraints allow no table-wise or column-wise option on the fused kernel keeps one of TorchRec's
+    own options, within its constraints; the search places the others."""
     from torchrec.distributed.planner import ParameterConstraints
 
-    planner = ShardwisePlanner(_topology(2, 2), batch_size=512, method="size_greedy",
+    planner = ShardwisePlanner(_topology(2, 2), batch_size=512, cost_model=FeatureCostModel(),
                                constraints={"t2": ParameterConstraints(**constraint)})
-    with pytest.raises(PlannerError, match=expected):
+    kept = planner.plan(_model(TABLES)).plan["sparse"]["t2"]
+    assert kept.sharding_type in constraint.get("sharding_types", [kept.sharding_type])
+    assert kept.compute_kernel in constraint.get("compute_kernels", [kept.compute_kernel])
+    assert "t2" not in {t.name for t in planner.last_task.tables}
+    assert "not searched by shardwise, their own option kept: t2 (no table-wise or column-wise option on the fused " \
+        "kernel)" in planner.last_stats
+    assert f"t2 ({kept.sharding_type}, {kept.compute_kernel})" in planner.last_stats  # priced by TorchRec's estimator
+
+
+def test_a_constraint_no_option_satisfies_is_refused_naming_the_table():
+    from torchrec.distributed.planner import ParameterConstraints
+
+    planner = ShardwisePlanner(_topology(2, 2), batch_size=512, method="size_greedy", constraints={
+        "t2": ParameterConstraints(sharding_types=["data_parallel"], compute_kernels=["fused"])})
+    with pytest.raises(PlannerError, match="t2"):
         planner.plan(_model(TABLES))
 
 
-def test_tables_restricted_to_row_wise_or_data_parallel_are_emitted_so_and_their_memory_reserved():
-    """TorchRec executes row-wise and data-parallel shardings: the plan says them as TorchRec lays them out, the
-    search places the rest in what they leave of each rank's memory, and the stats say the model did not cost them."""
+def test_tables_restricted_to_row_wise_or_data_parallel_keep_them_and_their_memory_is_left_out_of_the_search():
+    """TorchRec executes row-wise and data-parallel shardings: the plan lays them out as TorchRec does, the search
+    places the rest in what they leave of each rank's memory, and the stats say TorchRec's estimator priced them."""
     from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.planner.types import PlannerError as TorchRecPlannerError
+    from torchrec.distributed.planner.types import PlannerErrorType
 
-    from shardwise.workload.memory import activation_buffer_bytes, table_memory_bytes
-
-    constraints = {"t2": ParameterConstraints(sharding_types=["row_wise", "table_row_wise"]),
+    constraints = {"t2": ParameterConstraints(sharding_types=["row_wise"]),
                    "t5": ParameterConstraints(sharding_types=["data_parallel"])}
-    planner = ShardwisePlanner(_topology(4, 2), batch_size=512, method="size_greedy", constraints=constraints)
+    planner = ShardwisePlanner(_topology(4, 2), batch_size=512, cost_model=FeatureCostModel(), constraints=constraints,
+                               storage_reservation=0.0)
     sharding_plan = planner.plan(_model(TABLES))
     params = sharding_plan.plan["sparse"]
     assert set(params) == {f"t{i}" for i in range(len(TABLES))}
@@ -160,104 +198,126 @@ def test_tables_restricted_to_row_wise_or_data_parallel_are_emitted_so_and_their
     replicated = params["t5"]
     assert (replicated.sharding_type, replicated.compute_kernel, replicated.ranks) == ("data_parallel", "dense",
                                                                                        [0, 1, 2, 3])
+    assert "the plan: shardwise's neuroshard search" in planner.last_stats
     assert {s.table for s in planner.last_plan.shards} == {f"t{i}" for i in (0, 1, 3, 4, 6, 7)}
-    # outputs: the row-wise table's partial sums for the step's samples (512 a rank x 4), the replica's for its rank's
-    reserved = (table_memory_bytes(20000, 128) + table_memory_bytes(40000, 64)
-                + activation_buffer_bytes(512 * 4, 128) + activation_buffer_bytes(512, 64))
-    assert planner.last_task.device_memory_bytes == int(GIB * (1 - DEFAULT_STORAGE_RESERVATION)) - reserved
-    assert "row-wise over every rank, not costed by the cost model" in planner.last_stats
-    assert "data-parallel on every rank, not costed by the cost model (their constraints allow nothing else" \
+    # every rank keeps a row-wise block of t2 and a replica of t5: at least their weights are not the search's
+    assert planner.last_task.device_memory_bytes <= GIB - (20000 * 128 + 40000 * 64) * 4
+    assert "not searched by shardwise, their own option kept: t2 (" in planner.last_stats and "; t5 (" \
         in planner.last_stats
-    assert "the data-parallel and row-wise tables search chooses): t5" in planner.last_stats
+    assert "priced by TorchRec's estimator (the cost model has not measured them): t2 (row_wise, fused), " \
+        "t5 (data_parallel, dense)" in planner.last_stats
 
     too_big = ShardwisePlanner(_topology(4, 2, hbm=2**20), batch_size=512, method="size_greedy",
                                constraints=constraints)
-    with pytest.raises(PlannerError, match=f"^row-wise 't2', data-parallel 't5' need {reserved / 2**20:.2f} MiB on "
-                                           "every rank, at least its 870.40 KiB budget"):
+    with pytest.raises(TorchRecPlannerError) as refused:
         too_big.plan(_model(TABLES))
-    only = {f"t{i}": ParameterConstraints(sharding_types=["row_wise"]) for i in range(len(TABLES))}
-    with pytest.raises(PlannerError, match="every table is restricted to row-wise or data-parallel"):
-        ShardwisePlanner(_topology(4, 2), batch_size=512, method="size_greedy", constraints=only).plan(_model(TABLES))
+    assert refused.value.error_type == PlannerErrorType.INSUFFICIENT_STORAGE
+    # nothing for shardwise to search: TorchRec's own plan, and the stats say why
+    only = ShardwisePlanner(_topology(4, 2), batch_size=512, cost_model=FeatureCostModel(), constraints={
+        f"t{i}": ParameterConstraints(sharding_types=["row_wise"]) for i in range(len(TABLES))})
+    assert {p.sharding_type for p in only.plan(_model(TABLES)).plan["sparse"].values()} == {"row_wise"}
+    assert only.last_plan is None and "shardwise's search found no plan: no table to search" in only.last_stats
 
 
-def test_sequence_tables_are_planned_with_their_outputs_reserved_and_shared_names_kept_apart():
+def test_sequence_tables_are_planned_and_shared_names_kept_apart():
     from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.modules.embedding_modules import EmbeddingCollection
 
-    from shardwise.workload.memory import activation_buffer_bytes
-
-    planner = ShardwisePlanner(_topology(2, 2), batch_size=512, method="size_greedy",
+    planner = ShardwisePlanner(_topology(2, 2), batch_size=512, cost_model=FeatureCostModel(),
                                constraints={"s0": ParameterConstraints(pooling_factors=[5.0])})
     model = _model(TABLES, with_sequence=True)
     sharding_plan = planner.plan(model)
     assert set(sharding_plan.plan) == {"sparse", "sequence"}
     assert sharding_plan.plan["sequence"]["s0"].sharding_type == "table_wise"
     assert planner.last_task.table("s0").pooling_factor == 5.0
-    # a sequence table outputs one vector per id, not one per sample: the four extra vectors of each of the step's
-    # samples (512 a rank x 2) are reserved
-    expected = int(GIB * (1 - DEFAULT_STORAGE_RESERVATION)) - activation_buffer_bytes(512 * 2, 4 * 16)
-    assert planner.last_task.device_memory_bytes == expected
     assert "sequence tables (EmbeddingCollection), costed as pooled lookups: s0" in planner.last_stats
-
-    from torchrec.modules.embedding_configs import EmbeddingConfig
-    from torchrec.modules.embedding_modules import EmbeddingCollection
 
     model.more = EmbeddingCollection(  # a second collection naming its table like one of the first's
         tables=[EmbeddingConfig(name="t0", embedding_dim=8, num_embeddings=10, feature_names=["g"])],
         device=torch.device("meta"))
-    sharding_plan = ShardwisePlanner(_topology(2, 2), batch_size=512, method="size_greedy").plan(model)
+    both = ShardwisePlanner(_topology(2, 2), batch_size=512, cost_model=FeatureCostModel())
+    sharding_plan = both.plan(model)
     assert set(sharding_plan.plan["more"]) == {"t0"} and "t0" in sharding_plan.plan["sparse"]
+    assert {"more.t0", "sparse.t0"} <= {t.name for t in both.last_task.tables}
+    validate_plan(both.last_plan, both.last_task)
 
 
-def test_modules_shardwise_does_not_plan_are_named_and_left_to_torchrec(caplog):
+def test_the_sharders_decide_which_modules_are_planned_as_in_torchrecs_planner():
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
     from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
     from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 
-    model = _model(TABLES, with_sequence=True)
-    inner = EmbeddingBagCollection(  # its table is the feature-processed collection's, not shardwise's
-        tables=[EmbeddingBagConfig(name="w0", embedding_dim=8, num_embeddings=100, feature_names=["f0"])],
-        is_weighted=True, device=torch.device("meta"))
-    model.weighted = FeatureProcessedEmbeddingBagCollection(
-        inner, PositionWeightedModuleCollection({"f0": 10}, device=torch.device("meta")))
-    planner = ShardwisePlanner(_topology(2, 2), batch_size=512, method="size_greedy")
-    with caplog.at_level(logging.WARNING, logger="shardwise.torchrec"):
-        sharding_plan = planner.plan(model, [EmbeddingBagCollectionSharder()])
-    assert set(sharding_plan.plan) == {"sparse"}
-    assert "FeatureProcessedEmbeddingBagCollection at 'weighted' is not planned" in caplog.text
-    assert "EmbeddingCollection at 'sequence' has no sharder in `sharders`: not planned" in caplog.text
+    def model() -> torch.nn.Module:
+        module = _model(TABLES, with_sequence=True)
+        inner = EmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name="w0", embedding_dim=8, num_embeddings=100, feature_names=["f0"])],
+            is_weighted=True, device=torch.device("meta"))
+        module.weighted = FeatureProcessedEmbeddingBagCollection(
+            inner, PositionWeightedModuleCollection({"f0": 10}, device=torch.device("meta")))
+        return module
 
+    def planned(sharding_plan) -> dict[str, set[str]]:
+        return {path: set(params) for path, params in sharding_plan.plan.items()}
 
-def test_a_forbidden_column_split_is_refused_and_an_allowed_one_planned():
-    """A table too large for one device must be split: allowed, it is; table-wise only or min_partition too
-    large, the planner says so by name instead of emitting a plan TorchRec would reject."""
-    from torchrec.distributed.planner import ParameterConstraints
-
-    big = [(400_000, 128), (1000, 16), (2000, 32)]  # t0: 400k x 128 fp32 + adagrad state: about 0.2 GiB
-    topology = _topology(4, 4, hbm=int(0.12 * GIB))
-    allowed = ShardwisePlanner(topology, batch_size=256, cost_model=FeatureCostModel(), storage_reservation=0.0)
-    allowed.plan(_model(big))
-    assert len([s for s in allowed.last_plan.shards if s.table == "t0"]) > 1
-    for constraint, expected in (({"sharding_types": ["table_wise"]}, "the neuroshard plan splits it column-wise"),
-                                 ({"min_partition": 128}, "the neuroshard plan splits it into .* min_partition 128")):
-        planner = ShardwisePlanner(topology, batch_size=256, cost_model=FeatureCostModel(), storage_reservation=0.0,
-                                   constraints={"t0": ParameterConstraints(**constraint)})
-        with pytest.raises(PlannerError, match=f"table 't0': {expected}"):
-            planner.plan(_model(big))
-
-
-def test_the_stats_table_is_logged_per_plan(caplog):
     planner = ShardwisePlanner(_topology(2, 2), batch_size=512, cost_model=FeatureCostModel())
-    with caplog.at_level(logging.INFO, logger="shardwise.torchrec"):
+    for sharders in ([EmbeddingBagCollectionSharder()],
+                     [EmbeddingBagCollectionSharder(), FeatureProcessedEmbeddingBagCollectionSharder()]):
+        theirs = EmbeddingShardingPlanner(topology=_topology(2, 2), batch_size=512).plan(model(), sharders)
+        ours = planner.plan(model(), sharders)
+        assert planned(ours) == planned(theirs), sharders  # no sharder for the sequence collection: not planned
+        assert "sequence" not in planned(ours)
+    assert planned(ours)["weighted"] == {"w0"} and "w0" in {t.name for t in planner.last_task.tables}
+    assert planner.plan(model(), []).plan == {}  # no sharders: nothing to shard
+
+
+def test_a_column_split_is_planned_where_allowed_and_the_plan_respects_the_constraints_otherwise():
+    """A table too large for one device is split where its constraints allow; table-wise only, it stays whole (on a
+    kernel TorchRec offers for it); with min_partition, no slice is narrower."""
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.planner.types import PlannerError as TorchRecPlannerError
+
+    big = [(400_000, 128), (1000, 16), (2000, 32)]  # t0: 400k x 128 fp32: about 0.19 GiB
+    topology = _topology(4, 4, hbm=int(0.12 * GIB))
+
+    def t0_of(constraint: dict | None):  # noqa: ANN202 - the planner and its ParameterSharding of t0
+        planner = ShardwisePlanner(topology, batch_size=256, cost_model=FeatureCostModel(), storage_reservation=0.0,
+                                   constraints={"t0": ParameterConstraints(**constraint)} if constraint else None)
+        return planner, planner.plan(_model(big)).plan["sparse"]["t0"]
+
+    allowed, split = t0_of(None)
+    assert split.sharding_type == "column_wise" and len(split.sharding_spec.shards) > 1
+    assert len([s for s in allowed.last_plan.shards if s.table == "t0"]) > 1
+    _, whole = t0_of({"sharding_types": ["table_wise"]})
+    assert whole.sharding_type == "table_wise" and len(whole.sharding_spec.shards) == 1
+    assert whole.sharding_spec.shards[0].shard_sizes == [400_000, 128]
+    wide, halves = t0_of({"min_partition": 64})
+    assert halves.sharding_type == "column_wise" and len(halves.sharding_spec.shards) > 1
+    assert all(m.shard_sizes[1] >= 64 for m in halves.sharding_spec.shards)
+    assert all(s.dim >= 64 for s in wide.last_plan.shards if s.table == "t0")
+    # table-wise on the fused kernel only: it fits no rank, and TorchRec's planner says so
+    with pytest.raises(TorchRecPlannerError, match="Unable to find a plan"):
+        t0_of({"sharding_types": ["table_wise"], "compute_kernels": ["fused"]})
+
+
+def test_the_stats_are_logged_per_plan(caplog):
+    planner = ShardwisePlanner(_topology(2, 2), batch_size=512, cost_model=FeatureCostModel())
+    with caplog.at_level(logging.INFO):
         planner.plan(_model(TABLES))
     stats = planner.last_stats
     assert stats is not None and stats in caplog.text
-    assert "8 tables on 2 ranks (2 per host, 15% of memory reserved)" in stats
-    assert "fwd ms" in stats and "memory GiB" in stats and "predicted plan cost" in stats
+    assert "--- Planner Statistics ---" in caplog.text  # TorchRec's own table first
+    assert stats.startswith("ShardwisePlanner: 8 tables on 2 ranks (2 per host), batch 512 per rank")
+    assert "the plan: shardwise's neuroshard search" in stats
+    assert "HBM GiB" in stats and "predicted ms" in stats and "sharding: 8 table_wise (fused)" in stats
 
 
-def test_the_champion_cost_model_is_found_by_default(tmp_path, monkeypatch):
+def _champion_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A sqlite MLflow store whose champion is a cost model for this machine's CPU."""
     from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
 
     from shardwise.costmodel import TrainConfig, train_cost_model
@@ -269,13 +329,30 @@ def test_the_champion_cost_model_is_found_by_default(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     MlflowService(uri).log_cost_model(model, report)
+    return uri
 
+
+def test_the_champion_cost_model_is_found_by_default(tmp_path, monkeypatch):
+    uri = _champion_store(tmp_path, monkeypatch)
     planner = ShardwisePlanner(world_size=2, device_memory_bytes=GIB, batch_size=512, device_type="cpu",
                                tracking_uri=uri, adapt=0)  # these tables are new to it: adaptation has its own tests
     planner.plan(_model(TABLES))
     assert "predicted" in planner.last_plan.extra  # planned with the registered model
+    assert planner.resolved_cost_model() is not None
 
+
+def test_a_missing_champion_is_refused_with_what_to_do(tmp_path):
     empty = ShardwisePlanner(world_size=2, device_memory_bytes=GIB, batch_size=512, device_type="cpu",
                              tracking_uri=f"sqlite:///{tmp_path / 'empty.db'}")
     with pytest.raises(PlannerError, match="no cost model at models:/shardwise-cost-.*@champion.*make run"):
         empty.plan(_model(TABLES))
+
+
+def test_a_missing_champion_is_refused_before_any_proposal_as_itself(tmp_path):
+    from torchrec.distributed.planner.types import PlannerErrorType
+
+    empty = ShardwisePlanner(world_size=2, device_memory_bytes=GIB, batch_size=512, device_type="cpu",
+                             tracking_uri=f"sqlite:///{tmp_path / 'empty.db'}")
+    with pytest.raises(PlannerError, match="^ShardwisePlanner: no cost model at ") as refused:
+        empty.plan(_model(TABLES))
+    assert refused.value.error_type == PlannerErrorType.OTHER

@@ -171,8 +171,10 @@ def test_shardwise_planner_has_torchrecs_call_shape():
     assert ranks <= {0, 1, 2, 3}
     validate_plan(planner.last_plan, planner.last_task)
 
-    with pytest.raises(PlanError, match="needs world_size"):
-        ShardwisePlanner(device_memory_bytes=2**30, batch_size=8, method="size_greedy").plan(model)
+
+def test_a_planner_with_no_ranks_to_plan_for_is_refused_saying_what_to_pass():
+    with pytest.raises(PlanError, match="world_size"):
+        ShardwisePlanner(device_memory_bytes=2**30, batch_size=8, method="size_greedy")
 
 
 def test_torchrecs_planner_is_given_the_tasks_batch_per_rank(monkeypatch):
@@ -204,7 +206,7 @@ def test_the_drop_in_takes_torchrecs_batch_per_rank_and_plans_the_steps_batch():
     task = per_rank.last_task
     given = ShardwisePlanner(task=task, method="size_greedy", device_type="cpu")
     given.plan(module)
-    assert given.last_task.batch_size == task.batch_size and given.batch_size == 64
+    assert given.last_task.batch_size == task.batch_size and "batch 64 per rank" in given.last_stats
 
 
 def test_a_torchrec_plan_over_shardwises_memory_accounting_is_planned_again_with_less(monkeypatch):

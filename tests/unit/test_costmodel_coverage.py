@@ -100,6 +100,12 @@ def test_only_tables_above_the_largest_seen_are_beyond_training():
     assert above == ["pooling 50 is 1.2x the largest seen (40): pooled"]
     assert ranges.beyond(names, transformed) == ["pooled"]
     assert ranges.beyond(["small", "inside"], TableFeatureCache(2048)([small, inside])) == []
+    # wider, or more skewed (a few hot rows), than any seen, its lookups as few as those seen: not new work
+    wide = TableSpec(name="wide", rows=500_000, dim=256, pooling_factor=20.0)
+    hot = TableSpec(name="hot", rows=4, dim=32, pooling_factor=1.0)
+    found = "; ".join(ranges.outside(["wide", "hot"], TableFeatureCache(2048)([wide, hot]), 2048))
+    assert "dim 256" in found and "skew" in found and "largest seen" in found, found
+    assert ranges.beyond(["wide", "hot"], TableFeatureCache(2048)([wide, hot])) == []
 
 
 def test_a_model_names_the_tables_beyond_its_training(trained):

@@ -18,6 +18,8 @@ TABLE_RANGES: tuple[tuple[str, str], ...] = (
     ("rows", "rows"), ("dim", "dim"), ("pooling_factor", "pooling"),
     ("accesses_per_row", "skew (accesses per distinct row)"),
 )
+#: the feature that measures a table's lookup work: beyond it, a kernel's cost is new to the model
+WORK_RANGES = ("pooling_factor",)
 #: names listed per feature in the one-line message before "and N more"
 NAMES_SHOWN = 4
 
@@ -87,12 +89,13 @@ class FeatureRanges:
         return cls(**spans, batch_size=batch)
 
     def beyond(self, names: Sequence[str], transformed: np.ndarray) -> list[str]:
-        """The tables above the largest seen value of any ranged table feature (bigger rows, dim, pooling or skew),
-        in task order; tables only under the smallest seen are not named (they are cheap: adapting for them never
-        pays)."""
+        """The tables with more lookups per sample than any seen (pooling factor above the largest seen), in task
+        order: where the kernel's work is new to the model. Tables only wider, longer, lighter or more skewed than
+        those seen are not named: their cost is the kernel's fixed overhead (a few hot rows stay in cache) or
+        extrapolates along what was measured, and adapting for them does not pay."""
         values = _table_values(transformed)
         over = np.zeros(len(names), dtype=bool)
-        for name, _ in TABLE_RANGES:
+        for name in WORK_RANGES:
             over |= values[name] > getattr(self, name)[1]
         return [name for name, is_over in zip(names, over, strict=True) if is_over]
 

@@ -243,8 +243,8 @@ class NeuralCostModel:
                                            tables_per_device))
 
     def tables_beyond_training(self, tables: Sequence[TableSpec]) -> list[str]:
-        """The names of the tables above the largest seen value of any table feature (`FeatureRanges.beyond`);
-        empty when none are, or the model has no ranges (saved before v3)."""
+        """The names of the tables whose lookups are heavier than any the model was trained on
+        (`FeatureRanges.beyond`); empty when none are, or the model has no ranges (saved before v3)."""
         ranges = self.meta.feature_ranges
         if ranges is None or not tables:
             return []

@@ -17,6 +17,7 @@ from shardwise.search.torchrec_plan import (
     to_sharding_plan,
 )
 
+from .enumerator import ShardwiseEnumerator
 from .errors import PlannerError
 from .partitioner import PlacedPartitioner
 from .perf_model import ShardwisePerfModel
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_REFINE_S",
     "PlacedPartitioner",
     "PlannerError",
+    "ShardwiseEnumerator",
     "ShardwisePerfModel",
     "ShardwisePlanner",
     "ShardwiseProposer",

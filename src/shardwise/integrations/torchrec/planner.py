@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,8 @@ from shardwise.costmodel.types import CostModel
 from shardwise.search import Plan, Searcher
 from shardwise.workload import Optimizer, ShardingTask
 
-from .errors import PlannerError
+from .enumerator import ShardwiseEnumerator
+from .errors import PlannerError, TorchRecPlannerError
 from .partitioner import PlacedPartitioner
 from .perf_model import ShardwisePerfModel
 from .proposer import ShardwiseProposer
@@ -101,6 +103,10 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
             raise PlannerError(f"batch_size {batch_size}: samples per rank, >= 1", PlannerErrorType.INPUT_VALIDATION)
         if topology is None and (task is not None or world_size is not None):
             topology = _topology(task, world_size, local_world_size, device_memory_bytes, device_type)
+        if topology is None and not dist.is_initialized():
+            raise PlannerError("ShardwisePlanner needs a topology (a TorchRec Topology, or world_size= and "
+                               "device_memory_bytes=, or a shardwise task=), or an initialised process group to take "
+                               "one from, as TorchRec's planner does", PlannerErrorType.INPUT_VALIDATION)
         if task is not None and batch_size is None:
             batch_size = math.ceil(task.batch_size / task.num_devices)  # a task's batch is the step's, over the ranks
         if isinstance(storage_reservation, int | float):
@@ -122,6 +128,9 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
                          proposer=proposer, partitioner=partitioner or PlacedPartitioner(),
                          performance_model=performance_model, stats=stats)
         self.search.device_type = self._topology.compute_device
+        if enumerator is None:  # TorchRec's, with the column splits shardwise's search lays out
+            self._enumerator = ShardwiseEnumerator(topology=self._topology, batch_size=self._batch_size,
+                                                   constraints=constraints)
         self.proposer = ShardwiseProposer(
             self.search, self._topology, constraints=constraints, task=task,
             optimizer=task.optimizer if task else optimizer,
@@ -165,8 +174,18 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
 
     # -- TorchRec's interface ----------------------------------------------------------------------------------
     def plan(self, module: nn.Module, sharders: list[Any] | None = None) -> ShardingPlan:
-        """TorchRec's planner's plan of `module` for `sharders` (TorchRec's default sharders where None)."""
-        return super().plan(module, get_default_sharders() if sharders is None else sharders)
+        """TorchRec's planner's plan of `module` for `sharders` (TorchRec's default sharders where None); where none
+        fits, TorchRec's error as shardwise's `PlannerError` in one line, with why shardwise's search found none."""
+        self.search.resolved_cost_model()  # a missing model is its own error, before any proposal is rated
+        try:
+            return super().plan(module, get_default_sharders() if sharders is None else sharders)
+        except TorchRecPlannerError as err:
+            if isinstance(err, PlannerError):
+                raise
+            log.info("%s", err)  # TorchRec's own account: storage, reservation and what to try
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            why = self.proposer.last_error or (lines[-1] if len(lines) > 1 else "")
+            raise PlannerError(f"{lines[0].rstrip(' .')}{': ' + why if why else ''}", err.error_type) from None
 
     def collective_plan(self, module: nn.Module, sharders: list[Any] | None = None, pg: Any = None) -> ShardingPlan:
         """`plan` on rank 0, broadcast to every rank of `pg`; where rank 0 cannot plan, every rank raises its error
@@ -197,6 +216,8 @@ def _topology(task: ShardingTask | None, world_size: int | None, local_world_siz
     GPUs and DDR on a CPU topology, as TorchRec's planner takes it."""
     device = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
     ranks = world_size or (task.num_devices if task else 1)
+    if local_world_size is None and os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():
+        local_world_size = int(os.environ["LOCAL_WORLD_SIZE"])  # torchrun's ranks per host
     memory = device_memory_bytes or (task.device_memory_bytes if task else None)
     caps = {"ddr_cap": memory} if device == "cpu" else {"hbm_cap": memory}
     types_logger = logging.getLogger("torchrec.distributed.planner.types")

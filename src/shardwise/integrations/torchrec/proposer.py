@@ -17,6 +17,7 @@ from torchrec.distributed.planner.types import Enumerator, Proposer, ShardingOpt
 from shardwise.search import Plan, PlanError
 from shardwise.workload import Optimizer, ShardingTask, WeightsPrecision
 
+from .errors import PlannerError
 from .search import ShardwiseSearch
 from .space import PlanSpace, device_tier, rank_capacity
 
@@ -93,6 +94,8 @@ class ShardwiseProposer(Proposer):
         self.last_task = space.task(budget)
         try:
             self.last_search = self.search.plan(self.last_task)
+        except PlannerError:
+            raise  # a setting the planner cannot honour (adapt, refine, the cost model): the caller's to fix
         except PlanError as err:
             self.last_error = str(err)
             log.info("ShardwisePlanner: %s", err)

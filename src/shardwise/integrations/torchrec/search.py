@@ -1,6 +1,6 @@
 """How the drop-in makes a shardwise plan for the tables it searches: the cost model (given, or this hardware's
-champion), adapted on this machine where the tables are bigger than any it was trained on, the search, and the plan
-refined on this machine's kernels after adaptation ran."""
+champion), adapted on this machine where a table has more lookups per sample than any it was trained on, the
+search, and the plan refined on this machine's kernels after adaptation ran."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shardwise.torchrec")
 
-#: seconds of adaptation by default, where the tables are bigger than any the cost model was trained on and this
-#: machine is its hardware (record `torchrec_dropin`: the MLPerf DLRM-DCNv2 tables time within it on 2 CPU cores)
+#: seconds of adaptation by default, where some table has more lookups per sample than any the cost model was
+#: trained on, there are ranks to place tables on, and this machine is the model's hardware (record `torchrec_dropin`: the MLPerf DLRM-DCNv2 tables time within it on 2 CPU cores)
 DEFAULT_ADAPT_S = 120.0
 #: seconds of refinement by default after adaptation ran (its plans are measured here, so they can be refined on
 #: the same kernels and all-to-alls)
@@ -51,8 +51,8 @@ class ShardwiseSearch:
     tracking_uri: str | None = None
     seed: int = 0
     device_type: str = "cpu"
-    #: seconds to adapt the cost model on this machine first (None: where the tables are bigger than its training,
-    #: 0: never)
+    #: seconds to adapt the cost model on this machine first (None: where a table has more lookups per sample than
+    #: the model's training, on 2 ranks or more; 0: never)
     adapt: float | None = None
     adapt_dataset: str | Path | None = None
     #: seconds to refine the searched plan on this machine (None: after adaptation ran, 0: never)
@@ -70,7 +70,7 @@ class ShardwiseSearch:
                                f"{DEFAULT_REFINE_S:g} s after adaptation ran)")
         if self.adapt is not None and not (0.0 <= self.adapt < math.inf):
             raise PlannerError(f"adapt {self.adapt}: seconds of adaptation, >= 0 (0: off; None: {DEFAULT_ADAPT_S:g} s "
-                               "where the tables are bigger than the cost model's training and this machine is its "
+                               "where a table has more lookups per sample than the cost model was trained on and this machine is its "
                                "hardware)")
         self.searcher = self.searcher or make_searcher(self.method)
 
@@ -107,10 +107,10 @@ class ShardwiseSearch:
 
     def _adapted_cost_model(self, task: ShardingTask) -> CostModel | None:
         """The cost model to plan `task` with: adapted on this machine first (`adapt` seconds; by default where some
-        table is bigger than any the model was trained on and this machine is the hardware it is for)."""
+        table has more lookups per sample than any the model was trained on and this machine is its hardware)."""
         model = self.resolved_cost_model()
         self.last_adaptation = None
-        if self.adapt == 0 or model is None:
+        if self.adapt == 0 or model is None or (self.adapt is None and task.num_devices == 1):
             return model
         if self.adapt is None and (frozenset(task.tables) in self._adapted_to or not (
                 isinstance(model, KnowsItsTraining) and model.tables_beyond_training(task.tables))):

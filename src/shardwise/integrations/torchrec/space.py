@@ -166,11 +166,15 @@ class PlanSpace:
                 option = copy.deepcopy(table.option("table_wise"))
                 option.shards[0].rank = mine[0].device
             else:  # column slices (a single one where only column-wise is allowed)
-                option = copy.deepcopy(table.option("column_wise"))
-                option.shards = [Shard(size=[table.rows, s.dim], offset=[0, s.col_offset], rank=s.device)
-                                 for s in mine]
-                if enumerator is not None:
-                    enumerator.populate_estimates([option])  # the slices' storage and perf, by TorchRec's estimators
+                option = copy.deepcopy(next(
+                    (o for o in table.options if SEARCHED.get((o.sharding_type, o.compute_kernel)) == "column_wise"
+                     and [s.size[1] for s in o.shards] == [s.dim for s in mine]), None) or table.option("column_wise"))
+                if [s.size[1] for s in option.shards] != [s.dim for s in mine]:  # an enumerator without these slices
+                    option.shards = [Shard(size=[table.rows, s.dim], offset=[0, s.col_offset]) for s in mine]
+                    if enumerator is not None:
+                        enumerator.populate_estimates([option])  # their storage and perf, by TorchRec's estimators
+                for shard, placed in zip(option.shards, mine, strict=True):
+                    shard.rank = placed.device
             proposal.append(option)
         return proposal
 

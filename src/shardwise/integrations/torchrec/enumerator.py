@@ -1,0 +1,52 @@
+"""TorchRec's `EmbeddingEnumerator`, plus the column-wise options shardwise's search lays out.
+
+NeuroShard splits a table into 1, 2, 4, ... equal column slices (each a multiple of 4 columns, at least the table's
+`min_partition`, at most one per rank). TorchRec's enumerator yields one column-wise option per table and kernel, of
+its own block width; for every such option this one adds the same option split into those slice counts, estimated by
+TorchRec's estimators. Each added option derives from one TorchRec offered, so sharders and constraints bound them;
+each has its own `storage_hash`, so a plan with them goes through TorchRec's `PlanLoader`. The planner context hash
+covers TorchRec's own search space (`last_stored_search_space`), which the added options follow from."""
+
+from __future__ import annotations
+
+import copy
+
+from torch import nn
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.types import PlannerErrorType, Shard, ShardingOption
+from torchrec.distributed.types import ModuleSharder
+
+from shardwise.workload.tables import DIM_ALIGNMENT
+
+from .errors import PlannerError
+
+
+class ShardwiseEnumerator(EmbeddingEnumerator):
+    """TorchRec's options, and each column-wise one also split in the equal slices shardwise's search uses."""
+
+    def enumerate(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> list[ShardingOption]:
+        try:
+            options = super().enumerate(module, sharders)
+        except RuntimeError as err:  # TorchRec's enumerator: constraints that leave a table no option
+            raise PlannerError(str(err).splitlines()[0], PlannerErrorType.STRICT_CONSTRAINTS) from None
+        added: list[ShardingOption] = []
+        offered = {(o.fqn, o.compute_kernel, o.num_shards) for o in options if o.sharding_type == "column_wise"}
+        for option in options:
+            if option.sharding_type != "column_wise":
+                continue
+            rows, dim = int(option.tensor.shape[0]), int(option.tensor.shape[1])
+            constraint = (self._constraints or {}).get(option.name)
+            narrowest = max(DIM_ALIGNMENT, getattr(constraint, "min_partition", None) or DIM_ALIGNMENT)
+            pieces = 1
+            while pieces <= self._world_size and dim % pieces == 0 and (dim // pieces) % DIM_ALIGNMENT == 0 and (
+                    pieces == 1 or dim // pieces >= narrowest):
+                if (option.fqn, option.compute_kernel, pieces) not in offered:
+                    offered.add((option.fqn, option.compute_kernel, pieces))
+                    split = copy.deepcopy(option)
+                    width = dim // pieces
+                    split.shards = [Shard(size=[rows, width], offset=[0, k * width]) for k in range(pieces)]
+                    added.append(split)
+                pieces *= 2
+        if added:
+            self.populate_estimates(added)
+        return options + added
