@@ -21,6 +21,7 @@ other runs are planned without adaptation.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from typing import Any
@@ -28,6 +29,9 @@ from typing import Any
 import torch
 from bench_plan_quality import paper_tasks
 from record import record
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.types import PlannerError
+from torchrec.distributed.sharding_plan import get_default_sharders
 
 from shardwise.evaluation import measure_plans
 from shardwise.integrations.torchrec import ShardwisePlanner, ebc_on_meta, plan_from_module_sharding
@@ -53,10 +57,11 @@ def dcnv2_module(row_scale: float):  # noqa: ANN201 - a torch module holding the
 
 
 def plan_both(planner: ShardwisePlanner, module: Any, torchrec: Searcher) -> tuple[ShardingTask, Plan, Plan | None,
-                                                                                  float, float, str]:
+                                                                                  float, float, str, float]:
     """The drop-in planner's plan of `module` (the plan `plan()` returns) and TorchRec's planner's of the same task
-    (None where it finds none: its storage estimate is larger than shardwise's), their seconds, and which plan the
-    drop-in returned ("search" or "torchrec_greedy")."""
+    (None where it finds none: its storage estimate is larger than shardwise's), their seconds, which plan the
+    drop-in returned ("search" or "torchrec_greedy"), and the seconds of TorchRec's `EmbeddingShardingPlanner` given
+    the drop-in's own arguments (topology, batch, constraints, reservation, default sharders)."""
     start = time.perf_counter()
     sharding_plan = planner.plan(module)
     ours_s = time.perf_counter() - start
@@ -71,7 +76,14 @@ def plan_both(planner: ShardwisePlanner, module: Any, torchrec: Searcher) -> tup
     except PlanError as err:
         print(f"{len(task.tables)} tables on {task.num_devices} devices: {err}")
         theirs = None
-    return task, ours, theirs, ours_s, time.perf_counter() - start, returned
+    theirs_s = time.perf_counter() - start
+    same = EmbeddingShardingPlanner(topology=planner._topology, batch_size=planner._batch_size,
+                                    constraints=planner._constraints, storage_reservation=planner._storage_reservation,
+                                    debug=False)
+    start = time.perf_counter()
+    with contextlib.suppress(PlannerError):
+        same.plan(module, get_default_sharders())
+    return task, ours, theirs, ours_s, theirs_s, returned, time.perf_counter() - start
 
 
 def _returned(module_plan: Any, num_devices: int, searched: Plan) -> tuple[Plan, str]:
@@ -150,9 +162,9 @@ def main() -> None:
     # floor: the plan's mean device cost over TorchRec's slowest device, the ratio its shards would reach perfectly
     # balanced (a split that adds work raises it: a column half of a lookup-bound table costs more than half of it)
     print(f"{'task':<28}{'tables':>7}{'devices':>8}{'shardwise ms':>13}{'torchrec ms':>12}{'ratio':>7}{'floor':>7}"
-          f"{'plan s':>8}{'torchrec s':>11}  returned")
+          f"{'plan s':>8}{'torchrec s':>11}{'same args s':>12}  returned")
     rows: list[dict[str, Any]] = []
-    for index, (name, task, _, theirs, ours_s, theirs_s, returned) in enumerate(runs):
+    for index, (name, task, _, theirs, ours_s, theirs_s, returned, same_s) in enumerate(runs):
         ours_cost = next(measured)
         mine = ours_cost.max_cost_ms
         baseline = next(measured).max_cost_ms if theirs is not None else None
@@ -162,12 +174,13 @@ def main() -> None:
         print(f"{label:<28}{len(task.tables):>7}{task.num_devices:>8}{mine:>13.3f}"
               + (f"{baseline:>12.3f}{ratio:>7.3f}{floor:>7.3f}" if baseline and ratio and floor
                  else f"{'no plan':>12}{'':>14}")
-              + f"{ours_s:>8.2f}{theirs_s:>11.2f}  {returned}")
+              + f"{ours_s:>8.2f}{theirs_s:>11.2f}{same_s:>12.2f}  {returned}")
         rows.append({"task": label, "tables": len(task.tables), "devices": task.num_devices,
                      "shardwise_max_ms": round(mine, 3), "torchrec_max_ms": baseline and round(baseline, 3),
                      "ratio_to_torchrec": ratio and round(ratio, 3),
                      "balanced_floor": floor and round(floor, 3), "planning_s": round(ours_s, 2),
-                     "torchrec_planning_s": round(theirs_s, 2), "returned": returned})
+                     "torchrec_planning_s": round(theirs_s, 2), "torchrec_same_args_planning_s": round(same_s, 2),
+                     "returned": returned})
     for name in dict.fromkeys(r[0] for r in runs):
         ratios = [r["ratio_to_torchrec"] for r in rows if r["task"].split(" #")[0] == name and r["ratio_to_torchrec"]]
         if ratios:

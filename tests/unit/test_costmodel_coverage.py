@@ -1,9 +1,7 @@
 """A cost model knows what it was trained on: the ranges of its table features, shard sizes and batch are saved
 with it, and a task outside them is named in one line, with how far out it lies."""
 
-import copy
 import json
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,7 +11,6 @@ from costmodel_synthetic import cost_frame, synthetic_tables
 from shardwise.costmodel import ModelFileError, NeuralCostModel, TrainConfig, train_cost_model
 from shardwise.costmodel.coverage import FeatureRanges
 from shardwise.costmodel.features import TableFeatureCache
-from shardwise.costmodel.types import KnowsItsTraining
 from shardwise.search import make_searcher
 from shardwise.workload import ShardingTask, TableSpec, mlperf_dcnv2_tables
 
@@ -81,44 +78,6 @@ def test_the_dcnv2_tables_are_named_with_how_far_out_they_lie():
     assert "batch 512 is not the profiled batch 2048 (predicted ms are at 2048)" in found
     inside = [TableSpec(name="u", rows=5000, dim=32, pooling_factor=4.0)]
     assert SEEN.outside(["u"], TableFeatureCache(2048)(inside), 2048, [3]) == []
-
-
-def test_only_tables_above_the_largest_seen_are_beyond_training():
-    # dim and skew floors raised so the small table lies under all four ranges, not at the edge of two
-    ranges = replace(SEEN, dim=(8.0, 64.0), accesses_per_row=(2.5, 3.0))
-    small = TableSpec(name="small", rows=500, dim=4, pooling_factor=0.5)
-    pooled = TableSpec(name="pooled", rows=500_000, dim=32, pooling_factor=50.0)
-    inside = TableSpec(name="inside", rows=500_000, dim=32, pooling_factor=20.0)
-    tables = [small, pooled, inside]
-    names = [t.name for t in tables]
-    transformed = TableFeatureCache(2048)(tables)
-    under = "; ".join(ranges.outside(["small"], TableFeatureCache(2048)([small]), 2048))
-    assert all(f"{what} " in under and "under the smallest seen" in under
-               for what in ("rows", "dim", "pooling", "skew")), under
-    # the pooled table is above the largest seen on pooling only
-    above = [p for p in ranges.outside(["pooled"], TableFeatureCache(2048)([pooled]), 2048) if "largest" in p]
-    assert above == ["pooling 50 is 1.2x the largest seen (40): pooled"]
-    assert ranges.beyond(names, transformed) == ["pooled"]
-    assert ranges.beyond(["small", "inside"], TableFeatureCache(2048)([small, inside])) == []
-    # wider, or more skewed (a few hot rows), than any seen, its lookups as few as those seen: not new work
-    wide = TableSpec(name="wide", rows=500_000, dim=256, pooling_factor=20.0)
-    hot = TableSpec(name="hot", rows=4, dim=32, pooling_factor=1.0)
-    found = "; ".join(ranges.outside(["wide", "hot"], TableFeatureCache(2048)([wide, hot]), 2048))
-    assert "dim 256" in found and "skew" in found and "largest seen" in found, found
-    assert ranges.beyond(["wide", "hot"], TableFeatureCache(2048)([wide, hot])) == []
-
-
-def test_a_model_names_the_tables_beyond_its_training(trained):
-    model, report, _ = trained
-    seen = list(dict.fromkeys(t for s in report.train.shards for t in s))
-    most = model.meta.feature_ranges.pooling_factor[1]
-    pooled = seen[0].model_copy(update={"name": "pooled", "pooling_factor": 3 * most})
-    assert model.tables_beyond_training(seen) == []
-    assert model.tables_beyond_training([*seen[1:3], pooled]) == ["pooled"]
-    assert isinstance(model, KnowsItsTraining)
-    older = copy.copy(model)  # as saved before the ranges were recorded: nothing to compare with
-    older.meta = replace(model.meta, feature_ranges=None)
-    assert older.tables_beyond_training([pooled]) == []
 
 
 def test_planning_outside_the_ranges_says_so_in_the_plan(trained):

@@ -18,8 +18,6 @@ TABLE_RANGES: tuple[tuple[str, str], ...] = (
     ("rows", "rows"), ("dim", "dim"), ("pooling_factor", "pooling"),
     ("accesses_per_row", "skew (accesses per distinct row)"),
 )
-#: the feature that measures a table's lookup work: beyond it, a kernel's cost is new to the model
-WORK_RANGES = ("pooling_factor",)
 #: names listed per feature in the one-line message before "and N more"
 NAMES_SHOWN = 4
 
@@ -87,17 +85,6 @@ class FeatureRanges:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"field 'feature_ranges.batch_size' must be a positive integer, got {batch!r}")
         return cls(**spans, batch_size=batch)
-
-    def beyond(self, names: Sequence[str], transformed: np.ndarray) -> list[str]:
-        """The tables with more lookups per sample than any seen (pooling factor above the largest seen), in task
-        order: where the kernel's work is new to the model. Tables only wider, longer, lighter or more skewed than
-        those seen are not named: their cost is the kernel's fixed overhead (a few hot rows stay in cache) or
-        extrapolates along what was measured, and adapting for them does not pay."""
-        values = _table_values(transformed)
-        over = np.zeros(len(names), dtype=bool)
-        for name in WORK_RANGES:
-            over |= values[name] > getattr(self, name)[1]
-        return [name for name, is_over in zip(names, over, strict=True) if is_over]
 
     def outside(self, names: Sequence[str], transformed: np.ndarray, batch_size: int,
                 tables_per_device: Sequence[int] = ()) -> list[str]:

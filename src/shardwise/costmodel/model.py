@@ -242,14 +242,6 @@ class NeuralCostModel:
         return outside_line(ranges.outside([t.name for t in tables], self._features(tables), batch_size,
                                            tables_per_device))
 
-    def tables_beyond_training(self, tables: Sequence[TableSpec]) -> list[str]:
-        """The names of the tables whose lookups are heavier than any the model was trained on
-        (`FeatureRanges.beyond`); empty when none are, or the model has no ranges (saved before v3)."""
-        ranges = self.meta.feature_ranges
-        if ranges is None or not tables:
-            return []
-        return ranges.beyond([t.name for t in tables], self._features(tables))
-
     # -- persistence -------------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
         """Write `cost_model.json` (config, normalisers, metadata) and `weights.pt` (tensors only)."""

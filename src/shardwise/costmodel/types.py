@@ -46,7 +46,3 @@ class KnowsItsTraining(Protocol):
                          tables_per_device: Sequence[int] = ()) -> str | None:
         """One line naming what is outside and how far (None: all inside, or nothing recorded)."""
         ...
-
-    def tables_beyond_training(self, tables: Sequence[TableSpec]) -> list[str]:
-        """The names of the tables bigger than any it has seen in some feature (empty: none, or nothing recorded)."""
-        ...

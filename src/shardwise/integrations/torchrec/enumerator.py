@@ -1,9 +1,9 @@
 """TorchRec's `EmbeddingEnumerator`, plus the column-wise options shardwise's search lays out.
 
 NeuroShard splits a table into 1, 2, 4, ... equal column slices (each a multiple of 4 columns, at least the table's
-`min_partition`, at most one per rank). TorchRec's enumerator yields one column-wise option per table and kernel, of
-its own block width; for every such option this one adds the same option split into those slice counts, estimated by
-TorchRec's estimators. Each added option derives from one TorchRec offered, so sharders and constraints bound them;
+`min_partition`, at most one per rank) on the fused kernel. TorchRec's enumerator yields one column-wise option per
+table and kernel, of its own block width; for every such option on the fused kernel this one adds the same option
+split into those slice counts, estimated by TorchRec's estimators. Each added option derives from one TorchRec offered, so sharders and constraints bound them;
 each has its own `storage_hash`, so a plan with them goes through TorchRec's `PlanLoader`. The planner context hash
 covers TorchRec's own search space (`last_stored_search_space`), which the added options follow from."""
 
@@ -19,6 +19,7 @@ from torchrec.distributed.types import ModuleSharder
 from shardwise.workload.tables import DIM_ALIGNMENT
 
 from .errors import PlannerError
+from .space import FUSED
 
 
 class ShardwiseEnumerator(EmbeddingEnumerator):
@@ -32,8 +33,8 @@ class ShardwiseEnumerator(EmbeddingEnumerator):
         added: list[ShardingOption] = []
         offered = {(o.fqn, o.compute_kernel, o.num_shards) for o in options if o.sharding_type == "column_wise"}
         for option in options:
-            if option.sharding_type != "column_wise":
-                continue
+            if (option.sharding_type, option.compute_kernel) != ("column_wise", FUSED):
+                continue  # the search splits tables on the kernel it has measured
             rows, dim = int(option.tensor.shape[0]), int(option.tensor.shape[1])
             constraint = (self._constraints or {}).get(option.name)
             narrowest = max(DIM_ALIGNMENT, getattr(constraint, "min_partition", None) or DIM_ALIGNMENT)

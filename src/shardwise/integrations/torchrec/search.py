@@ -1,6 +1,6 @@
 """How the drop-in makes a shardwise plan for the tables it searches: the cost model (given, or this hardware's
-champion), adapted on this machine where a table has more lookups per sample than any it was trained on, the
-search, and the plan refined on this machine's kernels after adaptation ran."""
+champion), the search, the model adapted on this machine and the search run again where that pays, and the plan
+refined on this machine's kernels after adaptation ran."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from shardwise.costmodel.types import CostModel, KnowsItsTraining
 from shardwise.errors import ServiceError, ShardwiseError
 from shardwise.profiling import MeasurementSettings, hardware_kind
 from shardwise.search import Plan, PlanError, Searcher, get_method, make_searcher
+from shardwise.search.simulator import ShardCostCache
 from shardwise.workload import ShardingTask, TableSpec
 
 from ..mlflow import MlflowService, champion_uri, cost_model_name
@@ -28,12 +29,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shardwise.torchrec")
 
-#: seconds of adaptation by default, where some table has more lookups per sample than any the cost model was
-#: trained on, there are ranks to place tables on, and this machine is the model's hardware (record `torchrec_dropin`: the MLPerf DLRM-DCNv2 tables time within it on 2 CPU cores)
+#: seconds of adaptation by default, where it pays (`ShardwiseSearch._adapts`) and this machine is the model's
+#: hardware (record `torchrec_dropin`: the MLPerf DLRM-DCNv2 tables time within it on 2 CPU cores)
 DEFAULT_ADAPT_S = 120.0
 #: seconds of refinement by default after adaptation ran (its plans are measured here, so they can be refined on
 #: the same kernels and all-to-alls)
 DEFAULT_REFINE_S = 50.0
+#: by default adaptation runs where the plan's predicted slowest rank is this many times a lone table's fixed cost
+#: (`OVERHEAD_TABLE`) or more: TorchRec's planner tests' few small tables lie under it, the MLPerf DLRM-DCNv2 tables
+#: far above
+ADAPT_MIN_OVERHEADS = 10.0
+#: the cheapest table a kernel runs: what one call costs whatever its tables
+OVERHEAD_TABLE = TableSpec(name="overhead", rows=1000, dim=4, pooling_factor=1.0)
 #: refinement's rounds at most (its time budget ends it first)
 REFINE_ROUNDS = 20
 #: interleaved kernel timings per device shard while refining: 3, as `make run`'s evaluate step, so that the
@@ -51,8 +58,7 @@ class ShardwiseSearch:
     tracking_uri: str | None = None
     seed: int = 0
     device_type: str = "cpu"
-    #: seconds to adapt the cost model on this machine first (None: where a table has more lookups per sample than
-    #: the model's training, on 2 ranks or more; 0: never)
+    #: seconds to adapt the cost model on this machine (None: where it pays, `_adapts`; 0: never)
     adapt: float | None = None
     adapt_dataset: str | Path | None = None
     #: seconds to refine the searched plan on this machine (None: after adaptation ran, 0: never)
@@ -70,8 +76,8 @@ class ShardwiseSearch:
                                f"{DEFAULT_REFINE_S:g} s after adaptation ran)")
         if self.adapt is not None and not (0.0 <= self.adapt < math.inf):
             raise PlannerError(f"adapt {self.adapt}: seconds of adaptation, >= 0 (0: off; None: {DEFAULT_ADAPT_S:g} s "
-                               "where a table has more lookups per sample than the cost model was trained on and this machine is its "
-                               "hardware)")
+                               "where the tables lie outside the cost model's training, the step is well above the "
+                               "kernels' overhead and this machine is the model's hardware)")
         self.searcher = self.searcher or make_searcher(self.method)
 
     def resolved_cost_model(self) -> CostModel | None:
@@ -96,25 +102,42 @@ class ShardwiseSearch:
         return model
 
     def plan(self, task: ShardingTask) -> Plan:
-        """The searched plan of `task` (PlanError where the search finds none)."""
+        """The searched plan of `task` (PlanError where the search finds none): searched, adapted for and searched
+        again where that pays, refined after adaptation."""
         self.last_seconds = {}
-        model = self._adapted_cost_model(task)
+        self.last_adaptation = None
+        model = self.resolved_cost_model()
+        plan = self._searched(task, model)
+        if self._adapts(task, model, plan):
+            adapted = self._adapted_cost_model(task, model)
+            if adapted is not model:
+                model, plan = adapted, self._searched(task, adapted)
+        return self._refined(task, plan, model)
+
+    def _searched(self, task: ShardingTask, model: CostModel | None) -> Plan:
         assert self.searcher is not None  # set in __post_init__
         started = time.perf_counter()
         plan = self.searcher.search(task, model, self.seed)
-        self.last_seconds["search"] = time.perf_counter() - started
-        return self._refined(task, plan, model)
+        self.last_seconds["search"] = self.last_seconds.get("search", 0.0) + time.perf_counter() - started
+        return plan
 
-    def _adapted_cost_model(self, task: ShardingTask) -> CostModel | None:
-        """The cost model to plan `task` with: adapted on this machine first (`adapt` seconds; by default where some
-        table has more lookups per sample than any the model was trained on and this machine is its hardware)."""
-        model = self.resolved_cost_model()
-        self.last_adaptation = None
-        if self.adapt == 0 or model is None or (self.adapt is None and task.num_devices == 1):
-            return model
-        if self.adapt is None and (frozenset(task.tables) in self._adapted_to or not (
-                isinstance(model, KnowsItsTraining) and model.tables_beyond_training(task.tables))):
-            return model  # small tables cost the kernel's fixed overhead: measuring them never pays
+    def _adapts(self, task: ShardingTask, model: CostModel | None, plan: Plan) -> bool:
+        """Whether to adapt before planning `task`: asked to (`adapt` seconds), or by default where it pays: the
+        tables lie outside the model's training, on 2 ranks or more, and the plan's predicted slowest rank is
+        `ADAPT_MIN_OVERHEADS` times a lone table's fixed cost or more (below it, the step is the kernels' overhead
+        whatever the plan, and minutes of measuring cannot pay back)."""
+        if self.adapt is not None or model is None:
+            return bool(self.adapt) and model is not None
+        if task.num_devices == 1 or frozenset(task.tables) in self._adapted_to or not (
+                isinstance(model, KnowsItsTraining) and model.outside_training(task.tables, model.batch_size)):
+            return False
+        predicted = float(plan.extra.get("predicted", {}).get("max_cost_ms", 0.0))
+        overhead = float(ShardCostCache(model).compute_ms([[OVERHEAD_TABLE]]).sum())
+        return predicted >= ADAPT_MIN_OVERHEADS * overhead
+
+    def _adapted_cost_model(self, task: ShardingTask, model: CostModel) -> CostModel:
+        """`model` adapted on this machine to `task`'s tables (for `adapt` seconds, or `DEFAULT_ADAPT_S`); `model` where
+        this machine is not its hardware and adaptation was not asked for."""
         # the measuring stack (fbgemm's kernels, the cost dataset, training) loads only where adaptation may run
         from shardwise.evaluation.adapt import AdaptError, adapt_cost_model, cannot_adapt_here
 
