@@ -15,8 +15,8 @@ import re
 _CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
 #: the setting that raises the wait for a service (seconds)
 SERVICE_TIMEOUT_ENV = "SHARDWISE_SERVICE_TIMEOUT_S"
-#: seconds a registry, tracking server or object store may take to answer before it is called unreachable: a
-#: down MLflow server used to cost 257 s of MLflow's own retries before any message
+#: seconds a registry, tracking server or object store may take to answer before it is called unreachable: left to
+#: MLflow's own retries, a down server costs minutes before any message
 DEFAULT_SERVICE_TIMEOUT_S = 10.0
 
 

@@ -9,9 +9,8 @@ backward with the SGD step over the whole tables) on sampled shards of the train
 local batch (`shardwise profile --data-parallel-shards`), and `pretrain` fits `DataParallelKernelCost` to them: a
 line in the lookups, the rows they touch, the pooled outputs and the tables' elements. The compute network cannot
 price this kernel: it was trained at one batch on the fused kernel, whose optimizer touches only the rows looked up
-(on held-out tables, 2026-11-28: the line 20.7% / 31.8% MAPE on 2 / 4 devices, the network 91.8% / 103.9%;
-`benchmarks/bench_data_parallel_accuracy.py --per-type`, `sharding_type_accuracy`). A model profiled before prices
-the kernel as before: the same tables with pooling factor / D at B through the compute network
+(on held-out tables the line is far closer: record `sharding_type_accuracy`). A model profiled without dense
+kernels prices the kernel through the compute network: the same tables with pooling factor / D at B
 (`local_batch_table`), the fused kernel's cost.
 """
 
@@ -73,7 +72,7 @@ class AllReduceCost:
     4 processes put 8 under the 4 measured). Fitted to measured all-reduces on one
     hardware kind and backend (`fit_all_reduce`); `points` are what it was fitted on. One line per device count:
     on a 2-core CPU, 4 processes' all-reduces follow no hop term that 2 processes' do (one line over 2 and 4
-    processes: 48% held-out error, per device count 17-19%, bench_data_parallel_accuracy.py).
+    processes priced held-out all-reduces far worse than one line per count).
 
     `collective` "reduce_scatter", "all_gather" or "all_to_all": the same lines for that collective of `size_bytes`
     (each device's input, or output for an all-gather; it moves (D - 1) / D of it), what prices row-wise tables'
@@ -192,9 +191,8 @@ def all_reduce_of(cost_model: CostModel) -> AllReduceCost | None:
 #: (what a CPU kernel's cost ranks best with, `features.WORK_CHANNELS`), the pooled outputs b x dim / 1e3, the
 #: distinct rows the lookups touch x dim / 1e3 (each a cache miss and a gradient row, from the reuse bins:
 #: `features.distinct_rows_per_sample`) and the tables' elements rows x dim / 1e6 (the dense gradient written in
-#: backward and the optimizer's step over every row). Held-out tables' dense kernels priced by it and by the compute
-#: network: `bench_data_parallel_accuracy.py --per-type` (`sharding_type_accuracy`, kernel_mape_pct beside
-#: kernel_mape_network_pct)
+#: backward and the optimizer's step over every row); it prices held-out dense kernels far closer than the compute
+#: network (record `sharding_type_accuracy`)
 DATA_PARALLEL_KERNEL_TERMS: tuple[str, ...] = ("constant", "tables", "kilo_lookups", "kilo_lookups_x_dim16",
                                               "kilo_outputs", "kilo_distinct_rows_x_dim", "mega_elements")
 

@@ -43,7 +43,7 @@ WEIGHTS_FILE = "weights.pt"
 MIN_MS = 1e-4
 #: largest log-cost a prediction may have: exp() of an extrapolated log target overflows float32 (inf) for tables
 #: far outside the training range (10^8 rows x 512 columns on a model profiled on CPU-sized tables); 10^9 ms is
-#: already absurd, and finite sums keep search and policy training working (bench_memory_property.py found it)
+#: already absurd, and finite sums keep search and policy training working (record `memory_property`)
 MAX_LOG_MS = math.log(1e9)
 
 #: the measured collectives' lines a model stores beside its networks (cost_model.json keys)

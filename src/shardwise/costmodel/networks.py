@@ -17,10 +17,9 @@ def subnormal(tensor: torch.Tensor) -> torch.Tensor:
 def zero_subnormal_weights(module: nn.Module) -> None:
     """Set the parameters below float32's normal range (`subnormal`) to exact zero.
 
-    Weight decay leaves many of them (a fifth of the weights of the larger model in the results table), and a
-    CPU that handles subnormal operands in microcode pays for each one in every prediction: on a GPU node's Intel
-    Xeon, NeuroShard took 15-19x longer with them (`benchmarks/bench_subnormals.py`); this machine's AMD EPYC
-    barely slows. Zero is what they are worth: no plan changes."""
+    Weight decay leaves many of them, and a CPU that handles subnormal operands in microcode pays for each one in
+    every prediction: NeuroShard ran many times slower with them on an Intel Xeon, an AMD EPYC barely slows (record
+    `subnormals`). Zero is what they are worth: no plan changes."""
     for param in module.parameters():
         param.masked_fill_(subnormal(param), 0.0)
 

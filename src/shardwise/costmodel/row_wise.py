@@ -9,9 +9,8 @@ TorchRec reduce-scatters the row-wise tables' outputs together (B x their dims x
 B / devices samples' sums) and all-gathers their gradients in backward, the same bytes the other way; before the
 kernel, each device sends every other the ids of its samples that fall in that device's rows (its B / devices
 samples' lookups, 8 bytes an id). Each is priced by its own latency + bandwidth line, fitted to that collective
-measured beside the all-to-alls (`shardwise profile`), the same on every device; a model profiled before all-gathers
-and all-to-alls were prices them with the reduce-scatter's line (on 2 gloo processes it priced them at 128% and 227%
-MAPE: bench_data_parallel_accuracy.py).
+measured beside the all-to-alls (`shardwise profile`), the same on every device; a model profiled without
+all-gathers and all-to-alls prices them with the reduce-scatter's line (a poor fit for them).
 """
 
 from __future__ import annotations

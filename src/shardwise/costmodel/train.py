@@ -71,15 +71,12 @@ class TrainConfig(BaseModel):
     holdout_fraction: float = Field(default=0.2, gt=0, lt=1)
     val_fraction: float = Field(default=0.1, gt=0, lt=1)
     #: shard sizes (table counts) kept out of training and reported separately; None picks one interior size; none
-    #: by default: a size held out costs the model its shards, and on an H100 profile that made the held-out tables'
-    #: MAPE hang on the seed (3.5-9.0% over 6 seeds with one size out, 3.4-5.4% over 12 with every size trained on;
-    #: benchmarks/bench_costmodel_seeds.py, `costmodel_seeds_all_sizes` in docs/results.md)
+    #: by default: a size held out costs the model its shards and made its held-out error hang on the seed (records
+    #: `costmodel_seeds_patience`, `costmodel_seeds_all_sizes`)
     holdout_num_tables: tuple[int, ...] | None = ()
     #: source tables held out; None picks them from the data (whole co-occurrence components if possible)
     holdout_sources: tuple[str, ...] | None = None
-    #: 128 beat 64 on held-out tables: 3.8% vs 4.2% MAPE on ~2,000 CPU shards of 400 source tables
-    #: (benchmarks/bench_costmodel_accuracy.py --data runs/bench_t400/costs.parquet --holdout-tables
-    #: runs/bench_t400/holdout.json --hidden 64|128)
+    #: 128 beat 64 on held-out tables (record `costmodel_accuracy`)
     hidden: int = Field(default=128, ge=1)
     layers: int = Field(default=2, ge=1)
     head_layers: int = Field(default=2, ge=1)

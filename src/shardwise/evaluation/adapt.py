@@ -4,9 +4,8 @@ budget, and fine-tune the cost model on them, so that a model profiled on other 
 kernels' costs.
 
 The halves alone are what a plan's column split is decided on: a table that holds a device up alone is split when
-its halves cost much less than it. On a CPU a kernel's cost is mostly its lookups, not its width (the DCNv2 table
-of pooling 100 timed 22 ms whole and 18 ms as a half, 2 cores); seen only in fused groups, a half was predicted
-19.4 ms against 21.2 whole after adaptation, and no plan split it (issue 36).
+its halves cost much less than it. On a CPU a kernel's cost is mostly its lookups, not its width; seen only in
+fused groups, a half's saving was under-predicted and no plan split the table.
 
 `shardwise plan --adapt SECONDS` and `ShardwisePlanner(..., adapt=SECONDS)` call `adapt_cost_model`; with a cost
 dataset, every shard it times is appended there with provenance "adapt", so the next pre-training learns it.

@@ -60,7 +60,7 @@ class DeviceCost(BaseModel):
     comm_fwd_ms: float  # as priced (the measurement's `timing["comm_pricing"]`)
     comm_bwd_ms: float
     memory_bytes: int
-    # the device's own median all-to-all ms, before pricing (None in files written before 2026-11-26)
+    # the device's own median all-to-all ms, before pricing (None in older files)
     comm_fwd_measured_ms: float | None = None
     comm_bwd_measured_ms: float | None = None
     #: the host's median ms to launch the shard's forward and backward (CUDA; None on CPU and in older files)
@@ -96,8 +96,8 @@ class DeviceCost(BaseModel):
 
     @property
     def own_comm_fwd_bwd_ms(self) -> tuple[float, float]:
-        """The device's own median forward and backward all-to-all ms, before any pricing (files written before
-        2026-11-26 priced none, so their figures are those)."""
+        """The device's own median forward and backward all-to-all ms, before any pricing (older files priced
+        none, so their figures are those)."""
         if self.comm_fwd_measured_ms is None or self.comm_bwd_measured_ms is None:
             return self.comm_fwd_ms, self.comm_bwd_ms
         return self.comm_fwd_measured_ms, self.comm_bwd_measured_ms
@@ -145,7 +145,7 @@ class MeasuredPlanCost(BaseModel):
 
     @property
     def comm_pricing(self) -> CommPricing:
-        """How each device's all-to-all was priced (files from before 2026-11-26: each device's own median)."""
+        """How each device's all-to-all was priced (older files: each device's own median)."""
         return "width" if self.timing.get("comm_pricing") == "width" else "measured"
 
     @property
@@ -260,7 +260,7 @@ def everywhere_kernels(task: ShardingTask, replicated: Sequence[TableSpec], bloc
 def timing_document(protocol: TimingProtocol, measurement: MeasurementSettings) -> dict[str, Any]:
     """How a measurement was timed, as stored in `MeasuredPlanCost.timing` (keys of shardwise.measured/v1):
     the protocol's settings (its reference is stored on its own), compute_rounds, comm_iters, comm_rounds,
-    comm_pricing (absent in files written before 2026-11-26: "measured")."""
+    comm_pricing (absent in older files: "measured")."""
     return {
         **protocol.model_dump(mode="json", exclude={"reference_ms"}),
         "compute_rounds": measurement.timing_rounds,

@@ -1,54 +1,12 @@
 """Refinement on hardware: a searched plan made better by measuring it.
 
 Search balances the cost model's predictions almost exactly, so the slowest device on hardware is the one whose
-prediction was furthest off. Refinement measures each device's shard with the profiler's protocol, scales the
-model's prediction of every device by its measured residual (measured / predicted), and looks for the move of
-one shard off the slowest device, or the swap of one of its shards with another device's, that lowers it most
-without loading another device to its level, within memory. A round goes on with the next slowest device, and
-the next, while such a change exists: on a balanced start several devices sit within noise of the slowest, and
-only a change off each of them lowers the plan's cost. It measures only the devices that changed, before and after
-the round's changes in one interleaved session (a paired comparison), and keeps them only when the measured
-slowest device got faster; it stops when a round promises nothing, or after `rounds` rounds or `time_budget_s`
-seconds (a round whose measurement would not fit in what is left, at the pace so far, is not started). A round refused is not proposed again with the same first move (the same shard to the same device,
-with or without a shard swapped back: seen on 4 devices, three rounds in a row spent on one refused move with
-another partner each).
-
-The all-to-all is measured too, never taken from the model: its prediction is the least accurate part of the
-model's (on a shared CPU the default model over-predicted gloo's exchanges by half and saw differences between
-devices that measurements did not). Each device's exchange is priced as the measurement's `comm_pricing` says: by
-default a line in width, fitted over the layouts timed together. One process group stays open for the whole
-refinement (starting one costs seconds, an exchange milliseconds), and each round times the changed layout's
-exchange paired with the current one's when the change's kernels gained (a change its kernels refuse is refused
-without timing its exchange).
-Candidates are ranked assuming the exchange unchanged (a move keeps the total width); a change is kept on
-measured kernels plus measured exchanges.
-
-Data-parallel and row-wise tables stay as the plan has them: refinement moves the other shards, within the memory
-the replicas and each device's row blocks leave. What they cost a device beside its own shards (the data-parallel
-tables' dense kernel on the local batch and their gradients' all-reduce; the device's row blocks' kernel at the
-batch and the row-wise collectives) is measured once per set of them, in refinement's process group, and added to
-that device wherever its cost is counted: plans compared side by side (a start without them pays none) and the
-rounds (row blocks are not all alike: the last device's is smaller, and its lookups are the ids in its rows).
-
-A shard costlier than the devices' mean kernel ms keeps whichever device holds it above the mean: no move or swap
-balances such a device. With `resplit` (`search_resplit`: NeuroShard rooted at the split), refinement asks the
-search for the plan with that table split into twice its column slices, the other tables placed around them: where
-the searched plan's slowest device holds such a shard by the model, that plan is one more start, measured with the
-others; where only the measurements show one (the model under-predicted it), it is measured beside the current
-layout in one paired session, and refinement goes on from the faster. The model's error is what hides such a split
-from the search: on the MLPerf DLRM-DCNv2 tables on 2 CPU cores the table of pooling 100 timed 22 ms whole and
-18 ms as a column half (a CPU kernel's cost is mostly its lookups), each a few percent from what the adapted model
-predicted, enough for search to keep it whole on a device of its own; measured, the plan splitting it was 0.95x
-TorchRec's planner's, the unsplit one 1.0x (issue 36).
-
-Other plans of the same task (`starts`: the greedy on measured single-table costs, say) are measured beside the
-searched one, kernels and all-to-alls, and refinement goes on from the fastest. When a round kept a change, the
-refined plan is measured once more beside every start in one paired session at the end (the rounds' figures are
-minutes apart, and a shared machine drifts in between), and the fastest there is returned: never a plan measured
-slower than the searched one or any start. A plan other than the starts' (the measured greedy's) is returned only
-where one more paired session beside them (and the start refinement went on from) agrees that it is faster; else
-the plan fastest there is, with before and after both that session's figures. Each round is recorded in the plan's
-`extra["refinement"]`; with a cost dataset, every device shard timed is appended to it for the next pre-training.
+prediction was furthest off. Refinement measures every device's shard and all-to-all (the model's least accurate
+part), scales the model's predictions by the measured residuals, and moves or swaps one shard off the slowest
+device a round, leaving data-parallel and row-wise tables as the plan has them; a change is kept only when a paired
+session of before and after measures the slowest device faster. Other plans of the task (`starts`) are measured
+beside it, and the plan returned is never measured slower than the searched one or any start. Each round is
+recorded in the plan's `extra["refinement"]`.
 """
 
 from __future__ import annotations
@@ -644,9 +602,9 @@ def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, 
     keys = [_layout_key(c, task.num_devices) for _, c in session]
     if given and keys[0] not in keys[1:]:
         # the plan departs from the starts given (the measured greedy's, say) only where a second paired session
-        # agrees that it is faster: one session's win within noise measured 1.018x the greedy's plan in the next
-        # (4 devices, benchmarks/results/plan_quality_types.json). The session has the start before_ms is of too,
-        # where it is neither; the fastest there is returned, before_ms and after_ms both from it (so after <= before)
+        # agrees that it is faster: one session's win within noise can measure slower in the next (record
+        # `plan_quality_types`). The session has the start before_ms is of too, where it is neither; the fastest
+        # there is returned, before_ms and after_ms both from it (so after <= before)
         start_key = _layout_key(candidates[best][1], task.num_devices)
         if start_key not in keys:
             session.append(candidates[best])

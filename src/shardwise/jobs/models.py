@@ -53,10 +53,9 @@ def load_cost_model(
 ) -> tuple[NeuralCostModel | None, str | None]:
     """The cost model at `uri`, else the champion for `device`'s hardware; (None, None) when optional and absent.
 
-    The model is loaded on the CPU whatever `device` is: search makes thousands of small predictions, and on a
-    GPU node (H200, 16-core Xeon) it ran 1.1-2.1x faster with the model on the CPU than on the GPU
-    (`benchmarks/gpu_check.sh`, planning_time_cuda). An embedded store that does not exist is not created by
-    looking for a champion in it."""
+    The model is loaded on the CPU whatever `device` is: search makes thousands of small predictions, which run
+    faster on a GPU node's CPU than on its GPU (record `planning_time_cuda`). An embedded store that does not exist
+    is not created by looking for a champion in it."""
     if uri:
         try:
             return mlflow.load_cost_model(uri, device="cpu"), uri

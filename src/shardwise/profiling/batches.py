@@ -1,7 +1,7 @@
 """One batch of a shard's inputs (TBE indices and offsets) built with tensor ops on the device that times it.
 
 The host sampler (`shardwise.workload.sample_batch`: numpy, then a copy to the device) took most of a shard's time
-at a production batch on a GPU (1.8 shards/s at batch 65536, issue 34). Here each table's whole batch is drawn with
+at a production batch on a GPU (record `batch_build_cuda`). Here each table's whole batch is drawn with
 a few in-place tensor ops on the device, from a torch generator seeded by its source table: bag lengths Poisson
 (pooling factor), row ids the same continuous power law over ranks and the same hash permutation of ranks as
 `zipf_row_sampler`, so the distribution (bag sizes, reuse bins, skew) is the host sampler's. A table's data depends
@@ -128,9 +128,9 @@ def shard_batch(
 def host_table_batch(
     table: TableSpec, batch_size: int, index_data: IndexData | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One table's batch (lengths, indices) built on the host, as the profiler did before `shard_batch`: numpy's
+    """One table's batch (lengths, indices) built on the host, without `shard_batch`: numpy's
     sampler (`sample_batch`, seeded by the source table) or the read data, fitted and folded as `index_data_batch`
-    does. The reference the device batches are compared with (tests, bench_batch_build.py)."""
+    does. The reference the device batches are compared with (tests, record `batch_build`)."""
     source = table.source or table.name
     if index_data is None:
         lengths, indices = sample_batch(table, batch_size, stable_seed(source))

@@ -121,8 +121,7 @@ def _time_layouts(
 
     The layouts take turns exchange by exchange (iteration i of every layout, then iteration i + 1): on a shared
     machine an exchange's time drifts by tens of percent over seconds, and layouts timed one after another, each
-    for its own stretch of iterations, measured up to 18% apart on the same exchange (8 gloo ranks on 2 cores:
-    bench_eval_comm_consistency.py)."""
+    for its own stretch of iterations, measured far apart on the same exchange (record `eval_comm_consistency`)."""
     buffers, checks = [], []
     for widths in layouts:
         send, recv, fwd_in, fwd_out, correct = _exchange(rank, widths, batch_size, device, check)

@@ -11,7 +11,7 @@ Python and dispatch take a few hundred microseconds) they time the launches; "he
 longer than the host takes to launch the call, so the GPU reaches the start event with the whole call queued
 behind it and the events time the kernels alone; "queued" (the default) holds the stream once for all of a
 shard's calls, launched back to back behind a wait long enough to cover all their launches, so the GPU runs them
-without the idle gaps of one hold per call (on an H200 within 0.8% of "held", in half its time: docs/deploy.md);
+without the idle gaps of one hold per call (as "held" in about half its time: record `gpu_method_queued`);
 "graph" replays the call captured as CUDA graphs (one launch). Beside the device time, each call's host launch
 time (the host's time to launch forward and backward, which a training step pays once per step) is kept: where it
 exceeds the device time, the shard is launch-bound.
@@ -581,8 +581,7 @@ def _time_with(timer: _Timer, kernel: ShardKernel, protocol: TimingProtocol,
     for i in range(protocol.warmup_calls + protocol.iters):
         timed = timer.call(kernel)
         # the reference runs right after the shard, so both see the same machine speed; each after its own flush:
-        # with one flush (256 MiB) per pair, shards timed 1.3% faster (median; 7.5% on one; bench_shard_timing
-        # --pairing)
+        # one flush per pair timed shards faster than training runs them (record `shard_timing_pairing`)
         ref_ms = sum(timer.run(reference))
         if i >= protocol.warmup_calls:
             calls.append(timed)

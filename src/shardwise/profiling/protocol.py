@@ -12,28 +12,22 @@ from pydantic import BaseModel, ConfigDict, Field
 from .hardware import DeviceName, last_level_cache_bytes, resolve_device
 
 # Defaults of a plan measurement, each tied to what it was measured against:
-#: interleaved kernel timings per device shard, median per device: one timing of a shard swings by 20% on a
-#: shared CPU. With 3, two plans' measured cost ratio moved between sessions by a median 2.8% and up to 8.7%
-#: (the slowest device picks up one device's unlucky median); with 9, by 1.1% and at most 3.5%, at twice the
-#: session's time (bench_measurement_noise.py, 2026-11-25: 4- and 8-device paper tasks, 3 sessions each)
+#: interleaved kernel timings per device shard, median per device: one timing swings on a shared CPU, and 9
+#: keep two plans' cost ratio steady between sessions where 3 let the slowest device's unlucky median move it
+#: (record `measurement_noise`)
 COMPUTE_ROUNDS = 9
 #: timed all-to-all iterations per round, and interleaved rounds (per device: median of rounds x iterations)
 COMM_ITERS = 20
 COMM_ROUNDS = 5
 #: how each device's all-to-all is priced from the exchanges measured together: "width", a straight line in the
 #: device's pooled width fitted over every device of the layouts measured together; "measured", each device's own
-#: median. Per device, the part of the figure that follows its width repeats between sessions (correlation 0.62
-#: and 0.56 on 4 and 8 devices) and most of the rest does not (0.23, 0.17); priced by the line, two plans' cost
-#: ratio moved between sessions by a median 0.93% (at most 3.33%) against 1.69% (7.39%) as measured
-#: (bench_comm_estimator.py, bench_measurement_noise.py, 2026-11-26, gloo on this 2-core CPU)
+#: median. The part that follows the width repeats between sessions and the rest mostly does not, so the line
+#: steadies two plans' cost ratio (records `comm_estimator`, `measurement_noise`)
 CommPricing = Literal["width", "measured"]
 #: the largest cache flush on a CPU: twice the last-level cache up to a 32 MiB one (a GPU's flush is twice its
-#: L2). A server CPU reports the whole socket's L3 to a process that gets a few cores' share of it: 480 MiB on
-#: the Xeon of a 2-core cloud slice, where flushing twice that before every call made one shard timing 2.59 s,
-#: 1.32 s at 256 MiB and 0.79 s at 64 MiB; at 64 MiB the shards timed 1.7% faster in sum, and a small shard up to
-#: 18%, than after the full flush (bench_shard_timing.py --flush-mib 0,64,256,960, 2026-11-27). `make run` took
-#: 12.0 min there at 256 MiB and 8.1 min at 64 MiB, a CPU-bound process beside it (bench_newcomer.py, 2026-11-27;
-#: the 64 MiB run is the recorded one). The profiler, the evaluator and refinement all time with the same flush
+#: L2). A server CPU reports the whole socket's L3 to a process that gets a few cores' share of it, and
+#: flushing twice that made timing slow for little change in the figures (records `shard_timing_flush`,
+#: `newcomer`). The profiler, the evaluator and refinement all time with the same flush
 MAX_CPU_FLUSH_BYTES = 64 * 2**20
 #: how a CUDA device times a call (kernel.py's _Timer): "events" around the host's launches (the GPU reaches the
 #: start event before the host has launched the work, so where launching is slower than running, as for a TBE at
@@ -43,17 +37,12 @@ MAX_CPU_FLUSH_BYTES = 64 * 2**20
 #: as CUDA graphs and replayed, behind the same hold; a kernel that cannot be captured, fbgemm's TBE among them, is
 #: timed held, and says so in its timings' `timer`)
 CudaTimer = Literal["events", "held", "queued", "graph"]
-#: the CUDA timer where the protocol names none (benchmarks/bench_gpu_method.py compares them on a GPU). On an
-#: NVIDIA H200 (2026-11-27, gpu_check.sh) "held" timed repeats of a shard within 0.04% (median) at batch 65536,
-#: where "events" spread 7.2% and read 1.12x; at batch 2048 "events" read 6.7x "held": the host's launch. "queued"
-#: read 1.0011x "held" at 65536 and 1.0073x at 2048, no call uncovered, in 27.5 wall ms a shard against 51.5
-#: (gpu_method_queued.json)
+#: the CUDA timer where the protocol names none: "events" time the host's launch at small batches, and "queued"
+#: reads as "held" in about half the wall time (records `gpu_method`, `gpu_method_queued`)
 DEFAULT_CUDA_TIMER: CudaTimer = "queued"
 #: warm-up calls per shard where the protocol names none: a CPU's caches, thread pool and clock settle over a few;
-#: on CUDA the first call (timed held on its own: it allocates the call's buffers) is the one warm-up needed. On an
-#: NVIDIA H100 (2026-11-27, gpu_check.sh) the same shards timed queued after 1 warm-up call and after 3 read 1.0019x
-#: and 1.0011x the held timer at batch 65536 (1.0108x and 1.0082x at 2048), in 22.8 against 26.5 wall ms a shard in
-#: one run and 24.9 against 24.8 in another (a slower host: its launches, not the calls, set the pace there)
+#: on CUDA the first call (timed held on its own: it allocates the call's buffers) is the one warm-up needed
+#: (record `gpu_method_queued`: 3 read as 1)
 DEFAULT_WARMUP_ITERS = {"cpu": 3, "cuda": 1}
 
 #: the option's help, where a command offers the choice
@@ -81,7 +70,7 @@ class TimingProtocol(BaseModel):
     #: CUDA times with events on the device (`cuda_timer`).
     clock: Literal["wall", "thread"] | None = None
     #: how CUDA times a call (see CudaTimer); None: DEFAULT_CUDA_TIMER on CUDA, and nothing on CPU (which times
-    #: with `clock`; so a CPU dataset's stored settings are as before the CUDA timers existed)
+    #: with `clock`, so a CPU dataset's stored settings carry no CUDA timer)
     cuda_timer: CudaTimer | None = None
     #: overwrite a buffer before every timed kernel call, so each call starts cold as in training (where dense
     #: layers and communication run in between) and the reference kernel sees the same cache state when

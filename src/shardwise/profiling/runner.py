@@ -60,16 +60,14 @@ DEFAULT_CPU_MEMORY_CAP_BYTES = 1 << 30
 
 #: the collectives profiled beside the all-to-all layouts, each at every size of `all_reduce_sizes`: data-parallel
 #: gradients' all-reduce, row-wise tables' outputs' reduce-scatter, their gradients' all-gather and their ids' even
-#: all-to-all (on 2 gloo processes the reduce-scatter's line priced the other two at 128% and 227% MAPE)
+#: all-to-all (the reduce-scatter's line prices the other two badly, so each is measured)
 PROFILED_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 #: the device counts whose local batches data-parallel kernels are profiled at (a kernel depends on D only through
 #: its batch, so these need no process group: a pod of one GPU profiles them too)
 DATA_PARALLEL_DEVICE_COUNTS = (2, 4, 8)
 #: the device counts whose row blocks are profiled: a row-wise table leaves each device a block of ceil(rows / D)
 #: rows and the lookups that fall in it (`TableSpec.row_block`), a table the compute network must price at pooling
-#: factor / D. Trained on whole tables only (make run before these), it priced held-out shards' blocks over 2, 4 and
-#: 8 devices at 9.7%, 16.8% and 26.0% MAPE; make run's model with them, at 5.3%, 7.0% and 7.8% (the whole shards
-#: 8.8% and 5.1%; `bench_data_parallel_accuracy.py --row-blocks`, row_block_accuracy, 2026-11-28)
+#: factor / D; trained on whole tables only, it priced such blocks far worse (record `row_block_accuracy`)
 ROW_WISE_DEVICE_COUNTS = (2, 4, 8)
 #: where a training step runs each: in forward (its ms in fwd_ms) or backward (bwd_ms)
 FORWARD_COLLECTIVES = ("reduce_scatter", "all_to_all")
@@ -98,8 +96,7 @@ class ProfileSettings(BaseModel):
     comm_iters: int = Field(default=10, ge=1)
     #: with comm_layouts: fp32 sum all-reduces (a data-parallel table's gradient) and the row-wise collectives
     #: (PROFILED_COLLECTIVES) of 4 KiB, 16 KiB, ... up to this many bytes over each device count the layouts span, in
-    #: the layouts' process groups (0: none). 16 MiB: 4 processes on 2 cores all-reduced the 7 sizes 13 times each in
-    #: about a second (gloo, 2026-11-27)
+    #: the layouts' process groups (0: none). 16 MiB: the 7 sizes take about a second on 4 gloo processes on 2 cores
     all_reduce_max_bytes: int = Field(default=16 * 2**20, ge=0)
     #: the first this many sampled shards timed again as data-parallel tables: TorchRec's dense kernel at the local
     #: batch ceil(batch_size / D) of each D in DATA_PARALLEL_DEVICE_COUNTS (rows kind "data_parallel", num_devices D;

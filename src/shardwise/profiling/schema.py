@@ -10,10 +10,10 @@ DATASET_FORMAT = "shardwise.costs/v1"
 COMMON_COLUMNS = (
     # "compute" (one shard's fused TBE kernel), "comm" (one device's share of an all-to-all) or "all_reduce" (an fp32
     # sum all-reduce of `size_bytes` over `num_devices`, a data-parallel table's gradient: its median ms in bwd_ms,
-    # fwd_ms 0; from 2026-11-27, datasets before hold none), or the row-wise tables' collectives of `size_bytes` on
-    # each device over `num_devices` (from 2026-11-27 afternoon): "reduce_scatter" (their outputs, its median ms in
-    # fwd_ms), "all_gather" (their gradients, in bwd_ms) and "all_to_all" (an even one, their ids, in fwd_ms), or
-    # "data_parallel" (from 2026-11-28: a shard's dense kernel, TorchRec's data-parallel one, at the local batch
+    # fwd_ms 0; older datasets may hold none), or the row-wise tables' collectives of `size_bytes` on each device
+    # over `num_devices`: "reduce_scatter" (their outputs, its median ms in fwd_ms), "all_gather" (their gradients,
+    # in bwd_ms) and "all_to_all" (an even one, their ids, in fwd_ms), or "data_parallel" (a shard's dense kernel,
+    # TorchRec's data-parallel one, at the local batch
     # ceil(batch_size / num_devices); the compute columns, optimizer "sgd")
     "kind",
     "config_id",  # stable hash of what was measured; with `repeat`, the resume key
@@ -41,9 +41,9 @@ COMPUTE_COLUMNS = (
     "weights_precision",
 )
 #: what took the measurement: "profile" (sampled shards and layouts) or "refine" (a plan's device shard, timed
-#: while refining it); null in datasets written before the column existed
+#: while refining it); null in older datasets
 PROVENANCE_COLUMNS = ("provenance",)
-#: kind == "compute", from 2026-11-27 (null before): the median host ms to launch forward + backward on CUDA (null
+#: kind == "compute" (null in older datasets): the median host ms to launch forward + backward on CUDA (null
 #: on CPU; a device pays it once a step: above the kernels' ms, the shard is launch-bound), and what timed the
 #: call (the CUDA timer, "held", "queued", "graph" or "events", or the CPU clock, "thread" or "wall")
 TIMER_COLUMNS = ("launch_ms", "timer")

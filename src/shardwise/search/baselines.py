@@ -27,8 +27,7 @@ from .report import finish_plan
 
 #: what each greedy sorts and balances by (lookup = dim x pooling factor: floats moved per sample). size_lookup
 #: is the papers' key exactly: dim x pooling factor x log10(rows), as in the seeds' `size_lookup_greedy_shard`
-#: (NeuroShard's, DreamShard's and AutoShard's sharders.py); an earlier key here, bytes x dim x pooling, cost
-#: 1.30-1.54x TorchRec's planner on held-out tasks where the papers' cost 0.72-1.19x (issue 16)
+#: (NeuroShard's, DreamShard's and AutoShard's sharders.py); a bytes x dim x pooling key planned far worse than it
 GREEDY_KEYS: dict[str, Callable[[TableSpec, ShardingTask], float]] = {
     "size": lambda t, task: float(shard_state_bytes(t, task)),
     "dim": lambda t, task: float(t.dim),

@@ -108,7 +108,7 @@ class ShardwiseSearch:
         self.last_adaptation = None
         model = self.resolved_cost_model()
         plan = self._searched(task, model)
-        if self._adapts(task, model, plan):
+        if model is not None and self._adapts(task, model, plan):
             adapted = self._adapted_cost_model(task, model)
             if adapted is not model:
                 model, plan = adapted, self._searched(task, adapted)
