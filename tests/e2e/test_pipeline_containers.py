@@ -1,7 +1,7 @@
 """The pipeline with every step in a container of the project's image (`shardwise pipeline run --local
 --containers`), as a cluster runs it: the image's code, a read-only root, no network, only the run's folders and
-the MLflow store mounted. Skipped where no Docker engine answers or the CPU image is not built (`make image-cpu`);
-CI has neither."""
+the MLflow store mounted, in $SHARDWISE_IMAGE, else the CPU image. Skipped where no Docker engine answers or that
+image is not built (`make image-cpu`); CI has neither."""
 
 from __future__ import annotations
 
@@ -17,15 +17,18 @@ from shardwise.pipelines.containers import CPU_IMAGE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
+#: the image every step runs in (`--image`), as tests/integration/test_image.py picks its image
+IMAGE = os.environ.get("SHARDWISE_IMAGE", CPU_IMAGE)
 HANG_GUARD_S = 1800  # the smoke run takes about 4 minutes in containers on 2 cores; this only stops a hung run
 
 
 def _why_not() -> str | None:
     try:
-        found = subprocess.run(["docker", "image", "inspect", CPU_IMAGE], capture_output=True, text=True, timeout=30)
+        found = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return "no Docker engine answers"
-    return None if found.returncode == 0 else f"no Docker engine, or {CPU_IMAGE} not built (make image-cpu)"
+    how = " (make image-cpu)" if IMAGE == CPU_IMAGE else ""
+    return None if found.returncode == 0 else f"no Docker engine, or {IMAGE} not built{how}"
 
 
 SKIP = _why_not()
@@ -42,13 +45,13 @@ def _shardwise(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(HANG_GUARD_S + 120)
 def test_every_step_runs_in_the_image_and_the_next_command_finds_the_model(tmp_path, smoke_steps):
     result = _shardwise("pipeline", "run", "--local", "--containers", "--preset", "smoke", "--workdir", "runs",
-                        cwd=tmp_path)
+                        "--image", IMAGE, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     steps = re.findall(r"^([\w-]+)\s+success\s+[\d.]+ s$", result.stdout, re.M)
     assert set(steps) == smoke_steps, result.stdout
     log = (tmp_path / "runs/pipeline.log").read_text()
     # kfp.local's Docker runner found the image for every step (one line per container started)
-    assert log.count(f"Found image '{CPU_IMAGE}'") >= len(set(steps)), log[-3000:]
+    assert log.count(f"Found image '{IMAGE}'") >= len(set(steps)), log[-3000:]
     # nothing outside the folders mounted: the run's workdir and the store's folder (here the same place)
     assert {p.name for p in tmp_path.iterdir()} == {"runs", "mlflow.db"}
     # the steps ran as the caller: the files they left are the caller's

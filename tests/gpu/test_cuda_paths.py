@@ -4,7 +4,7 @@ whose measured cost follows their work and repeats.
 
 These run only where torch sees a GPU (CI and the developer machines have none; `benchmarks/gpu_check.sh` runs
 them on a lent GPU machine). The timers are checked on a torch EmbeddingBag in place of fbgemm's TBE; the shard tests
-need a CUDA build of fbgemm (`.gpu/on-device.sh` brings one) and are skipped without it.
+need a CUDA build of fbgemm (`.gpu/on-device.sh` brings one) and fail without it, naming the import error.
 """
 
 from __future__ import annotations
@@ -161,17 +161,20 @@ def test_events_around_the_launches_read_the_launches_where_they_outlast_the_wor
     assert np.median([c.fwd_ms + c.bwd_ms for c in events]) >= 0.9 * np.median(held)
 
 
-def _fbgemm_on_cuda() -> bool:
+@pytest.fixture(scope="module")
+def fbgemm_gpu():
+    """fbgemm_gpu, loaded. Where torch sees a GPU it must load: a GPU machine without it is a broken setup, which
+    these tests report rather than skip."""
+    from shardwise.profiling.hardware import import_fbgemm
+
     try:
-        from shardwise.profiling.hardware import import_fbgemm
-
-        import_fbgemm()
-    except Exception:  # noqa: BLE001 - any failure to load means: not here
-        return False
-    return True
+        return import_fbgemm()
+    except Exception as err:  # noqa: BLE001 - whatever stops the import is what the failure names
+        pytest.fail(f"CUDA is available but fbgemm_gpu cannot be imported: {type(err).__name__}: {err}",
+                    pytrace=False)
 
 
-needs_fbgemm = pytest.mark.skipif(not _fbgemm_on_cuda(), reason="no CUDA build of fbgemm_gpu here")
+needs_fbgemm = pytest.mark.usefixtures("fbgemm_gpu")
 #: DLRM-like tables at the `cluster` preset's row scale (0.1 of 4.1M rows on average)
 GPU_TABLES = [
     {"rows": 200_000 + 37_000 * i, "dim": (16, 32, 64, 128)[i % 4], "pooling_factor": 4.0 + 3.0 * (i % 5),

@@ -16,7 +16,7 @@ import torch
 from shardwise.cli import main
 from shardwise.evaluation.adapt import AdaptError, adapt_cost_model
 from shardwise.profiling import MeasurementSettings, hardware_kind, load_costs
-from shardwise.workload import ShardingTask, mlperf_dcnv2_tables, save_task
+from shardwise.workload import ShardingTask, TableSpec, mlperf_dcnv2_tables, save_task
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
 from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables  # noqa: E402
@@ -105,6 +105,21 @@ def test_the_drop_in_adapts_by_default_where_the_tables_are_new_and_says_so(here
     elsewhere = ShardwisePlanner(task=TASK, device_type="cpu", cost_model=_trained("cpu-test"))
     elsewhere.plan(module)  # by default, a model for other hardware plans as it is
     assert elsewhere.last_adaptation is None and elsewhere.last_refinement is None
+
+
+def test_the_drop_in_does_not_adapt_where_the_step_is_the_kernels_overhead(here):
+    from shardwise.integrations.torchrec import ShardwisePlanner, ebc_on_meta
+
+    # a few small tables, as TorchRec's planner tests have: outside the model's training, and cheap whatever the plan
+    small = ShardingTask(num_devices=2, device_memory_bytes=GIB, batch_size=512,
+                         tables=tuple(TableSpec(name=f"s{i}", rows=100, dim=64, pooling_factor=1.0) for i in range(4)))
+    module = torch.nn.Module()
+    module.sparse = ebc_on_meta(small)
+    planner = ShardwisePlanner(task=small, device_type="cpu", cost_model=here)
+    planner.plan(module)
+    assert "outside what the cost model was trained on" in planner.last_stats
+    assert planner.last_adaptation is None and planner.last_refinement is None
+    assert "adaptation" not in planner.search.last_seconds
 
 
 def test_the_drop_in_refuses_to_refine_a_model_for_other_hardware():

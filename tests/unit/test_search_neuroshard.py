@@ -1,5 +1,3 @@
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -113,13 +111,6 @@ def test_a_split_asked_for_is_planned_around_and_memory_still_holds():
         NeuroShardSearch(NeuroShardConfig(split=((name, 8),))).search(task, FeatureCostModel(), 0)
 
 
-def test_100_tables_on_8_devices_plans_in_under_2_seconds():
-    task = random_task(1, 100, 8)
-    started = time.perf_counter()
-    NeuroShardSearch().search(task, FeatureCostModel(), 0)
-    assert time.perf_counter() - started < 2.0
-
-
 def test_bad_configs_and_missing_models_are_refused():
     with pytest.raises(ValueError, match="beam_width must be >= 1"):
         NeuroShardConfig(beam_width=0)
@@ -129,18 +120,35 @@ def test_bad_configs_and_missing_models_are_refused():
         NeuroShardSearch().search(random_task(0, 5, 2), None, 0)
 
 
-def test_search_flushes_subnormals_while_it_runs_and_restores_the_default_after():
-    from shardwise.search.threads import single_thread
+class _ModeProbe(FeatureCostModel):
+    """FeatureCostModel that notes, at each compute call, whether torch flushes subnormals and on how many threads."""
 
-    subnormal = torch.tensor([torch.finfo(torch.float32).tiny / 4])
+    def __init__(self) -> None:
+        self.seen: list[tuple[bool, int]] = []
+
+    def compute_from_embeddings(self, summed: np.ndarray) -> np.ndarray:
+        self.seen.append((_flushes_subnormals(), torch.get_num_threads()))
+        return super().compute_from_embeddings(summed)
+
+
+def _flushes_subnormals() -> bool:
+    return float(torch.tensor([torch.finfo(torch.float32).tiny / 4]) * 1.0) == 0.0
+
+
+def test_search_flushes_subnormals_while_it_runs_and_restores_the_default_after():
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormals")
+    torch.set_flush_denormal(False)
     threads = torch.get_num_threads()
-    with single_thread():
-        if not torch.set_flush_denormal(True):
-            pytest.skip("this CPU cannot flush subnormals")
-        assert torch.get_num_threads() == 1
-        assert float(subnormal * 1.0) == 0.0  # a microcode assist each on many CPUs; worth nothing here
-    assert float(subnormal * 1.0) > 0.0  # the rest of the process computes as before
+    task = random_task(0, 12, 4)
+    probe = _ModeProbe()
+    plan = NeuroShardSearch().search(task, probe, 0)
+    assert probe.seen and all(flushing for flushing, _ in probe.seen)  # a microcode assist each on many CPUs
+    assert {n for _, n in probe.seen} == {1}
+    assert not _flushes_subnormals()  # the rest of the process computes as before
     assert torch.get_num_threads() == threads
+    # flushing changes no plan: the probe's costs are FeatureCostModel's
+    assert plan.shards == NeuroShardSearch().search(task, FeatureCostModel(), 0).shards
 
 
 # --- the plan space a task gives each table (what TorchRec's sharders and constraints allow) -----------------------

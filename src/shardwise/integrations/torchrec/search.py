@@ -87,8 +87,13 @@ class ShardwiseSearch:
         if self.cost_model is None and not get_method(self.method).needs_cost_model:
             return None
         service = MlflowService(self.tracking_uri)
-        uri = str(self.cost_model) if self.cost_model is not None else champion_uri(
-            cost_model_name(hardware_kind(self.device_type)))
+        try:
+            uri = str(self.cost_model) if self.cost_model is not None else champion_uri(
+                cost_model_name(hardware_kind(self.device_type)))
+        except ValueError as err:  # a GPU topology planned where there is none: whose champion is unknown here
+            raise PlannerError(f"ShardwisePlanner: no cost model given, and the champion for this {self.device_type} "
+                               f"topology is this machine's hardware's ({err}); pass cost_model= (a models:/ URI or a "
+                               "directory) for the devices you plan for") from None
         try:
             model = service.load_cost_model(uri)
         except ServiceError as err:  # the registry is down or refused: its own line says which
