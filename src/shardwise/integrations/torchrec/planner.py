@@ -101,6 +101,8 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise PlannerError(f"batch_size {batch_size}: samples per rank, >= 1", PlannerErrorType.INPUT_VALIDATION)
+        # a task's own budget is each rank's memory as it states it, where no topology or memory overrides it
+        budget_from_task = topology is None and task is not None and device_memory_bytes is None
         if topology is None and (task is not None or world_size is not None):
             topology = _topology(task, world_size, local_world_size, device_memory_bytes, device_type)
         if topology is None and not dist.is_initialized():
@@ -114,7 +116,7 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
                 raise PlannerError(f"storage_reservation {storage_reservation}: a share of memory in [0, 1), or a "
                                    "TorchRec StorageReservation", PlannerErrorType.INPUT_VALIDATION)
             storage_reservation = FixedPercentageStorageReservation(float(storage_reservation))
-        elif storage_reservation is None and task is not None and topology is not None and device_memory_bytes is None:
+        elif storage_reservation is None and budget_from_task:
             storage_reservation = FixedPercentageStorageReservation(0.0)  # a task states its budget already
         self.search = ShardwiseSearch(
             method=method, searcher=searcher, cost_model=cost_model, tracking_uri=tracking_uri, seed=seed,
