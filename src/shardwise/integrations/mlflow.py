@@ -2,9 +2,8 @@
 
 `MlflowService` holds one tracking URI and one registry URI and passes both to every MLflow call, so a store
 named on the command line reaches the model registry too. Cost models and placement policies go through the
-same promotion gate (`promote`): a new version takes the `champion` alias only on measured evidence, and the
-evidence (metric, both values, the champion it was compared with, the decision) is kept as tags on the model
-version and as metrics and tags on its run.
+same promotion gate (`promote`, in `promotion`): a new version takes the `champion` alias only on measured
+evidence, kept on the model version and on its run.
 
 `mlflow` is imported inside the methods that use it: it takes seconds to import, and the jobs that import this
 module (plan with a local model, evaluate without tracking) often do not need it. Loading a registered version
@@ -13,57 +12,64 @@ in the cache when it has one (`mlflow_registry`); MLflow downloads it the first 
 
 A tracking server is asked whether it is up (`/health`, within `service_timeout_s()`) before MLflow's first call
 to it, and MLflow's HTTP retries are bounded while the service works (unless $MLFLOW_HTTP_REQUEST_* say
-otherwise): a server that is down is one line in seconds, not minutes of retries and a wrong "not found"."""
+otherwise; `mlflow_process`): a server that is down is one line in seconds, not minutes of retries and a wrong
+"not found"."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import tempfile
-import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import wraps
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
 from shardwise.costmodel.model import CONFIG_FILE, ModelFileError, NeuralCostModel
-from shardwise.errors import (
-    ServiceError,
-    ServiceUnauthorisedError,
-    ServiceUnreachableError,
-    ShardwiseError,
-    redacted,
-    service_timeout_s,
-)
+from shardwise.errors import ServiceError, ShardwiseError, redacted
 
+from . import promotion as gate
+from .mlflow_process import (
+    PARAM_CHARS,
+    _bounded,
+    _finite,
+    _first_line,
+    _local_store_missing,
+    _params,
+    _process_uris,
+    _quiet_mlflow_prints,
+    check_servers,
+    local_store_path,
+    open_client,
+    server_failure,
+)
 from .mlflow_registry import (
-    NOT_FOUND_CODES,
     ModelCache,
     RegisteredVersion,
     RegistryError,
     StoreError,
-    check_server,
     find_version,
     registry_key,
 )
+from .promotion import CHALLENGER, CHAMPION, GATE_SETTLE_S, Promotion
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
     from shardwise.costmodel import TrainConfig, TrainingReport
 
+#: what callers import from here, the gate's names (`promotion`) and the hardening's (`mlflow_process`) among them
+__all__ = ["CHALLENGER", "CHAMPION", "COST_MODEL_METRIC", "DEFAULT_TRACKING_URI", "FILES_PATH", "GATE_SETTLE_S",
+           "MODEL_NAME", "PARAM_CHARS", "POLICY_EXPERIMENT", "POLICY_FILE", "POLICY_METRIC", "POLICY_PATH",
+           "PRETRAIN_EXPERIMENT", "LoggedRun", "MlflowService", "Promotion", "RegistryError", "StoreError",
+           "champion_uri", "cost_model_name", "local_store_path", "policy_name", "redacted"]
+
 T = TypeVar("T")
-P = ParamSpec("P")
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-CHAMPION = "champion"
-CHALLENGER = "challenger"
 PRETRAIN_EXPERIMENT = "shardwise-pretrain"
 POLICY_EXPERIMENT = "shardwise-policies"
 COST_MODEL_METRIC = "heldout_mape_pct"  # lower is better: MAPE of total compute ms on held-out tables
@@ -72,15 +78,6 @@ MODEL_NAME = "model"  # the pyfunc model's name within a pretraining run
 FILES_PATH = "cost_model"  # the cost model's weights + JSON as plain run artifacts (`runs:/<id>/cost_model`)
 POLICY_PATH = "policy"  # the policy directory as run artifacts (`runs:/<id>/policy`); a version's source
 POLICY_FILE = "policy.json"
-PARAM_CHARS = 500  # MLflow's limit on a param value's length (older servers)
-
-# models-from-code: MLflow stores this script with the model instead of a pickled Python object
-_PYFUNC_SCRIPT = """\
-import mlflow
-from shardwise.integrations.mlflow_pyfunc import CostModelPyfunc
-
-mlflow.models.set_model(CostModelPyfunc())
-"""
 
 # models:/<name>@<alias>[/path], models:/<name>/<version>[/path], or a logged model's models:/<model id>[/path]
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))?(?P<path>/.*)?$")
@@ -102,20 +99,6 @@ def champion_uri(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class Promotion:
-    """Where a new version landed and the evidence that decided it (lower `metric` is better)."""
-
-    name: str
-    version: str
-    alias: str
-    metric: str
-    new_value: float
-    champion_version: str | None
-    champion_value: float | None
-    reason: str = ""
-
-
-@dataclass(frozen=True)
 class LoggedRun:
     """A logged run, the URI of what it logged, and (if registered) the gate's outcome."""
 
@@ -124,193 +107,12 @@ class LoggedRun:
     promotion: Promotion | None
 
 
-
-
-#: pip package that provides a missing database driver module (sqlalchemy's default drivers)
-_DRIVER_PACKAGES = {"psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient",
-                    "pymysql": "pymysql", "pyodbc": "pyodbc"}
-
-
 def _how_to_register(name: str | None) -> str:
     if name and name.startswith("shardwise-policy-"):
         method = name.removeprefix("shardwise-policy-").split("-", 1)[0]
         return f"train one with `shardwise train-policy --method {method} ...` or pass a policy directory"
     return ("register one with `make run` (the local pipeline) or `shardwise pretrain --data costs.parquet ...`, "
             "or pass a model directory")
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def _finite(values: Mapping[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in values.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
-
-
-def _params(values: Mapping[str, Any]) -> dict[str, str]:
-    return {k: str(v)[:PARAM_CHARS] for k, v in values.items()}
-
-
-def local_store_path(uri: str) -> Path | None:
-    """The file or folder of an embedded store or a local artifact location (sqlite file, file: URI, plain path);
-    None for a server, an object store or an in-memory database."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "sqlite":
-        path = uri.removeprefix("sqlite://").split("?", 1)[0]
-        path = path[1:] if path.startswith("/") else path  # sqlite:///rel.db -> rel.db; sqlite:////abs -> /abs
-        return None if path in ("", ":memory:") else Path(path)
-    if parsed.scheme == "file":
-        return Path(parsed.path)
-    if not parsed.scheme or len(parsed.scheme) == 1:  # a plain path (or a Windows drive)
-        return Path(uri)
-    return None
-
-
-def _local_store_missing(uri: str) -> bool:
-    """True for an embedded store (sqlite file, file-store directory) that does not exist: opening it would
-    create it."""
-    path = local_store_path(uri)
-    if path is None:
-        return False
-    return not (path.is_file() if urlparse(uri).scheme == "sqlite" else path.is_dir())
-
-
-#: what MLflow's migrations say when they meet a schema a killed process left half made
-_HALF_BUILT = ("already exists", "duplicate column name")
-
-
-def _create_sqlite_store(uri: str) -> None:
-    """An embedded sqlite store that does not exist yet, made whole or not at all. MLflow makes its tables and runs
-    its migrations in the file itself, and a process killed meanwhile (a pipeline step SIGKILLed in its first
-    seconds) left a half-made schema that every later open refused ("table latest_metrics already exists"): the
-    schema is made in a temporary file beside the store and linked into place, never over a store that another
-    process made meanwhile."""
-    path = local_store_path(uri) if urlparse(uri).scheme == "sqlite" else None
-    if path is None or path.exists():
-        return
-    from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore  # makes all of MLflow's tables
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.*.creating"):  # left by a process killed while making it
-        with suppress(FileNotFoundError):  # another process's, gone meanwhile
-            if time.time() - stale.stat().st_mtime > 3600:
-                stale.unlink()
-    temporary = path.with_name(f".{path.name}.{os.getpid()}-{time.monotonic_ns()}.creating")
-    try:
-        SqlAlchemyStore(f"sqlite:///{temporary.resolve()}").engine.dispose()
-        try:
-            os.link(temporary, path)  # never over a store another process made first: that fails
-        except FileExistsError:
-            pass
-        except OSError:  # a file system without hard links
-            if not path.exists():
-                os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
-@contextmanager
-def _process_uris(tracking_uri: str, registry_uri: str) -> Iterator[None]:
-    """Point mlflow's process-wide tracking and registry URIs at these stores for the block, then put back
-    exactly what was there. The fluent API (start_run, pyfunc.log_model) reads only those, and
-    `mlflow.set_tracking_uri` also writes $MLFLOW_TRACKING_URI, so both the globals and the variables are
-    restored."""
-    import mlflow  # heavy: only when logging
-    from mlflow.tracking._model_registry import utils as registry_utils
-    from mlflow.tracking._tracking_service import utils as tracking_utils
-
-    saved_tracking, saved_registry = tracking_utils._tracking_uri, registry_utils._registry_uri
-    saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_registry_uri(registry_uri)
-    try:
-        yield
-    finally:
-        # None puts it back to unset; any change also resets mlflow's tracer provider
-        mlflow.set_tracking_uri(saved_tracking)  # type: ignore[arg-type]
-        registry_utils._registry_uri = saved_registry
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@contextmanager
-def _bounded_http() -> Iterator[None]:
-    """MLflow's HTTP retries bounded for the block, where the environment does not set them: MLflow's defaults
-    (7 retries, backoff factor 2, 120 s per request) spend 257 s on a server that is down. What the user set in
-    the environment is left as it is; the variables are put back after."""
-    bounded = {
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(service_timeout_s()))),
-        "AWS_MAX_ATTEMPTS": "3",  # boto3's, for artifacts MLflow reads from an object store itself
-        # where MLflow's telemetry cannot reach its endpoint (pods without egress), its thread unsets a variable
-        # of os.environ while requests reads the environment: a KeyError failed a registration at random. Read
-        # when mlflow is first imported, which the methods of MlflowService do inside this block.
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        # shardwise prints its own line for a logged run and a registered version
-        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-    }
-    added = [key for key in bounded if key not in os.environ]
-    os.environ.update({key: bounded[key] for key in added})
-    try:
-        yield
-    finally:
-        for key in added:
-            os.environ.pop(key, None)
-
-
-@contextmanager
-def _quiet_mlflow_prints() -> Iterator[None]:
-    """MLflow's own console lines ("Successfully registered model ...", "Created version ...", its log records)
-    off for the block where its log level is above INFO (the CLI's default; `-v` keeps them): they repeat what
-    shardwise reports, or are progress chatter."""
-    level = os.environ.get("MLFLOW_LOGGING_LEVEL", "INFO").upper()
-    if level in ("DEBUG", "INFO"):
-        yield
-        return
-    # MLflow's own switch for its event stream (eprint and its loggers), counted so that its nested uses (model
-    # logging turns it off and on again) do not turn it back on inside this block
-    from mlflow.utils.autologging_utils.logging_and_warnings import MlflowEventsAndWarningsBehaviorGlobally
-
-    with MlflowEventsAndWarningsBehaviorGlobally(disable_event_logs=True, disable_warnings=False,
-                                                 reroute_warnings=False):
-        yield
-
-
-#: how MLflow's HTTP client and requests word a server that stopped answering mid-way
-_UNANSWERED = re.compile(r"failed with exception|Max retries exceeded|Connection (?:refused|reset|aborted)|"
-                         r"RemoteDisconnected|timed out", re.IGNORECASE)
-
-
-def _bounded(method: Callable[P, T]) -> Callable[P, T]:
-    """`method` with MLflow's HTTP retries bounded while it runs (`_bounded_http`); a tracking server that stops
-    answering while it runs is one ServiceUnreachableError, not MLflow's traceback."""
-
-    @wraps(method)
-    def bounded(*args: P.args, **kwargs: P.kwargs) -> T:
-        with _bounded_http():
-            try:
-                return method(*args, **kwargs)
-            except ShardwiseError:
-                raise
-            except Exception as err:
-                service = args[0]
-                text = redacted(_first_line(err))
-                if not (isinstance(service, MlflowService) and _UNANSWERED.search(text)
-                        and type(err).__module__.split(".")[0] in ("mlflow", "requests", "urllib3")):
-                    raise
-                raise ServiceUnreachableError(
-                    f"the MLflow server {service._stores()} stopped answering during {method.__name__} ({text}); "
-                    "an alias moves only once a version's files and the gate's evidence are stored, so the "
-                    "champion is as it was or whole: rerun to finish"
-                ) from None
-
-    return bounded
 
 
 class MlflowService:
@@ -352,54 +154,22 @@ class MlflowService:
 
     def _client(self) -> MlflowClient:
         self._check_servers()  # before importing MLflow: a server that is down is said in seconds
-        from mlflow import MlflowClient  # heavy: only when talking to a store
-
-        try:
-            for uri in {self.tracking_uri, self.registry_uri}:
-                _create_sqlite_store(uri)
-            return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
-        except ModuleNotFoundError as err:  # a database store whose driver is not installed
-            raise StoreError(
-                f"the MLflow store {self._stores()} needs the Python package {err.name!r}, which is not installed "
-                f"(pip install {_DRIVER_PACKAGES.get(str(err.name), err.name)})"
-            ) from None
-        except Exception as err:  # sqlalchemy's OperationalError and friends: the database did not answer
-            if type(err).__module__.startswith("sqlalchemy"):
-                hint = ""
-                if any(u.startswith("sqlite:") for u in (self.tracking_uri, self.registry_uri)) and any(
-                        sign in str(err) for sign in _HALF_BUILT):
-                    hint = ("; its tables are half made (a process killed while MLflow created or upgraded it): a store "
-                            "that was new holds no runs, move it aside and run again; else restore it from a backup")
-                raise StoreError(f"cannot open the MLflow store {self._stores()}: {redacted(_first_line(err))}"
-                                 f"{hint}") from None
-            raise
+        return open_client(self.tracking_uri, self.registry_uri, self._stores())
 
     def _check_servers(self) -> None:
         """A one-line ServiceError now, within the service timeout, if a tracking or registry server is down
         (once per service: MLflow's own calls follow)."""
-        if self._servers_checked:
-            return
-        servers = {self.tracking_uri: "the MLflow tracking server"}
-        servers.setdefault(self.registry_uri, "the MLflow model registry")
-        for uri, service in servers.items():
-            if urlparse(uri).scheme in ("http", "https"):
-                check_server(uri, service)
-        self._servers_checked = True
+        if not self._servers_checked:
+            check_servers(self.tracking_uri, self.registry_uri)
+            self._servers_checked = True
 
     def _failure(self, uri: str, err: Exception) -> ShardwiseError:
         """What an MLflow error while fetching `uri` means: a server that cannot be reached or refused who asked
         (a ServiceError), else what the store answered is not there (a RegistryError)."""
+        failure = server_failure(uri, err, self.tracking_uri, self.registry_uri, self._stores())
+        if failure is not None:
+            return failure
         text = redacted(_first_line(err))
-        code = str(getattr(err, "error_code", ""))
-        remote = any(urlparse(u).scheme in ("http", "https") for u in (self.tracking_uri, self.registry_uri))
-        if code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
-            return ServiceUnauthorisedError(
-                f"{uri}: the MLflow server {self._stores()} refused the request as not authorised ({text}); set "
-                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)")
-        if _UNANSWERED.search(str(err)):  # MLflow's HTTP client gave up (on a download: in a later line)
-            return ServiceUnreachableError(f"{uri}: the MLflow server {self._stores()} did not answer ({text})")
-        if remote and code not in NOT_FOUND_CODES and not isinstance(err, OSError):
-            return ServiceError(f"{uri}: the MLflow server {self._stores()} failed ({text})")
         return RegistryError(f"{uri}: not found in {self._stores()} ({text}); {_how_to_register(_model_name(uri))}")
 
     # -- loading ------------------------------------------------------------------------------------------------
@@ -574,9 +344,6 @@ class MlflowService:
         """Log params, metrics, `tags`, the evaluation table and the model (a pyfunc, and its files at
         `cost_model/`); register it as `shardwise-cost-<kind>` and gate `champion` on held-out MAPE."""
         import mlflow  # heavy: only when logging
-        import torch
-        from mlflow.models import ModelSignature
-        from mlflow.types import ColSpec, Schema
 
         # scipy and pandas: only when logging (the plan path never imports them)
         from shardwise.costmodel.evaluate import format_table, heldout_mape_pct
@@ -603,30 +370,8 @@ class MlflowService:
             mlflow.log_text(format_table(report.evaluation) + "\n", "evaluation/evaluation.txt")
             model_dir = model.save(Path(tmp) / FILES_PATH)
             mlflow.log_artifacts(str(model_dir), FILES_PATH)
-            script = Path(tmp) / "cost_model_pyfunc.py"
-            script.write_text(_PYFUNC_SCRIPT)
-            with warnings.catch_warnings():
-                # an input example would make MLflow load and run the model while logging: slow, and the
-                # signature below already says what goes in and out
-                warnings.filterwarnings("ignore", message=".*input example was not provided.*")
-                info = mlflow.pyfunc.log_model(
-                    name=MODEL_NAME,
-                    python_model=str(script),
-                    artifacts={mlflow_pyfunc.ARTIFACT_KEY: str(model_dir)},
-                    pip_requirements=[
-                        "shardwise",
-                        f"torch=={torch.__version__.split('+')[0]}",
-                        f"mlflow=={mlflow.__version__}",
-                        "numpy",
-                        "pandas",
-                        "pydantic>=2",
-                    ],
-                    registered_model_name=name if register else None,
-                    signature=ModelSignature(
-                        inputs=Schema([ColSpec("string", "tables_json")]),
-                        outputs=Schema([ColSpec("double", "fwd_ms"), ColSpec("double", "bwd_ms")]),
-                    ),
-                )
+            info = mlflow_pyfunc.log_pyfunc(MODEL_NAME, model_dir, Path(tmp),
+                                            registered_model_name=name if register else None)
             run_id = str(run.info.run_id)
         if not register:
             return LoggedRun(run_id, info.model_uri, None)
@@ -704,102 +449,9 @@ class MlflowService:
         champion_value: Callable[[str], float | None] | None,
     ) -> Promotion:
         """Give `version` the `champion` alias if its `metric` (lower is better) beats the champion's, else
-        `challenger`; keep the evidence on the version (tags) and on its run (metrics, tags).
-
-        No champion yet: the new version wins. A champion that cannot be compared (`champion_value` is None or
-        returns None for its models:/<name>/<version> URI): the newer version wins. No finite `new_value`
-        (nothing to measure it on): `challenger`, a champion is never replaced blindly.
-
-        Runs registering at once, and a server that dies mid-way: the evidence is stored on the version before its
-        alias moves (an alias never points at a version the gate did not finish), the champion is read again right
-        before the alias moves (one that moved during the comparison is compared with instead), and again
-        GATE_SETTLE_S after (a run that moved it in between is compared with, and the better takes it back)."""
-        client = self._client()
-        version = str(version)
-        compared: dict[str, float | None] = {}  # champion version -> its metric (each compared once)
-
-        def decide(current: str | None) -> tuple[bool, str]:
-            if current is None:
-                return True, "no champion yet"
-            if current == version:
-                return True, "already the champion"
-            if not math.isfinite(new_value):
-                return False, f"no {metric} to compare on: a champion is never replaced blindly"
-            if current not in compared:
-                compared[current] = champion_value(f"models:/{name}/{current}") if champion_value else None
-            if compared[current] is None:
-                newer = int(version) > int(current)
-                return newer, f"champion v{current} is not comparable: the newer version wins"
-            wins = new_value < compared[current]  # type: ignore[operator]
-            return wins, f"{metric} {new_value:.6g} {'<' if wins else '>='} champion v{current}'s {compared[current]:.6g}"
-
-        current = _champion_version(client, name)
-        for _ in range(_GATE_ROUNDS):
-            wins, reason = decide(current)
-            alias = CHAMPION if wins else CHALLENGER
-            evidence = {
-                "gate.metric": metric,
-                "gate.value": repr(float(new_value)),
-                "gate.champion_version": current or "",
-                "gate.champion_value": "" if compared.get(current or "") is None else repr(compared[current or ""]),
-                "gate.decision": alias,
-                "gate.reason": reason,
-            }
-            for key, value in evidence.items():
-                client.set_model_version_tag(name, version, key, value)
-            latest = _champion_version(client, name)  # the comparison took seconds: did the champion move?
-            if latest != current:
-                current = latest
-                continue
-            client.set_registered_model_alias(name, alias, version)
-            if not wins:
-                break
-            time.sleep(GATE_SETTLE_S)
-            latest = _champion_version(client, name)
-            if latest == version:
-                break
-            current = latest  # another run moved it between our read and our write: compare with it
-        else:
-            raise RegistryError(f"{name} v{version}: the champion kept moving under {_GATE_ROUNDS} comparisons in "
-                                f"{self._stores()} (runs registering at once); rerun to compare again")
-        champ_value = compared.get(current or "")
-        run_id = client.get_model_version(name, version).run_id
-        if run_id:
-            from mlflow.entities import Metric, RunTag
-
-            metrics = _finite({f"gate_new_{metric}": new_value, f"gate_champion_{metric}": champ_value})
-            tags = {**evidence, "registered_name": name, "registered_version": version, "alias": alias}
-            client.log_batch(
-                run_id,
-                metrics=[Metric(k, v, _now_ms(), 0) for k, v in metrics.items()],
-                tags=[RunTag(k, v) for k, v in tags.items()],
-            )
-        return Promotion(name, version, alias, metric, float(new_value), current, champ_value, reason)
-
-
-#: seconds between moving `champion` and reading it back: longer than another run takes between reading the
-#: champion and moving the alias (one request on loopback, tens of ms under load), so a move that overwrote
-#: another run's is seen by one of the two
-GATE_SETTLE_S = 1.0
-_GATE_ROUNDS = 8  # comparisons before giving up on a champion that keeps moving
-
-
-def _champion_version(client: MlflowClient, name: str) -> str | None:
-    """The version `champion` points at; None where the store answered that there is none (any other failure,
-    a server that is down included, is raised: never taken for "no champion")."""
-    from mlflow.exceptions import MlflowException  # heavy: only when registering
-
-    try:
-        return str(client.get_model_version_by_alias(name, CHAMPION).version)
-    except MlflowException as err:
-        code, text = str(err.error_code), str(err.message).lower()
-        if code in NOT_FOUND_CODES or (code == "INVALID_PARAMETER_VALUE" and "not found" in text):
-            return None
-        raise
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+        `challenger`, keeping the evidence on the version and its run (`promotion.promote` says how)."""
+        return gate.promote(self._client(), name, version, metric=metric, new_value=new_value,
+                           champion_value=champion_value, stores=self._stores())
 
 
 def _model_name(uri: str) -> str | None:
