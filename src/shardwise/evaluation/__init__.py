@@ -1,23 +1,14 @@
 """Evaluation on hardware: measured plan cost, end-to-end DLRM throughput, benchmark suites, reports.
 
-Modules, each importing only those before it: `measured` (plans measured on the kernels and the all-to-all),
+Modules, each importing only those before it: `measured_records` (a measured plan's per-device costs and plans
+compared, and their JSON), `measured` (plans measured on the kernels and the all-to-all),
 `dlrm` (TorchRec DLRM training throughput), `report` (HTML pages and plots), `evaluate` (named plans of one
 task measured together, with reports), `suite` (the benchmark: task sets x searchers, measured)."""
 
 from .dlrm import DLRMThroughput, build_dlrm, measure_dlrm_throughputs
 from .evaluate import evaluate_plans
-from .measured import (
-    DeviceCost,
-    KernelShard,
-    MeasuredPlanCost,
-    PlanComparison,
-    compare_measured,
-    measure_plan,
-    measure_plans,
-    resolve_timing,
-    save_measured,
-    time_shards_in_rounds,
-)
+from .measured import KernelShard, measure_plan, measure_plans, resolve_timing, time_shards_in_rounds
+from .measured_records import DeviceCost, MeasuredPlanCost, PlanComparison, compare_measured, save_measured
 from .report import write_benchmark_report, write_comparison_report, write_plan_report
 from .suite import (
     PAPER_TASK_SETS,

@@ -1,16 +1,16 @@
-"""Measured plan cost: each device's shard on the real fbgemm kernel plus the real all-to-all."""
+"""Measured plan cost: each device's shard on the real fbgemm kernel plus the real all-to-all.
+
+The measuring sessions live here; the records they return (`DeviceCost`, `MeasuredPlanCost`, `PlanComparison`)
+and their JSON live in `measured_records`, and are importable from here too."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from shardwise.costmodel.data_parallel import gradient_bytes
@@ -39,199 +39,47 @@ from shardwise.search.plan import (
 )
 from shardwise.workload import Optimizer, ShardingTask, TableSpec, WeightsPrecision, local_batch
 
-MEASURED_FORMAT = "shardwise.measured/v1"
-COMPARISON_FORMAT = "shardwise.comparison/v1"
+from .measured_records import (
+    COMPARISON_FORMAT,
+    MEASURED_FORMAT,
+    DeviceCost,
+    MeasuredPlanCost,
+    PlanComparison,
+    PlanComparisonRow,
+    compare_measured,
+    describe_comm_pricing,
+    save_measured,
+)
+
+__all__ = [
+    "COMPARISON_FORMAT",
+    "MEASURED_FORMAT",
+    "DeviceCost",
+    "KernelShard",
+    "MeasuredPlanCost",
+    "PlanComparison",
+    "PlanComparisonRow",
+    "compare_measured",
+    "describe_comm_pricing",
+    "distinct_shards",
+    "everywhere_kernels",
+    "measure_all_reduces",
+    "measure_comm",
+    "measure_plan",
+    "measure_plans",
+    "measure_row_wise_comm",
+    "price_comm",
+    "resolve_timing",
+    "save_measured",
+    "time_shards_in_rounds",
+    "timing_document",
+]
+
+
 # How many rounds and iterations a measurement takes, and why, is MeasurementSettings' (shardwise.profiling):
 # per device, the median of `timing_rounds` interleaved kernel timings (one timing of a shard swings by 20% on
 # a shared CPU) and of `comm_rounds` x `comm_iters` all-to-alls (one exchange swings by 2x with scheduling),
 # each device's all-to-all then priced as `comm_pricing` says (`price_comm`).
-
-
-class DeviceCost(BaseModel):
-    """One device's measured cost for one training iteration, and the memory its shard holds."""
-
-    model_config = ConfigDict(frozen=True)
-
-    device: int
-    shards: tuple[str, ...]  # shard names ("t3", "t7[0:32]")
-    width: int  # pooled output width on this device (sum of shard dims)
-    fwd_ms: float
-    bwd_ms: float
-    comm_fwd_ms: float  # as priced (the measurement's `timing["comm_pricing"]`)
-    comm_bwd_ms: float
-    memory_bytes: int
-    # the device's own median all-to-all ms, before pricing (None in older files)
-    comm_fwd_measured_ms: float | None = None
-    comm_bwd_measured_ms: float | None = None
-    #: the host's median ms to launch the shard's forward and backward (CUDA; None on CPU and in older files)
-    launch_ms: float | None = None
-    #: the plan's data-parallel tables' gradient all-reduce, the same on every device (their kernel on the local
-    #: batch is in fwd_ms and bwd_ms, their names in `shards`); 0 without data-parallel tables and in older files
-    all_reduce_ms: float = 0.0
-    #: the plan's row-wise tables' collectives, the same on every device: their outputs' reduce-scatter, their
-    #: gradients' all-gather and their ids' all-to-all (their kernel on the device's row blocks is in fwd_ms and
-    #: bwd_ms, the blocks' names in `shards`); 0 without row-wise tables and in older files
-    row_wise_comm_ms: float = 0.0
-
-    @property
-    def compute_ms(self) -> float:
-        """Forward plus backward kernel time."""
-        return self.fwd_ms + self.bwd_ms
-
-    @property
-    def launch_bound(self) -> bool:
-        """Whether the host takes longer to launch the device's kernels than the device takes to run them: a
-        training step on it then waits for the host, whatever the plan puts there."""
-        return self.launch_ms is not None and self.launch_ms > self.compute_ms
-
-    @property
-    def comm_ms(self) -> float:
-        """Forward plus backward all-to-all time."""
-        return self.comm_fwd_ms + self.comm_bwd_ms
-
-    @property
-    def total_ms(self) -> float:
-        """Forward + backward + forward all-to-all + backward all-to-all (+ the data-parallel all-reduce)."""
-        return self.compute_ms + self.comm_ms + self.all_reduce_ms + self.row_wise_comm_ms
-
-    @property
-    def own_comm_fwd_bwd_ms(self) -> tuple[float, float]:
-        """The device's own median forward and backward all-to-all ms, before any pricing (older files priced
-        none, so their figures are those)."""
-        if self.comm_fwd_measured_ms is None or self.comm_bwd_measured_ms is None:
-            return self.comm_fwd_ms, self.comm_bwd_ms
-        return self.comm_fwd_measured_ms, self.comm_bwd_measured_ms
-
-
-class MeasuredPlanCost(BaseModel):
-    """A plan's measured per-device costs; the plan costs what its slowest device costs."""
-
-    model_config = ConfigDict(frozen=True)
-
-    format: str = MEASURED_FORMAT
-    method: str
-    batch_size: int
-    device_kind: str  # "cpu" / "cuda"
-    hardware_kind: str
-    device_memory_bytes: int
-    timing: dict[str, Any] = Field(default_factory=dict)
-    reference_ms: float | None = None
-    devices: tuple[DeviceCost, ...]
-    #: the tables replicated on every device (empty in older files)
-    data_parallel: tuple[str, ...] = ()
-    #: the tables split by rows over every device (empty in older files)
-    row_wise: tuple[str, ...] = ()
-
-    @property
-    def max_cost_ms(self) -> float:
-        """The plan's cost: the slowest device's total."""
-        return max(d.total_ms for d in self.devices)
-
-    @property
-    def max_compute_ms(self) -> float:
-        """The slowest device's kernel time alone (fwd + bwd), without the all-to-all."""
-        return max(d.compute_ms for d in self.devices)
-
-    @property
-    def mean_cost_ms(self) -> float:
-        """Mean per-device total."""
-        return sum(d.total_ms for d in self.devices) / len(self.devices)
-
-    @property
-    def imbalance(self) -> float:
-        """max / mean of the per-device totals (1.0 is perfectly balanced)."""
-        mean = self.mean_cost_ms
-        return self.max_cost_ms / mean if mean > 0 else 1.0
-
-    @property
-    def comm_pricing(self) -> CommPricing:
-        """How each device's all-to-all was priced (older files: each device's own median)."""
-        return "width" if self.timing.get("comm_pricing") == "width" else "measured"
-
-    @property
-    def max_memory_bytes(self) -> int:
-        """The fullest device's memory."""
-        return max(d.memory_bytes for d in self.devices)
-
-    @property
-    def own_comm_max_cost_ms(self) -> float:
-        """The plan cost with each device's all-to-all its own median, before any pricing."""
-        return max(d.compute_ms + sum(d.own_comm_fwd_bwd_ms) + d.all_reduce_ms + d.row_wise_comm_ms
-                   for d in self.devices)
-
-    @property
-    def memory_headroom(self) -> float:
-        """Fraction of the per-device cap left free on the fullest device."""
-        return 1.0 - self.max_memory_bytes / self.device_memory_bytes
-
-    @property
-    def launch_bound_devices(self) -> tuple[int, ...]:
-        """The devices whose kernels the host launches slower than they run (CUDA measurements only)."""
-        return tuple(d.device for d in self.devices if d.launch_bound)
-
-    def to_json(self) -> dict[str, Any]:
-        """The `shardwise.measured/v1` document, with the derived totals for readers."""
-        doc = self.model_dump(mode="json")
-        doc.update(
-            max_cost_ms=self.max_cost_ms,
-            max_compute_ms=self.max_compute_ms,
-            mean_cost_ms=self.mean_cost_ms,
-            imbalance=self.imbalance,
-            memory_headroom=self.memory_headroom,
-            launch_bound_devices=list(self.launch_bound_devices),
-        )
-        for dev, row in zip(self.devices, doc["devices"]):
-            row["total_ms"] = dev.total_ms
-        return doc
-
-    def table(self) -> str:
-        """A per-device text table (what `shardwise evaluate` prints)."""
-        head = f"{'device':>6} {'shards':>6} {'width':>6} {'fwd_ms':>9} {'bwd_ms':>9} {'a2a_fwd':>9} {'a2a_bwd':>9} {'total_ms':>9} {'mem_GiB':>8}"
-        lines = [head]
-        for d in self.devices:
-            lines.append(
-                f"{d.device:>6} {len(d.shards):>6} {d.width:>6} {d.fwd_ms:>9.3f} {d.bwd_ms:>9.3f} "
-                f"{d.comm_fwd_ms:>9.3f} {d.comm_bwd_ms:>9.3f} {d.total_ms:>9.3f} {d.memory_bytes / 2**30:>8.3f}"
-            )
-        lines.append(
-            f"plan ({self.method}): max {self.max_cost_ms:.3f} ms, mean {self.mean_cost_ms:.3f} ms, "
-            f"imbalance {self.imbalance:.3f}, memory headroom {self.memory_headroom:.1%} "
-            f"(batch {self.batch_size}, {self.hardware_kind})"
-        )
-        if self.data_parallel:
-            lines.append(
-                f"data-parallel on every device: {', '.join(self.data_parallel)} (their kernel on the local batch in "
-                f"fwd_ms / bwd_ms, their gradient all-reduce {self.devices[0].all_reduce_ms:.3f} ms in total_ms)"
-            )
-        if self.row_wise:
-            lines.append(
-                f"row-wise over every device: {', '.join(self.row_wise)} (the kernel on each device's row blocks in "
-                f"fwd_ms / bwd_ms, their collectives {self.devices[0].row_wise_comm_ms:.3f} ms in total_ms)"
-            )
-        if self.launch_bound_devices:
-            worst = max((d for d in self.devices if d.launch_bound), key=lambda d: d.launch_ms or 0.0)
-            lines.append(
-                f"launch-bound: device(s) {', '.join(map(str, self.launch_bound_devices))}: the host takes longer to "
-                f"launch their kernels than the device runs them (device {worst.device}: {worst.launch_ms:.3f} ms "
-                f"to launch, {worst.compute_ms:.3f} ms to run); a larger per-device batch, not another plan, "
-                "speeds them up"
-            )
-        return "\n".join(lines)
-
-
-def describe_comm_pricing(pricing: CommPricing) -> str:
-    """How each device's all-to-all was priced, in words (reports and tables)."""
-    if pricing == "width":
-        return "each device's all-to-all priced by a line in its pooled width fitted over the devices measured together"
-    return "each device's all-to-all its own median"
-
-
-def save_measured(cost: MeasuredPlanCost, path: str | Path) -> Path:
-    """Write a measured plan cost as JSON."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(cost.to_json(), indent=1))
-    return path
 
 
 class KernelShard(NamedTuple):
@@ -395,6 +243,24 @@ def price_comm(
     return [[(float(fwd), float(bwd)) for fwd, bwd in devices] for devices in priced]
 
 
+class _PlanKernels(NamedTuple):
+    """One plan's kernel medians per device: forward and backward ms (its shards, plus the plan's data-parallel
+    dense kernel and its own row blocks), and the host's launch ms (None where none was timed on CUDA)."""
+
+    compute: list[tuple[float, float]]
+    launch: list[float | None]
+
+
+class _PlanCollectives(NamedTuple):
+    """One plan's collective medians: each device's forward and backward all-to-all ms as priced and as measured,
+    and the plan's data-parallel all-reduce and row-wise collectives ms (the same on every device)."""
+
+    comm: list[tuple[float, float]]
+    measured_comm: list[tuple[float, float]]
+    all_reduce_ms: float
+    row_wise_comm_ms: float
+
+
 def measure_plans(
     items: Sequence[tuple[ShardingTask, Plan]],
     measurement: MeasurementSettings | None = None,
@@ -414,7 +280,48 @@ def measure_plans(
     device, protocol = resolve_timing(measurement)
     batches = [measurement.batch_size or task.batch_size for task, _ in items]
     layouts = [device_specs(plan, task) for task, plan in items]  # column slices keep their source's data
+    replicated = [data_parallel_specs(plan, task) for task, plan in items]
+    blocks = [row_block_specs(plan, task) for task, plan in items]
+    kernels = _time_plan_kernels(items, layouts, replicated, blocks, batches, measurement, device=device,
+                                 protocol=protocol, progress=progress)
+    widths = [[sum(t.dim for t in tables) for tables in devices] for devices in layouts]
+    collectives = _measure_plan_collectives(items, widths, replicated, batches, measurement,
+                                            backend=comm_backend or default_backend(device.type))
 
+    kind = hardware_kind(device)
+    timing = timing_document(protocol, measurement)
+    return [
+        MeasuredPlanCost(
+            method=plan.method,
+            batch_size=batches[k],
+            device_kind=device.type,
+            hardware_kind=kind,
+            device_memory_bytes=task.device_memory_bytes,
+            timing=timing,
+            reference_ms=protocol.reference_ms,
+            devices=_device_costs(task, plan, layouts[k], widths[k], replicated[k], blocks[k], kernels[k],
+                                  collectives[k]),
+            data_parallel=plan.data_parallel,
+            row_wise=plan.row_wise,
+        )
+        for k, (task, plan) in enumerate(items)
+    ]
+
+
+def _time_plan_kernels(
+    items: Sequence[tuple[ShardingTask, Plan]],
+    layouts: Sequence[Sequence[Sequence[TableSpec]]],
+    replicated: Sequence[Sequence[TableSpec]],
+    blocks: Sequence[Sequence[Sequence[TableSpec]]],
+    batches: Sequence[int],
+    measurement: MeasurementSettings,
+    *,
+    device: torch.device,
+    protocol: TimingProtocol,
+    progress: bool,
+) -> list[_PlanKernels]:
+    """`measure_plans`' kernel phase: every plan's device shards (`layouts`), data-parallel tables (`replicated`)
+    and row `blocks` timed together in interleaved rounds; per plan, its devices' medians."""
     # every device's shard timed once per round, rounds interleaved over all plans, median per device: one
     # timing of a shard swings by 20% on a shared CPU (the reference normalises drift, not preemption)
     shards = [
@@ -425,8 +332,6 @@ def measure_plans(
     ]
     # data-parallel tables (one dense kernel over all of a plan's, on the local batch, the same on every device) and
     # row-wise tables (one kernel over each device's row blocks); devices with the same blocks are timed once
-    replicated = [data_parallel_specs(plan, task) for task, plan in items]
-    blocks = [row_block_specs(plan, task) for task, plan in items]
     shards += [kernel for (task, _), tables, devices, batch in zip(items, replicated, blocks, batches)
                for kernel in everywhere_kernels(task, tables, devices, batch)]
     timed = iter(time_shards_in_rounds(
@@ -442,15 +347,27 @@ def measure_plans(
     compute = [[(fwd + extra[0] + own[0], bwd + extra[1] + own[1]) for (fwd, bwd), own in zip(devices, rows, strict=True)]
                for devices, extra, rows in zip(compute, replicated_ms, block_ms, strict=True)]
     launch = [[_median_launch_ms(t) for t in devices] for devices in timings]
+    return [_PlanKernels(*per_plan) for per_plan in zip(compute, launch, strict=True)]
 
-    widths = [[sum(t.dim for t in tables) for tables in devices] for devices in layouts]
+
+def _measure_plan_collectives(
+    items: Sequence[tuple[ShardingTask, Plan]],
+    widths: Sequence[Sequence[int]],
+    replicated: Sequence[Sequence[TableSpec]],
+    batches: Sequence[int],
+    measurement: MeasurementSettings,
+    *,
+    backend: str,
+) -> list[_PlanCollectives]:
+    """`measure_plans`' collectives phase: the all-to-alls of plans with equal device count and batch in one process
+    group (each plan's devices' pooled `widths`), with the data-parallel all-reduces and row-wise collectives of
+    those that have them; each device's all-to-all priced as `measurement.comm_pricing` says."""
     comm: list[list[tuple[float, float]]] = [[(0.0, 0.0)] * len(w) for w in widths]  # one device: no exchange
     groups: dict[tuple[int, int], list[int]] = {}
     for k, (w, batch) in enumerate(zip(widths, batches)):
         if len(w) > 1:
             groups.setdefault((len(w), batch), []).append(k)
     measured_comm = [list(c) for c in comm]
-    backend = comm_backend or default_backend(device.type)
     all_reduce = [0.0] * len(items)
     row_wise_comm = [0.0] * len(items)
     split = [row_wise_specs(plan, task) for task, plan in items]
@@ -473,45 +390,40 @@ def measure_plans(
                         row_wise_comm[k] = ms
         for k, raw, priced in zip(members, medians, price_comm(group, medians, measurement.comm_pricing)):
             measured_comm[k], comm[k] = raw, priced
+    return [_PlanCollectives(*per_plan)
+            for per_plan in zip(comm, measured_comm, all_reduce, row_wise_comm, strict=True)]
 
-    kind = hardware_kind(device)
-    timing = timing_document(protocol, measurement)
-    results = []
-    for k, (task, plan) in enumerate(items):
-        memory = plan_memory_bytes(plan, task)
-        costs = tuple(
-            DeviceCost(
-                device=d,
-                shards=tuple(t.name for t in [*tables, *replicated[k], *blocks[k][d]]),
-                width=widths[k][d],
-                fwd_ms=compute[k][d][0],
-                bwd_ms=compute[k][d][1],
-                comm_fwd_ms=comm[k][d][0],
-                comm_bwd_ms=comm[k][d][1],
-                memory_bytes=memory[d],
-                comm_fwd_measured_ms=measured_comm[k][d][0],
-                comm_bwd_measured_ms=measured_comm[k][d][1],
-                launch_ms=launch[k][d],
-                all_reduce_ms=all_reduce[k],
-                row_wise_comm_ms=row_wise_comm[k],
-            )
-            for d, tables in enumerate(layouts[k])
+
+def _device_costs(
+    task: ShardingTask,
+    plan: Plan,
+    layout: Sequence[Sequence[TableSpec]],
+    widths: Sequence[int],
+    replicated: Sequence[TableSpec],
+    blocks: Sequence[Sequence[TableSpec]],
+    kernels: _PlanKernels,
+    collectives: _PlanCollectives,
+) -> tuple[DeviceCost, ...]:
+    """`measure_plans`' last phase, for one plan: each device's cost from the phases' medians."""
+    memory = plan_memory_bytes(plan, task)
+    return tuple(
+        DeviceCost(
+            device=d,
+            shards=tuple(t.name for t in [*tables, *replicated, *blocks[d]]),
+            width=widths[d],
+            fwd_ms=kernels.compute[d][0],
+            bwd_ms=kernels.compute[d][1],
+            comm_fwd_ms=collectives.comm[d][0],
+            comm_bwd_ms=collectives.comm[d][1],
+            memory_bytes=memory[d],
+            comm_fwd_measured_ms=collectives.measured_comm[d][0],
+            comm_bwd_measured_ms=collectives.measured_comm[d][1],
+            launch_ms=kernels.launch[d],
+            all_reduce_ms=collectives.all_reduce_ms,
+            row_wise_comm_ms=collectives.row_wise_comm_ms,
         )
-        results.append(
-            MeasuredPlanCost(
-                method=plan.method,
-                batch_size=batches[k],
-                device_kind=device.type,
-                hardware_kind=kind,
-                device_memory_bytes=task.device_memory_bytes,
-                timing=timing,
-                reference_ms=protocol.reference_ms,
-                devices=costs,
-                data_parallel=plan.data_parallel,
-                row_wise=plan.row_wise,
-            )
-        )
-    return results
+        for d, tables in enumerate(layout)
+    )
 
 
 def measure_plan(
@@ -527,101 +439,3 @@ def measure_plan(
     For the measurement to compare with a cost model's predictions, time as its training data was:
     `measurement.for_cost_model(model.reference_ms, model.batch_size)`."""
     return measure_plans([(task, plan)], measurement, comm_backend=comm_backend, progress=progress)[0]
-
-
-class PlanComparisonRow(BaseModel):
-    """One plan's line in a comparison of plans measured in the same session."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    method: str
-    max_cost_ms: float
-    max_compute_ms: float
-    max_comm_ms: float
-    mean_cost_ms: float
-    imbalance: float
-    memory_headroom: float
-    ratio_to_first: float  # max_cost_ms / the first plan's (below 1: cheaper than the first plan)
-    predicted_max_cost_ms: float | None = None
-
-
-class PlanComparison(BaseModel):
-    """Plans of one task measured in one session (same reference timing, same all-to-all process group)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    format: str = COMPARISON_FORMAT
-    batch_size: int
-    hardware_kind: str
-    reference_ms: float | None
-    compute_rounds: int
-    comm_iters: int
-    comm_rounds: int
-    comm_pricing: CommPricing = "measured"
-    plans: tuple[PlanComparisonRow, ...]
-
-    def row(self, name: str) -> PlanComparisonRow:
-        """The row of plan `name`."""
-        for r in self.plans:
-            if r.name == name:
-                return r
-        raise KeyError(f"no plan named {name!r} in the comparison; plans: {[r.name for r in self.plans]}")
-
-    def table(self) -> str:
-        """A text table, one line per plan (what `shardwise evaluate` prints for several plans)."""
-        lines = [
-            f"{'plan':<20} {'method':<14} {'max_ms':>9} {'compute':>9} {'a2a':>9} {'imbal':>7} {'headroom':>8} "
-            f"{'vs_first':>8} {'predicted':>9}"
-        ]
-        for r in self.plans:
-            predicted = "-" if r.predicted_max_cost_ms is None else f"{r.predicted_max_cost_ms:.3f}"
-            lines.append(
-                f"{r.name:<20} {r.method:<14} {r.max_cost_ms:>9.3f} {r.max_compute_ms:>9.3f} {r.max_comm_ms:>9.3f} "
-                f"{r.imbalance:>7.3f} {r.memory_headroom:>8.1%} {r.ratio_to_first:>8.3f} {predicted:>9}"
-            )
-        lines.append(
-            f"measured in one session: batch {self.batch_size}, {self.hardware_kind}, reference_ms "
-            f"{'-' if self.reference_ms is None else format(self.reference_ms, '.4f')}; medians of "
-            f"{self.compute_rounds} interleaved kernel timings and {self.comm_rounds} interleaved rounds x "
-            f"{self.comm_iters} all-to-alls per device, {describe_comm_pricing(self.comm_pricing)}"
-        )
-        return "\n".join(lines)
-
-
-def compare_measured(
-    named: Sequence[tuple[str, MeasuredPlanCost]],
-    *,
-    predicted_max_ms: Sequence[float | None] | None = None,
-) -> PlanComparison:
-    """The comparison of plans measured together (`measure_plans`); ratios are to the first plan."""
-    if not named:
-        raise ValueError("plans: nothing to compare")
-    first = named[0][1].max_cost_ms
-    predicted = list(predicted_max_ms) if predicted_max_ms is not None else [None] * len(named)
-    rows = tuple(
-        PlanComparisonRow(
-            name=name,
-            method=cost.method,
-            max_cost_ms=cost.max_cost_ms,
-            max_compute_ms=cost.max_compute_ms,
-            max_comm_ms=max(d.comm_ms for d in cost.devices),
-            mean_cost_ms=cost.mean_cost_ms,
-            imbalance=cost.imbalance,
-            memory_headroom=cost.memory_headroom,
-            ratio_to_first=cost.max_cost_ms / first if first > 0 else float("nan"),
-            predicted_max_cost_ms=p,
-        )
-        for (name, cost), p in zip(named, predicted)
-    )
-    ref = named[0][1]
-    return PlanComparison(
-        batch_size=ref.batch_size,
-        hardware_kind=ref.hardware_kind,
-        reference_ms=ref.reference_ms,
-        compute_rounds=int(ref.timing.get("compute_rounds", 1)),
-        comm_iters=int(ref.timing.get("comm_iters", 0)),
-        comm_rounds=int(ref.timing.get("comm_rounds", 1)),
-        comm_pricing=ref.comm_pricing,
-        plans=rows,
-    )

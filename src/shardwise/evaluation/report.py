@@ -15,7 +15,7 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .dlrm import DLRMThroughput  # noqa: E402
-from .measured import MeasuredPlanCost, PlanComparison, describe_comm_pricing  # noqa: E402
+from .measured_records import MeasuredPlanCost, PlanComparison, describe_comm_pricing  # noqa: E402
 
 if TYPE_CHECKING:
     from .refine import Refinement
