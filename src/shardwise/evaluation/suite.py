@@ -363,6 +363,71 @@ def _benchmark_task(set_name: str, k: int, task: ShardingTask, searchers: Mappin
     return outcome
 
 
+def _benchmark_tasks(task_sets: Mapping[str, Sequence[ShardingTask]], searchers: Mapping[str, Searcher], *,
+                     learned: Collection[str], cost_model: CostModel | None, measurement: MeasurementSettings,
+                     seed: int, out: Path | None, plan_reports: bool, throughput_tasks: int, throughput_iters: int,
+                     throughput_warmup: int, refine_rounds: int, refine_budget_s: float | None, resume: bool,
+                     device: torch.device) -> list[_TaskOutcome]:
+    """Every task's outcome, task by task: measured now, or with `resume` taken from its stored results."""
+    outcomes: list[_TaskOutcome] = []
+    todo = [(set_name, k, task) for set_name, tasks in task_sets.items() for k, task in enumerate(tasks)]
+    resumed = 0
+    with tqdm(total=len(todo), desc="benchmark", unit="task") as bar:
+        for set_name, k, task in todo:
+            throughput = {"iters": throughput_iters, "warmup": throughput_warmup} if k < throughput_tasks else None
+            key = _task_key(task, list(searchers), cost_model, learned=sorted(learned), refine_rounds=refine_rounds,
+                            refine_budget_s=refine_budget_s, measurement=measurement.model_dump(mode="json"), throughput=throughput, seed=seed,
+                            plan_reports=plan_reports)
+            outcome = _load_outcome(out / set_name / f"task{k:02d}" / TASK_RESULTS, key) if resume and out else None
+            if outcome is not None:
+                resumed += 1
+            else:
+                label = f"{set_name} task {k}"
+
+                def stage(what: str, label: str = label) -> None:
+                    bar.set_postfix_str(f"{label}: {what}")
+
+                outcome = _benchmark_task(
+                    set_name, k, task, searchers, key=key, learned=learned, cost_model=cost_model,
+                    measurement=measurement, seed=seed, out=out, plan_reports=plan_reports,
+                    refine_rounds=refine_rounds, refine_budget_s=refine_budget_s, throughput=throughput,
+                    device=device, stage=stage,
+                )
+            outcomes.append(outcome)
+            bar.update()
+    if resumed:
+        print(f"benchmark: {resumed} of {len(todo)} tasks taken from {out} (measured earlier with these settings)")
+    return outcomes
+
+
+def _write_benchmark(out: Path, rows: list[dict[str, Any]], results: Sequence[PlanResult],
+                     failures: Sequence[tuple[str, int, str, str]], outcomes: Sequence[_TaskOutcome], *,
+                     measurement: MeasurementSettings, seed: int, plan_reports: bool,
+                     throughput: dict[str, int]) -> None:
+    """The run's results (`out/results.json`) and its HTML report, linking each plan's report."""
+    first = next((o for o in outcomes if o.results), None)
+    write_json_document(
+        {
+            "summary": rows,
+            "plans": [r.model_dump() | {"prediction_error": r.prediction_error} for r in results],
+            "failures": [{"task_set": s, "task_index": k, "method": m, "reason": why} for s, k, m, why in failures],
+            "hardware_kind": first.hardware_kind if first else None,
+            # as calibrated (or pinned) for this run, and the protocol and rounds every plan was timed with
+            "reference_ms": first.reference_ms if first else measurement.reference_ms,
+            "timing": first.timing if first else None,
+            "measurement": measurement.model_dump(mode="json"),
+            "throughput": throughput,
+            "seed": seed,
+            # every task's planning, refinement and measurement, resumed ones included (their earlier run's)
+            "seconds": round(sum(o.seconds for o in outcomes), 1),
+        },
+        out / "results.json",
+    )
+    links = [(f"{r.task_set} task {r.task_index} {r.method}", f"{r.task_set}/task{r.task_index:02d}/{r.method}.html")
+             for r in results] if plan_reports else []
+    write_benchmark_report(rows, out, plan_reports=links)
+
+
 def run_benchmark(
     task_sets: Mapping[str, Sequence[ShardingTask]],
     searchers: Mapping[str, Searcher],
@@ -413,60 +478,19 @@ def run_benchmark(
     if refine_rounds:
         learned = [*learned, *(f"{m}+refine" for m in searchers if m in learned)]
 
-    outcomes: list[_TaskOutcome] = []
-    todo = [(set_name, k, task) for set_name, tasks in task_sets.items() for k, task in enumerate(tasks)]
-    resumed = 0
-    with tqdm(total=len(todo), desc="benchmark", unit="task") as bar:
-        for set_name, k, task in todo:
-            throughput = {"iters": throughput_iters, "warmup": throughput_warmup} if k < throughput_tasks else None
-            key = _task_key(task, list(searchers), cost_model, learned=sorted(learned), refine_rounds=refine_rounds,
-                            refine_budget_s=refine_budget_s, measurement=measurement.model_dump(mode="json"), throughput=throughput, seed=seed,
-                            plan_reports=plan_reports)
-            outcome = _load_outcome(out / set_name / f"task{k:02d}" / TASK_RESULTS, key) if resume and out else None
-            if outcome is not None:
-                resumed += 1
-            else:
-                label = f"{set_name} task {k}"
-
-                def stage(what: str, label: str = label) -> None:
-                    bar.set_postfix_str(f"{label}: {what}")
-
-                outcome = _benchmark_task(
-                    set_name, k, task, searchers, key=key, learned=learned, cost_model=cost_model,
-                    measurement=measurement, seed=seed, out=out, plan_reports=plan_reports,
-                    refine_rounds=refine_rounds, refine_budget_s=refine_budget_s, throughput=throughput,
-                    device=device, stage=stage,
-                )
-            outcomes.append(outcome)
-            bar.update()
-    if resumed:
-        print(f"benchmark: {resumed} of {len(todo)} tasks taken from {out} (measured earlier with these settings)")
-
+    outcomes = _benchmark_tasks(
+        task_sets, searchers, learned=learned, cost_model=cost_model, measurement=measurement, seed=seed, out=out,
+        plan_reports=plan_reports, throughput_tasks=throughput_tasks, throughput_iters=throughput_iters,
+        throughput_warmup=throughput_warmup, refine_rounds=refine_rounds, refine_budget_s=refine_budget_s,
+        resume=resume, device=device,
+    )
     results = [r for o in outcomes for r in o.results]
     failures = [f for o in outcomes for f in o.failures]
     for set_name, k, method, reason in failures:
         print(f"benchmark: {method} found no plan for {set_name} task {k}: {reason}")
     rows = summarize(results, failures, learned=learned, throughput=throughput_tasks > 0)
     if out is not None:
-        first = next((o for o in outcomes if o.results), None)
-        write_json_document(
-            {
-                "summary": rows,
-                "plans": [r.model_dump() | {"prediction_error": r.prediction_error} for r in results],
-                "failures": [{"task_set": s, "task_index": k, "method": m, "reason": why} for s, k, m, why in failures],
-                "hardware_kind": first.hardware_kind if first else None,
-                # as calibrated (or pinned) for this run, and the protocol and rounds every plan was timed with
-                "reference_ms": first.reference_ms if first else measurement.reference_ms,
-                "timing": first.timing if first else None,
-                "measurement": measurement.model_dump(mode="json"),
-                "throughput": {"tasks": throughput_tasks, "iters": throughput_iters, "warmup": throughput_warmup},
-                "seed": seed,
-                # every task's planning, refinement and measurement, resumed ones included (their earlier run's)
-                "seconds": round(sum(o.seconds for o in outcomes), 1),
-            },
-            out / "results.json",
-        )
-        links = [(f"{r.task_set} task {r.task_index} {r.method}", f"{r.task_set}/task{r.task_index:02d}/{r.method}.html")
-                 for r in results] if plan_reports else []
-        write_benchmark_report(rows, out, plan_reports=links)
+        _write_benchmark(out, rows, results, failures, outcomes, measurement=measurement, seed=seed,
+                         plan_reports=plan_reports, throughput={"tasks": throughput_tasks, "iters": throughput_iters,
+                                                                "warmup": throughput_warmup})
     return results, rows

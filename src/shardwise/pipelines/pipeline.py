@@ -102,6 +102,185 @@ def _sized(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
     return task
 
 
+def _data_steps(
+    num_tables: Any, row_scale: Any, batch_size: Any, holdout_fraction: Any, seed: Any
+) -> tuple[dsl.PipelineTask, dsl.PipelineTask]:
+    """The workload (its training and held-out tables) and the training tables augmented."""
+    workload = _sized(_with_cluster_settings(
+        synth_workload(
+            num_tables=num_tables,
+            row_scale=row_scale,
+            batch_size=batch_size,
+            holdout_fraction=holdout_fraction,
+            seed=seed,
+        )
+    ), "workload")
+    augment = _sized(_with_cluster_settings(
+        augment_tables(tables=workload.outputs["train_tables"], seed=seed)
+    ), "augment")
+    return workload, augment
+
+
+def _kernel_profile_steps(
+    workload: dsl.PipelineTask, augment: dsl.PipelineTask, gpu_product: str | None, *, workers: Any,
+    num_shards: Any, holdout_shards: Any, data_parallel_shards: Any, row_wise_shards: Any, max_tables: Any,
+    repeats: Any, timing_iters: Any, seed: Any, device: Any, dataset_uri: Any,
+) -> dsl.PipelineTask:
+    """The kernel profiling step, one pod of one GPU per worker (the step inside the fan-out)."""
+    # kernel profiling fans out over profile_workers pods of one GPU each, every one its slice of the shards
+    slices = _sized(_with_cluster_settings(worker_slices(workers=workers)), "workers")
+    with dsl.ParallelFor(items=slices.output) as worker:
+        profile = _sized(_on_gpu(
+            _with_cluster_settings(
+                profile_costs(
+                    tables=augment.outputs["augmented"],
+                    holdout_tables=workload.outputs["holdout_tables"],
+                    num_shards=num_shards,
+                    holdout_shards=holdout_shards,
+                    data_parallel_shards=data_parallel_shards,
+                    row_wise_shards=row_wise_shards,
+                    max_tables=max_tables,
+                    repeats=repeats,
+                    timing_iters=timing_iters,
+                    seed=seed,
+                    device=device,
+                    worker=worker,
+                    workers=workers,
+                    dataset_uri=dataset_uri,
+                )
+            ),
+            1,
+            gpu_product,
+        ), "profile")
+    return profile
+
+
+def _all_to_all_step(
+    augment: dsl.PipelineTask, gpu_product: str | None, *, comm_layouts: Any, num_devices: Any, seed: Any,
+    device: Any, dataset_uri: Any,
+) -> dsl.PipelineTask:
+    """The all-to-all profiling step, on the GPUs of one node."""
+    # all-to-alls span the GPUs of one node: their own step, on the task's device count (with one GPU,
+    # profiling stops at "max_devices must be >= 2")
+    return _sized(_on_gpu(
+        _with_cluster_settings(
+            profile_all_to_alls(
+                tables=augment.outputs["augmented"],
+                comm_layouts=comm_layouts,
+                num_devices=num_devices,
+                seed=seed,
+                device=device,
+                dataset_uri=dataset_uri,
+            )
+        ),
+        num_devices,
+        gpu_product,
+    ), "profile-comm")
+
+
+def _pretrain_step(
+    workload: dsl.PipelineTask, profile: dsl.PipelineTask, comm: dsl.PipelineTask, reuse_measurements: bool, *,
+    dataset_uri: Any, seed: Any, epochs: Any, patience: Any,
+) -> dsl.PipelineTask:
+    """The cost model pre-trained on every profiling worker's costs and the all-to-alls'."""
+    return _sized(_with_cluster_settings(
+        pretrain_cost_model(
+            costs=dsl.Collected(profile.outputs["costs"]),
+            comm_costs=comm.outputs["costs"],
+            dataset_uri=dataset_uri,
+            holdout_tables=workload.outputs["holdout_tables"],
+            seed=seed,
+            epochs=epochs,
+            patience=patience,
+            # KFP's id of this run, tagged on the MLflow run: the UI's run and the model's run find each other.
+            # Not in a local run, whose id means nothing outside it and changes with every rerun: it is in the
+            # step's cache key, so a rerun would train and register again what the killed run finished
+            pipeline_run_id="" if reuse_measurements else dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        )
+    ), "pretrain")
+
+
+def _plan_steps(
+    workload: dsl.PipelineTask, comm: dsl.PipelineTask, pretrain: dsl.PipelineTask, *, task_num_tables: Any,
+    num_devices: Any, memory_slack: Any, seed: Any, search_method: Any, model_alias: Any,
+) -> tuple[dsl.PipelineTask, dsl.PipelineTask, dsl.PipelineTask]:
+    """The task drawn from the held-out tables, planned with the searched method and with TorchRec's planner."""
+    task = _sized(_with_cluster_settings(
+        make_task(
+            tables=workload.outputs["holdout_tables"],
+            num_tables=task_num_tables,
+            num_devices=num_devices,
+            memory_slack=memory_slack,
+            seed=seed,
+        )
+    ), "task")
+    plan = _sized(_with_cluster_settings(
+        search_plan(
+            task=task.outputs["task"],
+            method=search_method,
+            model_alias=model_alias,
+            hardware_kind=comm.outputs["Output"],
+            model=pretrain.outputs["model"],
+        )
+    ), "plan")
+    baseline = _sized(_with_cluster_settings(
+        search_plan(
+            task=task.outputs["task"],
+            method="torchrec",
+            model_alias="",
+            hardware_kind=comm.outputs["Output"],
+        )
+    ), "plan-torchrec")
+    return task, plan, baseline
+
+
+def _policies_step(
+    workload: dsl.PipelineTask, task: dsl.PipelineTask, plan: dsl.PipelineTask, pretrain: dsl.PipelineTask,
+    comm: dsl.PipelineTask, *, model_alias: Any, num_tasks: Any, episodes: Any, seed: Any,
+) -> dsl.PipelineTask:
+    """The placement policies of the other two methods, trained against the cost model."""
+    # the other two methods, ready to plan after the run: their policies learn against the cost model above
+    return _sized(_with_cluster_settings(
+        train_policies(
+            tables=workload.outputs["train_tables"],
+            task=task.outputs["task"],
+            plan=plan.outputs["plan"],
+            model=pretrain.outputs["model"],
+            model_alias=model_alias,
+            hardware_kind=comm.outputs["Output"],
+            num_tasks=num_tasks,
+            episodes=episodes,
+            seed=seed,
+        )
+    ), "train-policies")
+
+
+def _evaluate_step(
+    task: dsl.PipelineTask, plan: dsl.PipelineTask, baseline: dsl.PipelineTask, pretrain: dsl.PipelineTask,
+    comm: dsl.PipelineTask, gpu_product: str | None, *, model_alias: Any, device: Any, num_devices: Any,
+    validate_iters: Any, refine_rounds: Any, timing_rounds: Any,
+) -> dsl.PipelineTask:
+    """Both plans measured on the task's GPUs (and the searched one refined there)."""
+    return _sized(_on_gpu(
+        _with_cluster_settings(
+            evaluate_plans(
+                task=task.outputs["task"],
+                plan=plan.outputs["plan"],
+                baseline_plan=baseline.outputs["plan"],
+                model=pretrain.outputs["model"],
+                model_alias=model_alias,
+                hardware_kind=comm.outputs["Output"],
+                device=device,
+                validate_iters=validate_iters,
+                refine_rounds=refine_rounds,
+                timing_rounds=timing_rounds,
+            )
+        ),
+        num_devices,
+        gpu_product,
+    ), "evaluate")
+
+
 def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool = False) -> GraphComponent:
     """The pipeline function; `gpu_product` (a node label value) pins GPU steps to that product. With
     `reuse_measurements` (a local run resuming in its own work directory), a profiling step that finished with the
@@ -143,132 +322,28 @@ def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool =
         seed: int = DEFAULTS.seed,
     ) -> dsl.Metrics:
         """The whole method; returns the measured comparison against TorchRec's planner."""
-        workload = _sized(_with_cluster_settings(
-            synth_workload(
-                num_tables=num_tables,
-                row_scale=row_scale,
-                batch_size=batch_size,
-                holdout_fraction=holdout_fraction,
-                seed=seed,
-            )
-        ), "workload")
-        augment = _sized(_with_cluster_settings(
-            augment_tables(tables=workload.outputs["train_tables"], seed=seed)
-        ), "augment")
-        # kernel profiling fans out over profile_workers pods of one GPU each, every one its slice of the shards
-        workers = _sized(_with_cluster_settings(worker_slices(workers=profile_workers)), "workers")
-        with dsl.ParallelFor(items=workers.output) as worker:
-            profile = _sized(_on_gpu(
-                _with_cluster_settings(
-                    profile_costs(
-                        tables=augment.outputs["augmented"],
-                        holdout_tables=workload.outputs["holdout_tables"],
-                        num_shards=profile_num_shards,
-                        holdout_shards=profile_holdout_shards,
-                        data_parallel_shards=profile_data_parallel_shards,
-                        row_wise_shards=profile_row_wise_shards,
-                        max_tables=profile_max_tables,
-                        repeats=profile_repeats,
-                        timing_iters=profile_timing_iters,
-                        seed=seed,
-                        device=device,
-                        worker=worker,
-                        workers=profile_workers,
-                        dataset_uri=dataset_uri,
-                    )
-                ),
-                1,
-                gpu_product,
-            ), "profile")
-        # all-to-alls span the GPUs of one node: their own step, on the task's device count (with one GPU,
-        # profiling stops at "max_devices must be >= 2")
-        comm = _sized(_on_gpu(
-            _with_cluster_settings(
-                profile_all_to_alls(
-                    tables=augment.outputs["augmented"],
-                    comm_layouts=profile_comm_layouts,
-                    num_devices=num_devices,
-                    seed=seed,
-                    device=device,
-                    dataset_uri=dataset_uri,
-                )
-            ),
-            num_devices,
-            gpu_product,
-        ), "profile-comm")
-        pretrain = _sized(_with_cluster_settings(
-            pretrain_cost_model(
-                costs=dsl.Collected(profile.outputs["costs"]),
-                comm_costs=comm.outputs["costs"],
-                dataset_uri=dataset_uri,
-                holdout_tables=workload.outputs["holdout_tables"],
-                seed=seed,
-                epochs=pretrain_epochs,
-                patience=pretrain_patience,
-                # KFP's id of this run, tagged on the MLflow run: the UI's run and the model's run find each other.
-                # Not in a local run, whose id means nothing outside it and changes with every rerun: it is in the
-                # step's cache key, so a rerun would train and register again what the killed run finished
-                pipeline_run_id="" if reuse_measurements else dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            )
-        ), "pretrain")
-        task = _sized(_with_cluster_settings(
-            make_task(
-                tables=workload.outputs["holdout_tables"],
-                num_tables=task_num_tables,
-                num_devices=num_devices,
-                memory_slack=memory_slack,
-                seed=seed,
-            )
-        ), "task")
-        plan = _sized(_with_cluster_settings(
-            search_plan(
-                task=task.outputs["task"],
-                method=search_method,
-                model_alias=model_alias,
-                hardware_kind=comm.outputs["Output"],
-                model=pretrain.outputs["model"],
-            )
-        ), "plan")
-        baseline = _sized(_with_cluster_settings(
-            search_plan(
-                task=task.outputs["task"],
-                method="torchrec",
-                model_alias="",
-                hardware_kind=comm.outputs["Output"],
-            )
-        ), "plan-torchrec")
-        # the other two methods, ready to plan after the run: their policies learn against the cost model above
-        _sized(_with_cluster_settings(
-            train_policies(
-                tables=workload.outputs["train_tables"],
-                task=task.outputs["task"],
-                plan=plan.outputs["plan"],
-                model=pretrain.outputs["model"],
-                model_alias=model_alias,
-                hardware_kind=comm.outputs["Output"],
-                num_tasks=policy_tasks,
-                episodes=policy_episodes,
-                seed=seed,
-            )
-        ), "train-policies")
-        evaluate = _sized(_on_gpu(
-            _with_cluster_settings(
-                evaluate_plans(
-                    task=task.outputs["task"],
-                    plan=plan.outputs["plan"],
-                    baseline_plan=baseline.outputs["plan"],
-                    model=pretrain.outputs["model"],
-                    model_alias=model_alias,
-                    hardware_kind=comm.outputs["Output"],
-                    device=device,
-                    validate_iters=validate_iters,
-                    refine_rounds=refine_rounds,
-                    timing_rounds=evaluate_timing_rounds,
-                )
-            ),
-            num_devices,
-            gpu_product,
-        ), "evaluate")
+        workload, augment = _data_steps(num_tables, row_scale, batch_size, holdout_fraction, seed)
+        profile = _kernel_profile_steps(
+            workload, augment, gpu_product, workers=profile_workers, num_shards=profile_num_shards,
+            holdout_shards=profile_holdout_shards, data_parallel_shards=profile_data_parallel_shards,
+            row_wise_shards=profile_row_wise_shards, max_tables=profile_max_tables, repeats=profile_repeats,
+            timing_iters=profile_timing_iters, seed=seed, device=device, dataset_uri=dataset_uri,
+        )
+        comm = _all_to_all_step(augment, gpu_product, comm_layouts=profile_comm_layouts, num_devices=num_devices,
+                                seed=seed, device=device, dataset_uri=dataset_uri)
+        pretrain = _pretrain_step(workload, profile, comm, reuse_measurements, dataset_uri=dataset_uri, seed=seed,
+                                  epochs=pretrain_epochs, patience=pretrain_patience)
+        task, plan, baseline = _plan_steps(
+            workload, comm, pretrain, task_num_tables=task_num_tables, num_devices=num_devices,
+            memory_slack=memory_slack, seed=seed, search_method=search_method, model_alias=model_alias,
+        )
+        _policies_step(workload, task, plan, pretrain, comm, model_alias=model_alias, num_tasks=policy_tasks,
+                       episodes=policy_episodes, seed=seed)
+        evaluate = _evaluate_step(
+            task, plan, baseline, pretrain, comm, gpu_product, model_alias=model_alias, device=device,
+            num_devices=num_devices, validate_iters=validate_iters, refine_rounds=refine_rounds,
+            timing_rounds=evaluate_timing_rounds,
+        )
         # measurements are never reused from a cache: the point is to measure this run's hardware (a local rerun
         # in the same work directory, with the same code, resumes: it keeps what the killed run finished)
         for step in (evaluate,) if reuse_measurements else (profile, comm, evaluate):
