@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from shardwise import __version__
 from shardwise.errors import ShardwiseError
+from shardwise.extras import needs_extras
 
 #: verb -> (module that configures its parser, one-line help), in the order of the method
 VERBS: dict[str, tuple[str, str]] = {
@@ -85,7 +86,8 @@ def _printable_paths() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `shardwise` console script: a ShardwiseError is one line on stderr and exit 2."""
+    """Entry point of the `shardwise` console script: a ShardwiseError (a missing extra among them) is one line on
+    stderr and exit 2."""
     _printable_paths()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -95,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(_selected_verb(argv)).parse_args(argv)
     args.verbose = verbose
     try:
-        result = args.handler(args)
+        with needs_extras():  # an optional dependency imported deep inside a job: the extra to install
+            result = args.handler(args)
     except ShardwiseError as err:
         if debug:
             traceback.print_exc()

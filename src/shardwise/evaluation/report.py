@@ -7,15 +7,13 @@ import html
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-import matplotlib
+from shardwise.extras import import_extra
 
-matplotlib.use("Agg")  # files only: no display on servers and CI
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .dlrm import DLRMThroughput  # noqa: E402
-from .measured_records import MeasuredPlanCost, PlanComparison, describe_comm_pricing  # noqa: E402
+from .dlrm import DLRMThroughput
+from .measured_records import MeasuredPlanCost, PlanComparison, describe_comm_pricing
 
 if TYPE_CHECKING:
     from .refine import Refinement
@@ -28,6 +26,13 @@ _STYLE = (
 )
 #: a cell that reads as a number (right-aligned); anything else is text (left-aligned)
 _NUMBER = re.compile(r"^[-+]?[\d,.]+(%|x)?$|^-$")
+
+
+def _pyplot() -> ModuleType:
+    """matplotlib's pyplot on the Agg backend (files only: no display on servers and CI), imported on the first
+    plot: matplotlib is the `[report]` extra, and jobs import this module before they know they will plot."""
+    import_extra("matplotlib").use("Agg")
+    return import_extra("matplotlib.pyplot")
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -61,6 +66,7 @@ def plot_device_costs(
     fwd = [d.fwd_ms for d in cost.devices]
     bwd = [d.bwd_ms for d in cost.devices]
     comm = [d.comm_ms for d in cost.devices]
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(7.0, 0.6 * len(devices) + 4.5), 3.8))
     ax.bar(devices, fwd, label="forward", color="#4c72b0")
     ax.bar(devices, bwd, bottom=fwd, label="backward", color="#dd8452")
@@ -85,6 +91,7 @@ def plot_device_memory(cost: MeasuredPlanCost, path: Path) -> Path:
     unit, scale = ("GiB", GIB) if cost.device_memory_bytes >= GIB else ("MiB", 2**20)
     memory = [d.memory_bytes / scale for d in cost.devices]
     cap = cost.device_memory_bytes / scale
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(7.0, 0.6 * len(devices) + 4.5), 3.8))
     colors = ["#c44e52" if m > cap else "#8172b3" for m in memory]
     ax.bar(devices, memory, color=colors, label="weights + optimizer\nstate + buffers")
@@ -207,6 +214,7 @@ def plot_method_comparison(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     """Grouped bars: mean measured plan cost per method, one group per task set."""
     task_sets = sorted({r["task_set"] for r in rows})
     methods = list(dict.fromkeys(r["method"] for r in rows))
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(task_sets), figsize=(5.5 * len(task_sets), 4.2), squeeze=False)
     for ax, task_set in zip(axes[0], task_sets):
         values = {r["method"]: r for r in rows if r["task_set"] == task_set and r["mean_cost_ms"] is not None}
@@ -279,6 +287,7 @@ def plot_plan_comparison(comparison: PlanComparison, path: Path) -> Path:
     # the slowest device's total is not always max compute + max comm: show the total, split by the shares
     compute = [min(r.max_compute_ms, r.max_cost_ms) for r in comparison.plans]
     rest = [r.max_cost_ms - c for r, c in zip(comparison.plans, compute)]
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(names) + 4.0), 3.8))
     ax.bar(x, compute, color="#4c72b0", label="slowest kernel (fwd + bwd)")
     ax.bar(x, rest, bottom=compute, color="#55a868", label="rest of slowest device\n(all-to-all)")

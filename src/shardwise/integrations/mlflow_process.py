@@ -30,6 +30,7 @@ from shardwise.errors import (
     redacted,
     service_timeout_s,
 )
+from shardwise.extras import needs_extras
 
 from .mlflow_registry import NOT_FOUND_CODES, StoreError, check_server
 
@@ -230,13 +231,15 @@ class _Service(Protocol):
 
 def _bounded(method: Callable[P, T]) -> Callable[P, T]:
     """`method` with MLflow's HTTP retries bounded while it runs (`_bounded_http`); a tracking server that stops
-    answering while it runs is one ServiceUnreachableError, not MLflow's traceback."""
+    answering while it runs is one ServiceUnreachableError, and MLflow not installed one MissingExtraError, not
+    MLflow's traceback."""
 
     @wraps(method)
     def bounded(*args: P.args, **kwargs: P.kwargs) -> T:
         with _bounded_http():
             try:
-                return method(*args, **kwargs)
+                with needs_extras():  # mlflow (or boto3 for its S3 artifacts) not installed: the extra to add
+                    return method(*args, **kwargs)
             except ShardwiseError:
                 raise
             except Exception as err:

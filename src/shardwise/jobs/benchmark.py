@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from shardwise.evaluation import TASK_SETS, TaskSetSpec, format_summary, make_task_set, run_benchmark
+from shardwise.extras import require
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import Searcher, get_method, method_names
@@ -95,6 +96,9 @@ def run(settings: BenchmarkSettings, *, mlflow: MlflowService | None = None) -> 
     except ValueError as err:
         raise SettingsError(f"--tables {settings.tables}: {err}") from None
     tracking = settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    require("report")  # a missing extra said before minutes of measuring, not after
+    if tracking and mlflow is None:
+        require("mlflow")
     service = mlflow or MlflowService(settings.tracking_uri)
     cost_model = None
     if settings.model:

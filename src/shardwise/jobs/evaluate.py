@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from shardwise.evaluation import MeasuredPlanCost, PlanComparison, evaluate_plans
 from shardwise.evaluation.refine import Refinement, measured_greedy_start, refine_plan
 from shardwise.evaluation.report import summary_page
+from shardwise.extras import require
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import Plan, PlanError, load_plan, save_plan, validate_plan
@@ -118,6 +119,9 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
     names = list(settings.name) or report_names(settings.plan, plans)
     # log to MLflow only when asked: --tracking-uri or $MLFLOW_TRACKING_URI
     tracking = settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    require("report")  # a missing extra said before minutes of measuring, not after
+    if tracking and mlflow is None:
+        require("mlflow")
     service = mlflow or MlflowService(settings.tracking_uri)
     cost_model = None
     if settings.model:

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field
 
 from shardwise.costmodel import TrainConfig, format_table, train_cost_model
+from shardwise.extras import require
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import check_device_name, load_costs
 from shardwise.workload import load_tables
@@ -84,6 +85,8 @@ class PretrainResult(JobResult):
 
 def run(settings: PretrainSettings, *, mlflow: MlflowService | None = None) -> PretrainResult:
     """Train, save, evaluate on held-out tables; log and register unless `no_register`."""
+    if not settings.no_register and mlflow is None:
+        require("mlflow")  # said before training, not after
     costs = load_costs(list(settings.data))
     sources = None
     if settings.holdout_tables:

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from shardwise.extras import require
 from shardwise.integrations.mlflow import MlflowService, RegistryError
 from shardwise.search import (
     PlanError,
@@ -83,6 +84,8 @@ class TrainPolicyResult(JobResult):
 
 def run(settings: TrainPolicySettings, *, mlflow: MlflowService | None = None) -> TrainPolicyResult:
     """Train on sampled tasks, validate on tasks of another seed, log; the gate decides on `champion`."""
+    if mlflow is None:
+        require("mlflow")  # said before training, not after
     service = mlflow or MlflowService(settings.tracking_uri)
     cost_model, _ = load_cost_model(service, settings.model, device="cpu", required=True)
     assert cost_model is not None

@@ -6,6 +6,7 @@ under a hidden temp name and renamed into place: readers never see half a part, 
 overwrite each other, and an interrupt or a SIGKILL at any moment loses at most the rows not yet written. A
 dataset from before part files (one Parquet file) still loads; appending to it first turns it into a directory
 with the old file as its first part (hard link, unlink, rename: the old rows are never copied or rewritten).
+Part files' names, their temp files and that conversion are `parts.py`'s; signals during a write, `interrupts.py`'s.
 
 A dataset may also live at an object-store prefix (`s3://bucket/prefix`): the same part files, each one PUT (an
 object appears whole or not at all), so profiling pods of every run add to one history that pre-training reads
@@ -16,17 +17,10 @@ whole. Credentials and endpoint come from the usual AWS variables (`AWS_ACCESS_K
 from __future__ import annotations
 
 import contextlib
-import glob
 import logging
 import os
 import re
-import signal
-import socket
-import sys
-import threading
-import time
-import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +38,17 @@ from shardwise.errors import (
     service_timeout_s,
 )
 
+from .interrupts import interrupts_deferred
+from .parts import (
+    PART_PREFIX,
+    STALE_TEMP_PART_S,
+    _convert_single_file,
+    _fsync_dir,
+    _host,
+    _part_name,
+    _recover_conversions,
+    remove_stale_temp_parts,
+)
 from .schema import (
     ALL_REDUCE_COLUMNS,
     COMM_COLUMNS,
@@ -53,6 +58,30 @@ from .schema import (
     PROVENANCE_COLUMNS,
     TIMER_COLUMNS,
 )
+
+#: the names callers import from here: this module's own, and the part files' and interrupts' they use beside them
+__all__ = [
+    "ALL_COLUMNS",
+    "OBJECT_STORE_SCHEMES",
+    "PART_PREFIX",
+    "SCHEMA",
+    "STALE_TEMP_PART_S",
+    "DatasetError",
+    "MissingDatasetError",
+    "_host",
+    "append_rows",
+    "count_rows",
+    "interrupts_deferred",
+    "is_object_store",
+    "load_costs",
+    "load_stored",
+    "noise_floor",
+    "prepare_dataset",
+    "remove_stale_temp_parts",
+    "rows_to_table",
+    "stored_keys",
+    "write_part",
+]
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +112,6 @@ SCHEMA = pa.schema(
     [pa.field(name, _TYPES.get(name, _STR)) for name in ALL_COLUMNS],
     metadata={b"format": DATASET_FORMAT.encode()},
 )
-#: part files are named `part-<unix ns>-<host>-<pid>-<random>.parquet`, so that sorting them is time order
-PART_PREFIX = "part-"
-#: the single file of a dataset from before part files becomes the part that sorts first
-_LEGACY_PART_PREFIX = f"{PART_PREFIX}{0:020d}-legacy-"
 #: the object-store schemes a dataset location may use
 OBJECT_STORE_SCHEMES = ("s3://",)
 
@@ -169,139 +194,6 @@ def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
         return pa.Table.from_pylist([{c: row.get(c) for c in ALL_COLUMNS} for row in rows], schema=SCHEMA)
     except pa.ArrowException as err:
         raise DatasetError(f"rows do not match the column types of {DATASET_FORMAT} ({err})") from None
-
-
-@contextlib.contextmanager
-def interrupts_deferred(note: str | None = None) -> Iterator[list[int]]:
-    """Hold SIGINT and SIGTERM until the block ends, then raise KeyboardInterrupt: a write that must not be cut
-    (the last flush of rows, a dataset's conversion) finishes first. Yields the list of signals held so far;
-    `note` goes to stderr when the first one arrives. Only the main thread receives signals."""
-    caught: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield caught
-        return
-
-    def _hold(signum: int, frame: object) -> None:
-        if not caught and note:
-            print(note, file=sys.stderr, flush=True)
-        caught.append(signum)
-
-    previous: dict[signal.Signals, Any] = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        handler = signal.getsignal(signum)
-        if handler is not signal.SIG_IGN:  # an ignored signal (a background job's SIGINT) stays ignored
-            previous[signum] = signal.signal(signum, _hold)
-    try:
-        yield caught
-    finally:
-        for held, handler in previous.items():
-            signal.signal(held, handler if handler is not None else signal.SIG_DFL)
-    if caught:
-        raise KeyboardInterrupt(f"signal {caught[0]}")
-
-
-#: a temporary part older than this is a writer's leftover whatever host wrote it (a part takes seconds to write)
-STALE_TEMP_PART_S = 3600.0
-
-
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:40] or "host"
-
-
-def _part_name() -> str:
-    return f"{PART_PREFIX}{time.time_ns():020d}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        return True
-    return True
-
-
-def remove_stale_temp_parts(path: Path) -> int:
-    """Delete the hidden `.part-*.tmp` files a killed writer left (readers skip them, nothing else would remove
-    them): those of a dead process on this host, and any older than STALE_TEMP_PART_S. Returns how many."""
-    removed = 0
-    for tmp in path.glob(f".{PART_PREFIX}*.tmp"):
-        tokens = tmp.name.removeprefix(f".{PART_PREFIX}").removesuffix(".parquet.tmp").split("-")
-        try:
-            stale = time.time() - tmp.stat().st_mtime > STALE_TEMP_PART_S
-            if not stale and len(tokens) >= 4 and "-".join(tokens[1:-2]) == _host() and tokens[-2].isdigit():
-                stale = not _pid_alive(int(tokens[-2]))
-            if stale:
-                tmp.unlink()
-                removed += 1
-        except OSError:  # another writer removed it first, or it finished and renamed it
-            continue
-    return removed
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened or synced
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _staging_dirs(path: Path) -> list[Path]:
-    return sorted(path.parent.glob(f".{glob.escape(path.name)}.converting-*"))
-
-
-def _recover_conversions(path: Path) -> None:
-    """Finish conversions that a killed process left half done: old rows parked in a hidden sibling directory
-    are moved into the dataset, unless the dataset already holds that very file (a hard link to it)."""
-    if path.exists() and not path.is_dir():
-        return  # still a single file: its conversion finishes first, then the leftovers are seen to
-    for staging in _staging_dirs(path):
-        if not path.exists():
-            with contextlib.suppress(OSError):  # another process may be finishing it right now
-                os.rename(staging, path)
-            continue
-        held = {(st.st_dev, st.st_ino) for st in (p.stat() for p in path.iterdir() if p.is_file())}
-        for part in staging.glob("*.parquet"):
-            with contextlib.suppress(OSError):
-                st = part.stat()
-                if (st.st_dev, st.st_ino) in held:
-                    part.unlink()
-                else:
-                    os.rename(part, path / part.name)
-        with contextlib.suppress(OSError):
-            staging.rmdir()
-
-
-def _convert_single_file(path: Path) -> bool:
-    """Turn a one-file dataset into a directory holding that file as its first part; False if another process
-    got there first. Hard link, unlink, rename: each step refuses directories and only one process wins."""
-    staging = path.with_name(f".{path.name}.converting-{uuid.uuid4().hex[:12]}")
-    legacy = staging / f"{_LEGACY_PART_PREFIX}{uuid.uuid4().hex[:12]}.parquet"
-    try:
-        staging.mkdir()
-        try:
-            os.link(path, legacy)
-        except (FileNotFoundError, IsADirectoryError, PermissionError):
-            return False  # gone or a directory already: another writer converted it
-        try:
-            os.unlink(path)
-        except (FileNotFoundError, IsADirectoryError, PermissionError):
-            legacy.unlink()
-            return False
-        try:
-            os.rename(staging, path)  # path is free: the dataset reappears whole, old rows first
-        except FileNotFoundError:
-            pass  # a concurrent recovery moved it into place already
-        except OSError:  # a writer created the directory meanwhile: add the old rows to it
-            os.rename(legacy, path / legacy.name)
-        _fsync_dir(path.parent)
-        return True
-    finally:
-        with contextlib.suppress(OSError):
-            staging.rmdir()
 
 
 def prepare_dataset(path: str | Path) -> bool:

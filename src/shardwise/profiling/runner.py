@@ -12,12 +12,8 @@ append to one dataset at once: none rewrites another's parts.
 from __future__ import annotations
 
 import json
-import signal
-import statistics
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,17 +27,18 @@ from shardwise.errors import ServiceError, redacted
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision, local_batch, row_blocks
 
 from .batches import IndexData
-from .comm import CommTiming, default_backend, measure_comm_group
+from .comm import default_backend, measure_comm_group
 from .dataset import (
     count_rows,
-    interrupts_deferred,
     is_object_store,
     load_stored,
     prepare_dataset,
     write_part,
 )
 from .hardware import hardware_info, resolve_device
-from .kernel import ShardTiming, TimingProtocol, calibrate_reference, measure_shards
+from .interrupts import _sigterm_as_interrupt, interrupts_deferred
+from .kernel import TimingProtocol, calibrate_reference, measure_shards
+from .rows import FORWARD_COLLECTIVES, _collective_row, _comm_rows, compute_row
 from .sampling import (
     all_reduce_sizes,
     collective_config_id,
@@ -69,8 +66,22 @@ DATA_PARALLEL_DEVICE_COUNTS = (2, 4, 8)
 #: rows and the lookups that fall in it (`TableSpec.row_block`), a table the compute network must price at pooling
 #: factor / D; trained on whole tables only, it priced such blocks far worse (record `row_block_accuracy`)
 ROW_WISE_DEVICE_COUNTS = (2, 4, 8)
-#: where a training step runs each: in forward (its ms in fwd_ms) or backward (bwd_ms)
-FORWARD_COLLECTIVES = ("reduce_scatter", "all_to_all")
+
+#: the names callers import from here: this module's own, and the rows' they use beside them
+__all__ = [
+    "DATA_PARALLEL_DEVICE_COUNTS",
+    "DEFAULT_CPU_MEMORY_CAP_BYTES",
+    "FORWARD_COLLECTIVES",
+    "PROFILED_COLLECTIVES",
+    "ROW_WISE_DEVICE_COUNTS",
+    "ProfileSettings",
+    "ProfileSummary",
+    "_schedule",
+    "compute_row",
+    "measure_comm_group",
+    "measure_shards",
+    "profile",
+]
 
 
 class ProfileSettings(BaseModel):
@@ -174,23 +185,6 @@ def _reuse_reference_ms(stored: pd.DataFrame | None, hardware_kind: str, timing:
     return float(same["reference_ms"].iloc[0]) if not same.empty else None
 
 
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn `kill` (SIGTERM) into KeyboardInterrupt so pending rows are flushed before exiting."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def _raise(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, _raise)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 class _RowBuffer:
     """Rows waiting to be appended; flushed every `chunk_size` rows and on exit (also when interrupted)."""
 
@@ -223,40 +217,40 @@ class _RowBuffer:
             self.rows = []
 
 
-def compute_row(
-    shard: Sequence[TableSpec],
-    timing_result: ShardTiming,
-    *,
-    config_id: str,
-    repeat: int,
-    common: dict[str, Any],
-    timing: str,
-    optimizer: str,
-    weights_precision: str,
-    provenance: str,
-) -> dict[str, Any]:
-    """One `kind == "compute"` row of the cost dataset: a shard's measured medians with what measured them
-    (`common`: the hardware columns and batch size; `timing`: the protocol's JSON)."""
-    return {
-        **common,
-        "kind": "compute",
-        "config_id": config_id,
-        "repeat": repeat,
-        "fwd_ms": timing_result.fwd_ms,
-        "bwd_ms": timing_result.bwd_ms,
-        "raw_fwd_ms": timing_result.raw_fwd_ms,
-        "raw_bwd_ms": timing_result.raw_bwd_ms,
-        "reference_ms": timing_result.reference_ms,
-        "launch_ms": timing_result.launch_ms,
-        "timer": timing_result.timer,
-        "measured_at": time.time(),
-        "timing": timing,
-        "tables_json": json.dumps([{**t.model_dump(mode="json"), "source": t.source or t.name} for t in shard]),
-        "num_tables": len(shard),
-        "optimizer": optimizer,
-        "weights_precision": weights_precision,
-        "provenance": provenance,
-    }
+
+@dataclass(frozen=True)
+class _Work:
+    """A run's sampled configs and their ids; of this worker's slice of them (`jobs`, `*_mine`), those the dataset
+    lacks (`todo`, `*_todo`)."""
+
+    configs: list[list[TableSpec]]  # the sampled shards, then the first ones' row blocks
+    ids: list[str]
+    jobs: list[_Job]
+    todo: list[_Job]
+    backend: str
+    layouts: list[list[int]]
+    layout_ids: list[str]
+    comm_mine: list[int]
+    comm_todo: list[int]
+    reduces: list[tuple[str, int, int]]  # (op, num_devices, size_bytes)
+    reduce_ids: list[str]
+    reduce_mine: list[int]
+    reduce_todo: list[int]
+    dense: list[tuple[int, int, int]]  # (config index, device count, repeat)
+    dense_ids: list[str]
+    dense_mine: list[int]
+    dense_todo: list[int]
+
+    @property
+    def pending(self) -> int:
+        """Measurements left to take."""
+        return len(self.todo) + len(self.dense_todo) + len(self.comm_todo) + len(self.reduce_todo)
+
+    @property
+    def skipped(self) -> int:
+        """This worker's measurements already in the dataset."""
+        return (len(self.jobs) - len(self.todo) + len(self.comm_mine) - len(self.comm_todo) + len(self.reduce_mine)
+                - len(self.reduce_todo) + len(self.dense_mine) - len(self.dense_todo))
 
 
 def profile(
@@ -279,7 +273,32 @@ def profile(
     timing = protocol.settings_json()
     stored = load_stored(out)
     done = set() if stored is None else set(zip(stored["config_id"].astype(str), stored["repeat"].astype(int)))
+    work = _plan(tables, settings, device, kind, done)
 
+    # one reference for every kernel of the dataset: a run with only dense kernels left (added to a profile, or
+    # resumed in their repeats, which come last) reuses the stored one too, not one calibrated per device count
+    if protocol.reference_normalised and protocol.reference_ms is None and (work.todo or work.dense_todo):
+        reused = _reuse_reference_ms(stored, kind, timing)
+        protocol = protocol.model_copy(update={"reference_ms": reused or calibrate_reference(device, protocol)})
+
+    if work.pending:
+        prepare_dataset(out)  # before measuring: a path that cannot hold the dataset fails now, not at the end
+    common = {**info, "batch_size": settings.batch_size}
+    buffer = _RowBuffer(out, settings.chunk_size, 0 if stored is None else len(stored))
+    measured = _measure(work, settings, device, protocol, index_data, common, timing, buffer, progress)
+    return ProfileSummary(
+        measured=measured,
+        skipped=work.skipped,
+        total_rows=count_rows(out),
+        hardware_kind=kind,
+        reference_ms=protocol.reference_ms,
+    )
+
+
+def _plan(tables: Sequence[TableSpec], settings: ProfileSettings, device: torch.device, kind: str,
+          done: set[tuple[str, int]]) -> _Work:
+    """Sample the run's shards, layouts and collective sizes, and pick this worker's slice of them that `done` (the
+    dataset's (config id, repeat)) lacks."""
     sampled = sample_shard_configs(
         tables,
         settings.num_shards,
@@ -334,52 +353,44 @@ def profile(
     dense_ids = [config_id("data_parallel", ids[index], count) for index, count, _ in dense]
     dense_mine = [k for k in range(len(dense)) if k % settings.workers == settings.worker]
     dense_todo = [k for k in dense_mine if (dense_ids[k], dense[k][2]) not in done]
+    return _Work(configs, ids, jobs, todo, backend, layouts, layout_ids, comm_mine, comm_todo, reduces, reduce_ids,
+                 reduce_mine, reduce_todo, dense, dense_ids, dense_mine, dense_todo)
 
-    # one reference for every kernel of the dataset: a run with only dense kernels left (added to a profile, or
-    # resumed in their repeats, which come last) reuses the stored one too, not one calibrated per device count
-    if protocol.reference_normalised and protocol.reference_ms is None and (todo or dense_todo):
-        reused = _reuse_reference_ms(stored, kind, timing)
-        protocol = protocol.model_copy(update={"reference_ms": reused or calibrate_reference(device, protocol)})
 
-    if todo or comm_todo or reduce_todo or dense_todo:
-        prepare_dataset(out)  # before measuring: a path that cannot hold the dataset fails now, not at the end
-    common = {**info, "batch_size": settings.batch_size}
-    buffer = _RowBuffer(out, settings.chunk_size, 0 if stored is None else len(stored))
+def _measure(work: _Work, settings: ProfileSettings, device: torch.device, protocol: TimingProtocol,
+             index_data: IndexData | None, common: dict[str, Any], timing: str, buffer: _RowBuffer,
+             progress: bool) -> int:
+    """Take the `work`'s measurements (the dense kernels' first round, the shards, the dense kernels' repeats, the
+    collectives) into `buffer`, flushed however it ends; how many were taken."""
+    configs, dense, dense_ids = work.configs, work.dense, work.dense_ids
     measured = 0
-    bar = tqdm(total=len(todo) + len(dense_todo) + len(comm_todo) + len(reduce_todo), desc="profile", unit="config",
-               disable=not progress)
+    bar = tqdm(total=work.pending, desc="profile", unit="config", disable=not progress)
     try:
         with _sigterm_as_interrupt():
-            measured += _profile_dense(configs, dense, dense_ids, [k for k in dense_todo if dense[k][2] == 0],
+            measured += _profile_dense(configs, dense, dense_ids, [k for k in work.dense_todo if dense[k][2] == 0],
                                        settings, device, protocol, index_data, common, timing, buffer, bar)
             # on a GPU the next shard's kernel is built while the device runs this one's timed calls
-            timings = measure_shards([configs[job.index] for job in todo], settings.batch_size, device=device,
+            timings = measure_shards([configs[job.index] for job in work.todo], settings.batch_size, device=device,
                                      protocol=protocol, optimizer=settings.optimizer,
                                      weights_precision=settings.weights_precision, index_data=index_data)
-            for job, timing_result in zip(todo, timings):
+            for job, timing_result in zip(work.todo, timings):
                 shard = configs[job.index]
-                buffer.add([compute_row(shard, timing_result, config_id=ids[job.index], repeat=job.repeat,
+                buffer.add([compute_row(shard, timing_result, config_id=work.ids[job.index], repeat=job.repeat,
                                         common=common, timing=timing, optimizer=settings.optimizer,
                                         weights_precision=settings.weights_precision, provenance="profile")])
                 measured += 1
                 bar.update()
-            measured += _profile_dense(configs, dense, dense_ids, [k for k in dense_todo if dense[k][2] > 0],
+            measured += _profile_dense(configs, dense, dense_ids, [k for k in work.dense_todo if dense[k][2] > 0],
                                        settings, device, protocol, index_data, common, timing, buffer, bar)
             measured += _profile_comm(
-                layouts, layout_ids, comm_todo, [(*reduces[k], reduce_ids[k]) for k in reduce_todo], settings,
-                backend, common, buffer, bar
+                work.layouts, work.layout_ids, work.comm_todo,
+                [(*work.reduces[k], work.reduce_ids[k]) for k in work.reduce_todo], settings, work.backend, common,
+                buffer, bar
             )
     finally:
         bar.close()
         buffer.flush()
-    return ProfileSummary(
-        measured=measured,
-        skipped=(len(jobs) - len(todo) + len(comm_mine) - len(comm_todo) + len(reduce_mine) - len(reduce_todo)
-                 + len(dense_mine) - len(dense_todo)),
-        total_rows=count_rows(out),
-        hardware_kind=kind,
-        reference_ms=protocol.reference_ms,
-    )
+    return measured
 
 
 def _profile_dense(configs: Sequence[Sequence[TableSpec]], dense: list[tuple[int, int, int]], dense_ids: list[str],
@@ -451,51 +462,3 @@ def _profile_comm(
         measured += len(group) + len(sizes)
         bar.update(len(group) + len(sizes))
     return measured
-
-
-def _collective_row(op: str, num_devices: int, size_bytes: int, config_id: str, samples_ms: Sequence[float],
-                    backend: str, common: dict[str, Any], timing: str, measured_at: float) -> dict[str, Any]:
-    """The row of one measured collective size: the median of its timed collectives (each from the last rank's start
-    to the last rank's end) where a training step runs it: an all-reduce (a gradient's) or all-gather (row-wise
-    gradients') as bwd_ms, a reduce-scatter (row-wise outputs') or all-to-all (row-wise ids) as fwd_ms."""
-    ms = statistics.median(samples_ms)
-    fwd_ms, bwd_ms = (ms, 0.0) if op in FORWARD_COLLECTIVES else (0.0, ms)
-    return {
-        **common, "num_threads": 1, "kind": op, "config_id": config_id, "repeat": 0,
-        "fwd_ms": fwd_ms, "bwd_ms": bwd_ms, "raw_fwd_ms": fwd_ms, "raw_bwd_ms": bwd_ms, "measured_at": measured_at,
-        "timing": timing, "num_devices": num_devices, "size_bytes": int(size_bytes), "backend": backend,
-        "provenance": "profile",
-    }
-
-
-def _comm_rows(
-    widths: list[int],
-    config_id: str,
-    per_device: list[CommTiming],
-    backend: str,
-    common: dict[str, Any],
-    timing: str,
-    measured_at: float,
-) -> list[dict[str, Any]]:
-    """One row per device of a measured all-to-all layout."""
-    return [
-        {
-            **common,
-            "num_threads": 1,
-            "kind": "comm",
-            "config_id": config_id,
-            "repeat": 0,
-            "fwd_ms": t.fwd_ms,
-            "bwd_ms": t.bwd_ms,
-            "raw_fwd_ms": t.fwd_ms,
-            "raw_bwd_ms": t.bwd_ms,
-            "measured_at": measured_at,
-            "timing": timing,
-            "num_devices": len(widths),
-            "device": rank,
-            "widths_json": json.dumps(widths),
-            "backend": backend,
-            "provenance": "profile",
-        }
-        for rank, t in enumerate(per_device)
-    ]

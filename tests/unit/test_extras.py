@@ -1,0 +1,104 @@
+"""A missing optional extra is one line naming what to install (exit 2), never a traceback: the pipeline (kfp),
+the registry (mlflow), the reports (matplotlib). `sys.modules[name] = None` makes `import name` fail as if the
+package were not installed."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from search_doubles import random_task
+
+from shardwise.cli import main
+from shardwise.errors import ShardwiseError
+from shardwise.extras import MissingExtraError, import_extra, missing_extra, require
+from shardwise.integrations.mlflow import MlflowService
+from shardwise.workload import save_task
+
+PIPELINE_LINE = ('shardwise pipeline: error: needs kfp for the Kubeflow pipeline, which is not installed: '
+                 'pip install "shardwise[pipeline]"')
+MLFLOW_MESSAGE = ('needs mlflow for the MLflow tracking store and model registry, which is not installed: '
+                  'pip install "shardwise[mlflow]"')
+
+
+#: shardwise's modules that import an extra at their top: imported afresh while it is missing
+_IMPORTERS = ("shardwise.pipelines.run", "shardwise.pipelines.pipeline", "shardwise.pipelines.components",
+              "shardwise.pipelines.containers", "shardwise.integrations.mlflow_pyfunc")
+
+
+def _uninstalled(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """`names` (and their submodules already imported) not importable, as if not installed; shardwise's modules
+    that import them at their top to be imported afresh."""
+    for name in names:
+        for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")] + [name]:
+            monkeypatch.setitem(sys.modules, module, None)
+    for module in _IMPORTERS:
+        monkeypatch.delitem(sys.modules, module, raising=False)
+        parent, _, child = module.rpartition(".")
+        if parent in sys.modules:  # `from package import module` takes the package's attribute when it has one
+            monkeypatch.delattr(sys.modules[parent], child, raising=False)
+
+
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+@pytest.mark.parametrize("argv", [["pipeline", "compile", "--out", "p.yaml"],
+                                  ["pipeline", "run", "--local", "--workdir", "w"]])
+def test_the_pipeline_without_kfp_says_to_install_the_pipeline_extra(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _uninstalled(monkeypatch, "kfp")
+    assert main(argv) == 2
+    assert _one_line(capsys) == PIPELINE_LINE
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_kfp_without_kfp_kubernetes_names_kfp_kubernetes():
+    missing = missing_extra(ModuleNotFoundError("No module named 'kfp.kubernetes'", name="kfp.kubernetes"))
+    assert missing is not None and missing.extra == "pipeline" and missing.package == "kfp-kubernetes"
+    assert str(missing).endswith('pip install "shardwise[pipeline]"')
+
+
+def test_the_registry_without_mlflow_says_to_install_the_mlflow_extra(tmp_path, monkeypatch):
+    _uninstalled(monkeypatch, "mlflow")
+    service = MlflowService(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with pytest.raises(MissingExtraError) as raised:
+        service.log_run(experiment="e", run_name="r", params={}, metrics={})
+    assert str(raised.value) == MLFLOW_MESSAGE
+    assert isinstance(raised.value, ShardwiseError) and raised.value.__cause__ is None
+
+
+def test_plan_with_a_registry_uri_without_mlflow_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _uninstalled(monkeypatch, "mlflow")
+    save_task(random_task(0, 8, 4), "task.json")
+    (tmp_path / "mlflow.db").touch()  # a store that exists: only MLflow reads a runs:/ URI from it
+    argv = ["plan", "--task", "task.json", "--model", "runs:/0123456789abcdef/cost_model",
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--out", "plan.json"]
+    assert main(argv) == 2
+    assert _one_line(capsys) == f"shardwise plan: error: {MLFLOW_MESSAGE}"
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_pretrain_that_would_register_without_mlflow_stops_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    _uninstalled(monkeypatch, "mlflow")
+    # the data does not exist: the missing extra is said before anything is read or trained
+    assert main(["pretrain", "--data", "costs.parquet", "--out", "model"]) == 2
+    assert _one_line(capsys) == f"shardwise pretrain: error: {MLFLOW_MESSAGE}"
+
+
+def test_reports_without_matplotlib_say_to_install_the_report_extra(monkeypatch):
+    _uninstalled(monkeypatch, "matplotlib")
+    with pytest.raises(MissingExtraError, match=r'needs matplotlib .*pip install "shardwise\[report\]"$'):
+        require("report")
+    with pytest.raises(MissingExtraError, match=r"shardwise\[report\]"):
+        import_extra("matplotlib.pyplot")
+
+
+def test_a_module_no_extra_brings_is_left_as_python_raised_it():
+    # a database driver MLflow needs is its own message (mlflow_process.open_client), not an extra
+    assert missing_extra(ModuleNotFoundError("No module named 'psycopg2'", name="psycopg2")) is None
+    assert missing_extra(ModuleNotFoundError("No module named 'kfpx'", name="kfpx")) is None
