@@ -1,14 +1,17 @@
-"""Docs that cannot drift: docs/results.md is rendered from benchmarks/results/*.json, nothing else."""
+"""Docs that cannot drift: docs/results.md and docs/results-archive.md are rendered from benchmarks/results/*.json,
+nothing else, and every record is placed on exactly one of them."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+PAGE, ARCHIVE = ROOT / "docs" / "results.md", ROOT / "docs" / "results-archive.md"
 
 
 @pytest.fixture
@@ -17,6 +20,7 @@ def make_results(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("make_results", ROOT / "benchmarks" / "make_results.py")
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "make_results", module)  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
 
@@ -30,38 +34,105 @@ def _result(directory: Path, name: str, rows: list[dict], **fields) -> Path:
     return path
 
 
-def test_results_page_is_the_benchmarks_json(make_results):
-    stale = "docs/results.md is stale: run python benchmarks/make_results.py"
+def _placement(make_results, current=("a", "b"), archived=("c",)):
+    """A small placement: a headline read from b's rows, records a and b current, c archived."""
+    ratio = make_results.Headline("b", "NeuroShard against TorchRec",
+                                  lambda doc: f"ratio {make_results.value(doc, 'ratio', method='neuroshard')}")
+    return make_results.Placement(headlines=(ratio,) if "b" in current else (),
+                                  current={"Family one": tuple((n, f"what {n} shows") for n in current)},
+                                  archived={"Older": tuple((n, f"what superseded {n}") for n in archived)})
+
+
+def _paths(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    return results, {"doc": tmp_path / "results.md", "archive": tmp_path / "results-archive.md"}
+
+
+def test_results_pages_are_the_benchmarks_json(make_results):
+    stale = "docs/results.md or docs/results-archive.md is stale: run python benchmarks/make_results.py"
     assert make_results.main(["--check"]) == 0, stale
 
 
-def test_every_result_file_is_shown_with_its_command_and_date(make_results):
-    page = (ROOT / "docs" / "results.md").read_text()
+def test_every_result_file_is_shown_on_exactly_one_page_with_its_command_and_date(make_results):
+    pages = {PAGE: PAGE.read_text(), ARCHIVE: ARCHIVE.read_text()}
     for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
         doc = json.loads(path.read_text())
-        assert f"`benchmarks/results/{path.name}`" in page
-        assert doc["command"] in page and doc["date"] in page
+        on = [page for page, text in pages.items() if f"`benchmarks/results/{path.name}`" in text]
+        assert len(on) == 1, f"{path.name} is on {len(on)} pages"
+        assert doc["command"] in pages[on[0]] and doc["date"] in pages[on[0]]
 
+
+def test_results_page_opens_with_the_headline_table_within_its_line_budget(make_results):
+    page = PAGE.read_text()
+    assert page.count("\n") <= make_results.MAX_LINES == 500
+    first_table = next(i for i, line in enumerate(page.splitlines()) if line.startswith("|"))
+    assert page.splitlines()[first_table] == "| claim | figures | record |"
+    assert page.index("## Headline claims") < page.index("\n## ", page.index("## Headline claims") + 1)
+    assert page.index("| claim | figures | record |") < page.index("\n### ")
+    assert 6 <= len(make_results.PLACEMENT.headlines) <= 10
+    lines = page.splitlines()
+    headings = [i for i, line in enumerate(lines) if line.startswith(("## ", "### "))]
+    anchors = dict(zip(headings, make_results._anchors([lines[i].split(" ", 1)[1] for i in headings])))
+    for headline in make_results.PLACEMENT.headlines:  # each claim links to its record's section on this page
+        at = lines.index(next(line for line in lines if line.startswith(f"`benchmarks/results/{headline.record}.json`")))
+        anchor = anchors[max(i for i in headings if i < at)]
+        assert f"[{headline.record}](#{anchor}) |" in page
 
 def test_check_fails_on_a_stale_page_and_writing_fixes_it(make_results, tmp_path):
-    results, doc = tmp_path / "results", tmp_path / "results.md"
-    results.mkdir()
+    results, pages = _paths(tmp_path)
+    placement = _placement(make_results)
     _result(results, "b", [{"method": "neuroshard", "ratio": 0.84}, {"method": "torchrec", "ratio": 1.0}])
     _result(results, "a", [{"what": "x|y", "value": None, "ok": True}], notes="a note")
-    assert make_results.main(["--check"], results=results, doc=doc) == 1  # no page yet
-    assert make_results.main([], results=results, doc=doc) == 0
-    assert make_results.main(["--check"], results=results, doc=doc) == 0
-    page = doc.read_text()
-    assert page.index("## Title of a") < page.index("## Title of b")  # sorted by file name
+    _result(results, "c", [{"method": "old", "ratio": 0.9}])
+    assert make_results.main(["--check"], results=results, placement=placement, **pages) == 1  # no pages yet
+    assert make_results.main([], results=results, placement=placement, **pages) == 0
+    assert make_results.main(["--check"], results=results, placement=placement, **pages) == 0
+    page, archive = pages["doc"].read_text(), pages["archive"].read_text()
+    assert page.index("## Title of a") < page.index("## Title of b")  # in the placement's order
     assert "| what | value | ok |" in page and "| x\\|y | - | yes |" in page
     assert "| neuroshard | 0.84 |" in page and "a note" in page
+    assert "| NeuroShard against TorchRec | ratio 0.84 | [b](#title-of-b) |" in page  # the figure read from b
+    assert "Title of c" not in page and "`benchmarks/results/c.json`: what superseded c" in archive
 
     _result(results, "b", [{"method": "neuroshard", "ratio": 0.85}])  # a new run changes a figure
-    assert make_results.main(["--check"], results=results, doc=doc) == 1
+    assert make_results.main(["--check"], results=results, placement=placement, **pages) == 1
+    make_results.main([], results=results, placement=placement, **pages)
+    _result(results, "c", [{"method": "old", "ratio": 0.95}])  # the archive goes stale alone
+    assert make_results.main(["--check"], results=results, placement=placement, **pages) == 1
+
+
+def test_a_record_in_no_group_is_refused_naming_it(make_results, tmp_path, capsys):
+    results, pages = _paths(tmp_path)
+    for name in ("a", "b", "c", "new_study"):
+        _result(results, name, [{"method": "neuroshard", "ratio": 0.84}])
+    assert make_results.main([], results=results, placement=_placement(make_results), **pages) == 2
+    assert "new_study" in capsys.readouterr().err and not pages["doc"].exists()
+
+
+def test_a_record_placed_twice_or_a_headline_key_missing_is_refused(make_results, tmp_path, capsys):
+    results, pages = _paths(tmp_path)
+    for name in ("a", "b", "c"):
+        _result(results, name, [{"method": "neuroshard", "speedup": 2.0}])
+    twice = _placement(make_results, current=("a", "b", "c"))
+    assert make_results.main([], results=results, placement=twice, **pages) == 2
+    assert "placed more than once" in capsys.readouterr().err
+    assert make_results.main([], results=results, placement=_placement(make_results), **pages) == 2
+    assert "'b'" in (err := capsys.readouterr().err) and "'ratio'" in err  # the headline's key, named
+
+
+def test_results_page_over_its_line_budget_is_refused(make_results, tmp_path, capsys, monkeypatch):
+    results, pages = _paths(tmp_path)
+    for name in ("a", "b", "c"):
+        _result(results, name, [{"method": "neuroshard", "ratio": 0.84}])
+    monkeypatch.setattr(make_results, "MAX_LINES", 10)
+    assert make_results.main([], results=results, placement=_placement(make_results), **pages) == 2
+    assert "over 10" in capsys.readouterr().err
 
 
 def test_a_result_in_another_format_is_refused_naming_the_file(make_results, tmp_path, capsys):
     _result(tmp_path, "old", [], format="shardwise.benchmark-result/v0")
-    assert make_results.main(["--check"], results=tmp_path, doc=tmp_path / "results.md") == 2
+    assert make_results.main(["--check"], results=tmp_path, doc=tmp_path / "results.md",
+                             archive=tmp_path / "results-archive.md") == 2
     err = capsys.readouterr().err
     assert "old.json" in err and "shardwise.benchmark-result/v1" in err
