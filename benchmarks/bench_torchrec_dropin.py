@@ -145,6 +145,13 @@ def main() -> None:
             split = sorted({s.table for s in adapting.last_plan.shards
                             if s.dim < adapting.last_task.table(s.table).dim})
             print(f"mlperf-dcnv2 adapted: column-split tables {', '.join(split) or 'none'}")
+    # a few small tables, as TorchRec's planner tests have, planned with the drop-in's defaults (batch, reservation,
+    # adaptation and refinement where they pay): planning time beside TorchRec's planner given the same arguments
+    small = ShardwisePlanner(world_size=2, device_type="cpu", device_memory_bytes=2**30, cost_model=model)
+    small_task = ShardingTask(num_devices=2, device_memory_bytes=2**30, batch_size=1024, tables=tuple(
+        TableSpec(name=f"t{i}", rows=100, dim=64, pooling_factor=1.0) for i in range(4)))
+    runs.append(("small-4x100 defaults", *plan_both(small, ebc_on_meta(small_task), torchrec)))
+    print(f"small-4x100 defaults: {'adapted' if small.last_adaptation else 'not adapted'}")
     batch = getattr(model, "batch_size", None) or 2048  # the cost model's, as it was trained and is measured
     for name, task in paper_tasks(args.paper_tasks, args.seed, batch) if args.paper_tasks else []:
         # the task's own tables, pooling and skew; the planner takes its memory budget as it is; not adapted (the
@@ -170,7 +177,8 @@ def main() -> None:
         baseline = next(measured).max_cost_ms if theirs is not None else None
         ratio = mine / baseline if baseline else None
         floor = ours_cost.mean_cost_ms / baseline if baseline else None
-        label = name if name.startswith("mlperf-dcnv2") else f"{name} #{sum(r[0] == name for r in runs[:index]) + 1}"
+        label = name if name.startswith(("mlperf-dcnv2", "small")) else (
+            f"{name} #{sum(r[0] == name for r in runs[:index]) + 1}")
         print(f"{label:<28}{len(task.tables):>7}{task.num_devices:>8}{mine:>13.3f}"
               + (f"{baseline:>12.3f}{ratio:>7.3f}{floor:>7.3f}" if baseline and ratio and floor
                  else f"{'no plan':>12}{'':>14}")
