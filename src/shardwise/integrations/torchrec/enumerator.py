@@ -44,10 +44,21 @@ class ShardwiseEnumerator(EmbeddingEnumerator):
                 if (option.fqn, option.compute_kernel, pieces) not in offered:
                     offered.add((option.fqn, option.compute_kernel, pieces))
                     split = copy.deepcopy(option)
-                    width = dim // pieces
-                    split.shards = [Shard(size=[rows, width], offset=[0, k * width]) for k in range(pieces)]
+                    split.shards = [Shard(size=[rows, dim // pieces], offset=[0, 0])]  # one slice, estimated below
                     added.append(split)
                 pieces *= 2
-        if added:
-            self.populate_estimates(added)
+        self._estimate_slices(added)
         return options + added
+
+    def _estimate_slices(self, splits: list[ShardingOption]) -> None:
+        """Each split's one slice estimated by TorchRec's estimators, then laid out over the table's columns: equal
+        slices of a column-wise option get equal estimates (`test_split_estimates_are_torchrecs`), and
+        estimating one per split instead of each keeps planning near TorchRec's planner's time."""
+        if not splits:
+            return
+        self.populate_estimates(splits)
+        for split in splits:
+            (slice_,) = split.shards
+            rows, width = slice_.size
+            split.shards = [Shard(size=[rows, width], offset=[0, k * width], storage=copy.copy(slice_.storage),
+                                  perf=copy.copy(slice_.perf)) for k in range(int(split.tensor.shape[1]) // width)]
