@@ -126,6 +126,8 @@ class ShardwiseProposer(Proposer):
             self._phase = "done"
             return
         if self._replans > ACCOUNTING_REPLANS:
+            self.last_error = (f"its plan is over a rank's storage by TorchRec's estimate after {ACCOUNTING_REPLANS} "
+                               "searches with less memory")
             self._fall_back()
             return
         # the most a rank is over in TorchRec's estimate: the search gets that much less memory, and a little more

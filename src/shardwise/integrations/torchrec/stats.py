@@ -43,8 +43,9 @@ class ShardwiseStats(EmbeddingStats):
         costs = self.perf_model.costs(best_plan)
         ours = proposer.last_key is not None and proposer.last_key <= proposal_key(best_plan)
         source = (f"shardwise's {search.method} search" if ours else
-                  "TorchRec's greedy proposal (the cost model rates it at least as fast as the search's)"
-                  if proposer.last_search else "TorchRec's greedy proposal (shardwise's search found no plan that fits)")
+                  "TorchRec's greedy proposal (shardwise's search found no plan that fits)"
+                  if proposer.last_error or proposer.last_search is None else
+                  "TorchRec's greedy proposal (the cost model rates it at least as fast as the search's)")
         lines = [f"ShardwisePlanner: {len(best_plan)} tables on {topology.world_size} ranks ({topology.local_world_size}"
                  f" per host), batch {batch_size} per rank, {num_plans} of {num_proposals} proposals placed in "
                  f"{run_time:.2f} s; the plan: {source}",
