@@ -16,7 +16,7 @@ from shardwise.costmodel.types import CostModel
 from shardwise.search.simulator import ShardCostCache, simulate
 
 from .proposer import ShardwiseProposer
-from .space import PlanSpace
+from .space import PlanSpace, torchrec_ms
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class ShardwisePerfModel(PerfModel):
         space = self.proposer.space_of(plan)
         model: CostModel | None = self.proposer.search.resolved_cost_model()
         if model is None:  # a method without a cost model: TorchRec's estimate of every shard
-            return RankCosts(tuple(_estimated(plan, space.world_size)), tuple(t.key for t in space.tables))
+            return RankCosts(tuple(torchrec_ms(plan, space.world_size)), tuple(t.key for t in space.tables))
         kinds = frozenset({"table_wise", "column_wise"} | ({"data_parallel"} if all_reduce_of(model) else set())
                           | ({"row_wise"} if reduce_scatter_of(model) else set()))
         priced, task, estimated, by_torchrec = space.priced(plan, kinds)
@@ -63,12 +63,3 @@ class ShardwisePerfModel(PerfModel):
     def rate(self, plan: list[ShardingOption]) -> float:
         return max(self.costs(plan).ms)
 
-
-def _estimated(plan: list[ShardingOption], world_size: int) -> list[float]:
-    """Each rank's ms by TorchRec's estimator."""
-    ms = [0.0] * world_size
-    for option in plan:
-        for shard in option.shards:
-            if shard.rank is not None and shard.perf is not None:
-                ms[shard.rank] += shard.perf.total
-    return ms

@@ -188,16 +188,14 @@ class PlanSpace:
         replicated: list[str] = []
         by_rows: list[str] = []
         specs: list[TableSpec] = []
-        estimated = [0.0] * self.world_size
+        unpriced: list[ShardingOption] = []
         by_torchrec: list[str] = []
         for option in options:
             table = tables[option.fqn]
             kind = SEARCHED.get((option.sharding_type, option.compute_kernel))
             if table.priced is None or kind not in kinds:
                 by_torchrec.append(f"{table.key} ({option.sharding_type}, {option.compute_kernel})")
-                for shard in option.shards:
-                    if shard.rank is not None and shard.perf is not None:
-                        estimated[shard.rank] += shard.perf.total
+                unpriced.append(option)
                 continue
             specs.append(table.priced)
             if kind == "data_parallel":
@@ -212,7 +210,17 @@ class PlanSpace:
         task = ShardingTask(num_devices=self.world_size, device_memory_bytes=2**49, batch_size=self.batch_size,
                             tables=tuple(specs), optimizer=self.optimizer,
                             weights_precision=self.weights_precision) if specs else None
-        return plan, task, estimated, by_torchrec
+        return plan, task, torchrec_ms(unpriced, self.world_size), by_torchrec
+
+
+def torchrec_ms(options: Sequence[ShardingOption], world_size: int) -> list[float]:
+    """Each rank's ms by TorchRec's estimator for the placed shards of `options`."""
+    ms = [0.0] * world_size
+    for option in options:
+        for shard in option.shards:
+            if shard.rank is not None and shard.perf is not None:
+                ms[shard.rank] += shard.perf.total
+    return ms
 
 
 def device_tier(topology: Topology) -> str:
