@@ -9,10 +9,10 @@ from shardwise.pipelines.components import (
     augment_tables,
     evaluate_plans,
     make_task,
+    make_workload,
     pretrain_cost_model,
     profile_costs,
     search_plan,
-    synth_workload,
     train_policies,
 )
 
@@ -21,9 +21,9 @@ __all__ = [
     "augment_tables",
     "evaluate_plans",
     "make_task",
+    "make_workload",
     "pretrain_cost_model",
     "profile_costs",
     "search_plan",
-    "synth_workload",
     "train_policies",
 ]

@@ -162,14 +162,14 @@ def test_argument_checks_name_the_parameter():
 def test_held_out_tables_are_profiled_apart_and_named_to_pretrain(tmp_path):
     spec, _ = _compile(tmp_path)
     tasks = spec["root"]["dag"]["tasks"]
-    holdout = {"outputArtifactKey": "holdout_tables", "producerTask": "synth-workload"}
+    holdout = {"outputArtifactKey": "holdout_tables", "producerTask": "make-workload"}
     # the tables the task is drawn from are the ones profiled apart and held out by pretrain
     for name in ("make-task", "pretrain-cost-model"):
         artifacts = tasks[name]["inputs"]["artifacts"]
         key = "tables" if name == "make-task" else "holdout_tables"
         assert artifacts[key]["taskOutputArtifact"] == holdout, name
     profile = _tasks(spec)["profile-costs"]["inputs"]  # inside the fan-out: the loop passes the tables through
-    assert profile["artifacts"]["holdout_tables"] == {"componentInputArtifact": "pipelinechannel--synth-workload-holdout_tables"}
+    assert profile["artifacts"]["holdout_tables"] == {"componentInputArtifact": "pipelinechannel--make-workload-holdout_tables"}
     assert profile["artifacts"]["tables"] == {"componentInputArtifact": "pipelinechannel--augment-tables-augmented"}
     assert profile["parameters"]["holdout_shards"] == {
         "componentInputParameter": "pipelinechannel--profile_holdout_shards"

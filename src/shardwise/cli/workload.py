@@ -1,4 +1,4 @@
-"""`shardwise workload synth|split|task` and `shardwise augment`."""
+"""`shardwise workload synth|from|split|task` and `shardwise augment`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from .options import add_config_option, add_settings_options, build_settings
 #: action -> (settings, job, help)
 ACTIONS: dict[str, tuple[type[BaseModel], Callable[[Any], JobResult], str]] = {
     "synth": (job.SynthSettings, job.synth, "tables with the DLRM 2021 dataset's statistics + their index data"),
+    "from": (job.GivenSettings, job.given,
+             "your own tables: a tables file, or a DLRM dataset file's tables and index data (path or s3://)"),
     "split": (job.SplitSettings, job.split, "split a table file into train/holdout by source table"),
     "task": (job.TaskSettings, job.task, "sample a sharding task (shardwise.task/v1) from a table file"),
 }

@@ -1,15 +1,20 @@
-"""`shardwise workload synth|split|task` and `shardwise augment`: table populations, held-out splits, tasks."""
+"""`shardwise workload synth|from|split|task` and `shardwise augment`: table populations (synthetic, or the user's
+own), held-out splits, tasks; and the pipeline's workload step (`build`): either population, split."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from shardwise.errors import ShardwiseError
 from shardwise.workload import (
     DIMS,
     Optimizer,
+    TableSetError,
     WeightsPrecision,
     augment_tables,
     load_tables,
@@ -21,9 +26,11 @@ from shardwise.workload import (
     synthesize_tables,
     write_index_data,
 )
+from shardwise.workload.dlrm_datasets import MAX_INDEX_DATA_BYTES
+from shardwise.workload.given import is_tables_document, read_given_tables
 from shardwise.workload.synthetic import DLRM_2021_BATCH_SIZE, DLRM_2021_NUM_TABLES
 
-from .base import JobResult, JobSettings
+from .base import JobResult, JobSettings, SettingsError
 
 GIB = 2**30
 
@@ -81,6 +88,116 @@ def synth(settings: SynthSettings) -> SynthResult:
         num_tables=len(tableset.tables), batch_size=tableset.batch_size,
         pooling_mean=float(pooling.mean()), pooling_sd=float(pooling.std()), empty_share=float((pooling == 0).mean()),
         rows_mean=float(rows.mean()), rows_sd=float(rows.std()),
+    )
+
+
+#: what a DLRM dataset file fetched from the object store is kept as (the index data the synthetic step writes)
+INDEX_DATA_NAME = "indices.pt"
+
+
+class GivenSettings(JobSettings):
+    """The user's tables as the workload: a tables file, or a DLRM dataset file's tables and index data."""
+
+    tables: str = Field(description="shardwise.tables/v1 file, or a DLRM dataset file (torch.save((indices, offsets, "
+                        "lengths)), maybe gzip: rows = max index + 1, pooling and reuse from its index data, which is "
+                        "kept for profiling); a path or s3://bucket/key")
+    dims: tuple[int, ...] = Field(default=(), description="a DLRM dataset file's embedding dims (it has none): one "
+                                  "for every table, or one per table (default: each drawn from 4, 8, ..., 128 with "
+                                  "the seed)", json_schema_extra={"nargs": "+"})
+    seed: int = 0
+    out: str = Field(description="directory: tables.json (shardwise.tables/v1) and, from a DLRM dataset, indices.pt")
+
+
+class GivenResult(JobResult):
+    """The table file (and index data) written from the user's file, with the population's statistics."""
+
+    tables_path: str
+    indices_path: str | None
+    source: str
+    kind: Literal["tables file", "DLRM dataset"]
+    num_tables: int
+    batch_size: int
+    pooling_mean: float
+    rows_mean: float
+
+    def summary(self) -> str:
+        """Where the tables came from and what they are."""
+        line = (
+            f"{self.tables_path}: {self.num_tables} tables from the {self.kind} {self.source}, batch "
+            f"{self.batch_size}; pooling mean {self.pooling_mean:.1f}, rows mean {self.rows_mean:,.0f}"
+        )
+        if self.indices_path:
+            line += f"\n{self.indices_path}: index data (DLRM dataset format)"
+        return line
+
+
+def _fetch(uri: str, dest: Path) -> Path:
+    """The object at `uri` (s3://bucket/key) copied to `dest`; refused past the largest file the readers take."""
+    # pyarrow's S3 client and the object store's one-line errors, as the cost dataset reaches it: loaded for a URI only
+    import pyarrow as pa
+    from pyarrow import fs
+
+    from shardwise.profiling.dataset import _object_store, _object_store_error
+
+    bucket, _, key = uri.split("://", 1)[1].partition("/")
+    if not uri.startswith("s3://") or not bucket or not key.strip("/"):
+        raise TableSetError(f"tables {uri!r}: an object in the object store is s3://bucket/key")
+    store, path = _object_store(uri)
+    try:
+        info = store.get_file_info(path)
+        if info.type != fs.FileType.File:
+            raise TableSetError(f"{uri}: no such object in the object store"
+                                + (" (it is a prefix: name one file under it)" if info.type == fs.FileType.Directory
+                                   else ""))
+        if info.size > MAX_INDEX_DATA_BYTES:
+            raise TableSetError(f"{uri}: {info.size} bytes, over the {MAX_INDEX_DATA_BYTES} a tables or dataset "
+                                "file may hold")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with store.open_input_stream(path) as src, dest.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+    except (OSError, pa.ArrowException) as err:
+        raise _object_store_error(uri, err) from None
+    return dest
+
+
+def given(settings: GivenSettings) -> GivenResult:
+    """Read the user's tables (fetched first from the object store), write tables.json and, for a DLRM dataset,
+    its index data as indices.pt (table names t0, t1, ... match it, as `profile --indices` reads it)."""
+    out = Path(settings.out)
+    fetched = "://" in settings.tables
+    local = _fetch(settings.tables, out / f"{INDEX_DATA_NAME}.fetched") if fetched else Path(settings.tables)
+    is_tables = is_tables_document(local)
+    if is_tables and settings.dims:
+        raise SettingsError(f"dims {list(settings.dims)}: {settings.tables} is a tables file, whose tables have "
+                            "their dims; dims are for a DLRM dataset file")
+    try:
+        read = read_given_tables(local, dims=settings.dims, seed=settings.seed)
+    except ShardwiseError as err:
+        if not fetched:
+            raise
+        local.unlink(missing_ok=True)
+        raise type(err)(str(err).replace(str(local), settings.tables)) from None  # name the URI, not the copy
+    tableset = read.tables
+    sources = sorted({t.source or t.name for t in tableset.tables})
+    if len(sources) < 2:
+        raise TableSetError(f"{settings.tables}: field 'tables' holds {len(sources)} source table(s); the workload "
+                            "needs at least 2, to train on some and hold out others")
+    tables_path = save_tables(tableset, out / "tables.json")
+    indices: Path | None = None
+    if read.index_data:  # the dataset file is the index data, in the format the profiler reads
+        indices = out / INDEX_DATA_NAME
+        if fetched:
+            local.replace(indices)
+        elif local.resolve() != indices.resolve():
+            shutil.copyfile(local, indices)
+    elif fetched:
+        local.unlink()
+    return GivenResult(
+        tables_path=str(tables_path), indices_path=None if indices is None else str(indices),
+        source=settings.tables, kind="tables file" if is_tables else "DLRM dataset",
+        num_tables=len(tableset.tables), batch_size=tableset.batch_size,
+        pooling_mean=float(np.mean([t.pooling_factor for t in tableset.tables])),
+        rows_mean=float(np.mean([t.rows for t in tableset.tables])),
     )
 
 
@@ -200,3 +317,58 @@ def augment(settings: AugmentSettings) -> AugmentResult:
         path=str(save_tables(augmented, settings.out)),
         num_tables=len(augmented.tables), source_tables=len(tableset.tables),
     )
+
+
+_SYNTH = SynthSettings.model_fields  # the synthetic step's and the split's own defaults, shared rather than repeated
+_SPLIT = SplitSettings.model_fields
+
+
+class WorkloadSettings(JobSettings):
+    """The pipeline's workload: the user's tables where given, else synthetic ones, split into training and
+    held-out tables."""
+
+    tables: str = Field(default="", description=f"{GivenSettings.model_fields['tables'].description}; '' = synthetic "
+                        "tables (num_tables, row_scale, batch_size)")
+    dims: tuple[int, ...] = Field(default=(), description=GivenSettings.model_fields["dims"].description,
+                                  json_schema_extra={"nargs": "+"})
+    num_tables: int = Field(default=_SYNTH["num_tables"].default, ge=1, description=_SYNTH["num_tables"].description)
+    row_scale: float = Field(default=_SYNTH["row_scale"].default, gt=0, description=_SYNTH["row_scale"].description)
+    batch_size: int = Field(default=_SYNTH["batch_size"].default, ge=1,
+                            description=f"{_SYNTH['batch_size'].description} (given tables keep their file's)")
+    holdout_fraction: float = Field(default=_SPLIT["holdout_fraction"].default, gt=0, lt=1,
+                                    description=_SPLIT["holdout_fraction"].description)
+    seed: int = 0
+    out: str = Field(description="directory: tables.json, indices.pt (synthetic tables, or a DLRM dataset's) and "
+                     "split/train.json, split/holdout.json")
+
+    @model_validator(mode="after")
+    def _dims_for_a_dataset(self) -> WorkloadSettings:
+        if self.dims and not self.tables:
+            raise ValueError(f"dims {list(self.dims)} are for a DLRM dataset file's tables; synthetic tables draw "
+                             "theirs")
+        return self
+
+
+class WorkloadResult(JobResult):
+    """The population written and its split."""
+
+    population: SynthResult | GivenResult
+    split: SplitResult
+
+    def summary(self) -> str:
+        """The population's lines, then the split's."""
+        return f"{self.population.summary()}\n{self.split.summary()}"
+
+
+def build(settings: WorkloadSettings) -> WorkloadResult:
+    """The given tables (or synthetic ones), split by source table into train.json and holdout.json."""
+    population: SynthResult | GivenResult
+    if settings.tables:
+        population = given(GivenSettings(tables=settings.tables, dims=settings.dims, seed=settings.seed,
+                                         out=settings.out))
+    else:
+        population = synth(SynthSettings(num_tables=settings.num_tables, row_scale=settings.row_scale,
+                                         batch_size=settings.batch_size, seed=settings.seed, out=settings.out))
+    halves = split(SplitSettings(tables=population.tables_path, holdout_fraction=settings.holdout_fraction,
+                                 seed=settings.seed, out=str(Path(settings.out) / "split")))
+    return WorkloadResult(population=population, split=halves)

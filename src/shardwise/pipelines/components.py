@@ -18,7 +18,7 @@ from shardwise import __version__
 IMAGE = f"ghcr.io/shardwise/shardwise:{__version__}"
 # The components, in pipeline order (components/<name>.yaml holds each one compiled).
 STEPS = (
-    "synth_workload",
+    "make_workload",
     "augment_tables",
     "worker_slices",
     "profile_costs",
@@ -32,7 +32,8 @@ STEPS = (
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def synth_workload(
+def make_workload(
+    tables: str,
     num_tables: int,
     row_scale: float,
     batch_size: int,
@@ -42,19 +43,18 @@ def synth_workload(
     train_tables: Output[Dataset],
     holdout_tables: Output[Dataset],
 ):
-    """Synthetic DLRM tables, split into tables the cost model trains on and held-out tables."""
-    import os
+    """The user's tables (`tables`: a tables file or a DLRM dataset file, a path or s3://bucket/key) or, when it is
+    "", synthetic DLRM tables; split into tables the cost model trains on and held-out tables."""
     import shutil
 
     from shardwise.jobs import workload as job
 
-    synth = job.synth(job.SynthSettings(num_tables=num_tables, row_scale=row_scale, batch_size=batch_size,
-                                        seed=seed, out=workload.path))
-    split = job.split(job.SplitSettings(tables=synth.tables_path, holdout_fraction=holdout_fraction, seed=seed,
-                                        out=os.path.join(workload.path, "split")))
-    print(synth.summary(), split.summary(), sep="\n")
-    shutil.copyfile(split.train_path, train_tables.path)
-    shutil.copyfile(split.holdout_path, holdout_tables.path)
+    result = job.build(job.WorkloadSettings(tables=tables, num_tables=num_tables, row_scale=row_scale,
+                                            batch_size=batch_size, holdout_fraction=holdout_fraction, seed=seed,
+                                            out=workload.path))
+    print(result.summary())
+    shutil.copyfile(result.split.train_path, train_tables.path)
+    shutil.copyfile(result.split.holdout_path, holdout_tables.path)
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)

@@ -27,6 +27,9 @@ class PipelineParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    workload_tables: str = Field(description="the tables the cost model learns from: a shardwise.tables/v1 file or a "
+                                 "DLRM dataset file (its index data kept), a path or s3://bucket/key; '' = synthetic "
+                                 "DLRM tables (num_tables, row_scale, batch_size)")
     num_tables: int = Field(ge=1, description="synthetic source tables")
     row_scale: float = Field(gt=0, description="multiply rows (e.g. 0.01 to fit CPU memory)")
     batch_size: int = Field(ge=1, description="batch the tables and the profiler use")
@@ -75,6 +78,14 @@ class PipelineParams(BaseModel):
         if uri and not uri.startswith("s3://"):
             raise ValueError(f"{uri!r} is not an object-store prefix (s3://bucket/prefix) or ''")
         return uri
+
+    @field_validator("workload_tables")
+    @classmethod
+    def _workload_tables(cls, location: str) -> str:
+        if "://" in location and not location.startswith("s3://"):
+            raise ValueError(f"{location!r} is not a path, an object in the object store (s3://bucket/key) or ''")
+        # a local run's steps start in its work directory: a path means what it meant where it was given
+        return location if not location or "://" in location else str(Path(location).expanduser().resolve())
 
     @field_validator("search_method")
     @classmethod

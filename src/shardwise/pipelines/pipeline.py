@@ -1,5 +1,6 @@
-"""The shardwise pipeline: workload -> augment -> profile (K GPU pods in parallel) + all-to-alls (GPUs of one node)
--> pretrain -> task -> plan x2 -> evaluate (GPU), and the placement policies trained against the cost model.
+"""The shardwise pipeline: workload (the user's tables, or synthetic ones) -> augment -> profile (K GPU pods in
+parallel) + all-to-alls (GPUs of one node) -> pretrain -> task -> plan x2 -> evaluate (GPU), and the placement
+policies trained against the cost model.
 
 The held-out tables of the workload split go three ways: the profile step measures shards built only from them
 (besides the training tables' shards), pretrain evaluates on those shards, and the task is drawn from them.
@@ -21,11 +22,11 @@ from shardwise.pipelines.components import (
     augment_tables,
     evaluate_plans,
     make_task,
+    make_workload,
     pretrain_cost_model,
     profile_all_to_alls,
     profile_costs,
     search_plan,
-    synth_workload,
     train_policies,
     worker_slices,
 )
@@ -103,11 +104,12 @@ def _sized(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
 
 
 def _data_steps(
-    num_tables: Any, row_scale: Any, batch_size: Any, holdout_fraction: Any, seed: Any
+    tables: Any, num_tables: Any, row_scale: Any, batch_size: Any, holdout_fraction: Any, seed: Any
 ) -> tuple[dsl.PipelineTask, dsl.PipelineTask]:
     """The workload (its training and held-out tables) and the training tables augmented."""
     workload = _sized(_with_cluster_settings(
-        synth_workload(
+        make_workload(
+            tables=tables,
             num_tables=num_tables,
             row_scale=row_scale,
             batch_size=batch_size,
@@ -292,6 +294,7 @@ def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool =
     )
     # defaults: the `cluster` preset of presets.yaml (the one home of the pipeline's sizes)
     def shardwise_pipeline(
+        workload_tables: str = DEFAULTS.workload_tables,
         num_tables: int = DEFAULTS.num_tables,
         row_scale: float = DEFAULTS.row_scale,
         batch_size: int = DEFAULTS.batch_size,
@@ -322,7 +325,7 @@ def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool =
         seed: int = DEFAULTS.seed,
     ) -> dsl.Metrics:
         """The whole method; returns the measured comparison against TorchRec's planner."""
-        workload, augment = _data_steps(num_tables, row_scale, batch_size, holdout_fraction, seed)
+        workload, augment = _data_steps(workload_tables, num_tables, row_scale, batch_size, holdout_fraction, seed)
         profile = _kernel_profile_steps(
             workload, augment, gpu_product, workers=profile_workers, num_shards=profile_num_shards,
             holdout_shards=profile_holdout_shards, data_parallel_shards=profile_data_parallel_shards,
