@@ -21,6 +21,9 @@ each at least 3/4 of a device's even share of the predicted work, as prefixes of
 best data-parallel set (a table that fits on no device even split by columns is row-wise in every prefix); the best of
 them roots the beam beside the data-parallel set, so that column splits of the same tables compete with them. Only
 with a cost model that has a measured reduce-scatter.
+
+Tables that do not fit in HBM: before the search, `offload.place_within_memory` moves the tables cheapest to cache
+onto fbgemm's UVM kernels (the task's plan space allowing), and the search places them as any other table.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from shardwise.costmodel.types import CostModel
 from shardwise.workload import ShardingTask, TableSpec, row_blocks, shard_memory_bytes
 from shardwise.workload.tables import DIM_ALIGNMENT
 
+from .offload import place_within_memory, plan_kernels
 from .plan import Plan, PlanError, Shard, check_memory_bounds, data_parallel_bytes, shard_state_bytes
 from .registry import MethodOptions, MethodSpec, register_method
 from .report import finish_plan
@@ -534,10 +538,13 @@ class NeuroShardSearch:
         if cost_model is None:
             raise PlanError("neuroshard needs a cost model (pass --model, or `shardwise pretrain` one)")
         with single_thread():
-            return self._search(task, cost_model, seed)
+            started = time.perf_counter()
+            return place_within_memory(task, cost_model,
+                                       lambda placed: self._search(placed, cost_model, seed, task, started))
 
-    def _search(self, task: ShardingTask, cost_model: CostModel, seed: int) -> Plan:
-        started = time.perf_counter()
+    def _search(self, task: ShardingTask, cost_model: CostModel, seed: int, original: ShardingTask,
+                started: float) -> Plan:
+        """Place `task` (`original` with the kernels the offload stage chose set on its tables)."""
         check_memory_bounds(task, column_split=True, row_wise=self._row_wise_possible(task, cost_model))
         placer = _Placer(task, cost_model, self.config)
         seen: dict[SplitState, _Evaluated] = {}
@@ -589,7 +596,7 @@ class NeuroShardSearch:
         replicated = tuple(t.name for t, p in zip(task.tables, best) if p == DATA_PARALLEL)
         by_rows = tuple(t.name for t, p in zip(task.tables, best) if p == ROW_WISE)
         plan = Plan(num_devices=task.num_devices, shards=tuple(shards), data_parallel=replicated, row_wise=by_rows,
-                    method=self.name)
+                    kernels=plan_kernels(task), method=self.name)
         plan = plan.model_copy(
             update={
                 "extra": {
@@ -614,7 +621,7 @@ class NeuroShardSearch:
             del options["split"]  # plans of an ordinary search say what they always said
         return finish_plan(
             plan,
-            task,
+            original,
             cost_model,
             planning_time_s=time.perf_counter() - started,
             seed=seed,

@@ -1,12 +1,13 @@
 """A sharding plan: which column slice of which table sits on which device, which tables are replicated on every
-device (data-parallel) and which are split by rows over every device (row-wise); `shardwise.plan/v1` JSON IO."""
+device (data-parallel), which are split by rows over every device (row-wise) and which a UVM kernel keeps in host
+memory; `shardwise.plan/v1` JSON IO."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shardwise.errors import ShardwiseError
 from shardwise.workload import (
@@ -15,16 +16,26 @@ from shardwise.workload import (
     data_parallel_memory_bytes,
     local_batch,
     row_blocks,
+    shard_host_memory_bytes,
     shard_memory_bytes,
 )
-from shardwise.workload.documents import describe_validation_error, read_json_document, write_json_document
-from shardwise.workload.tables import DIM_ALIGNMENT, ShardingType
+from shardwise.workload.documents import (
+    FiniteFloat,
+    describe_validation_error,
+    read_json_document,
+    write_json_document,
+)
+from shardwise.workload.tables import DIM_ALIGNMENT, ComputeKernel, ShardingType
 
 PLAN_FORMAT = "shardwise.plan/v1"
 
 
 class PlanError(ShardwiseError, ValueError):
     """A plan that is malformed, invalid for its task, or over a device's memory."""
+
+
+class HostMemoryError(PlanError):
+    """A plan whose tables in host memory are over a device's `host_memory_bytes`."""
 
 
 class Shard(BaseModel):
@@ -45,6 +56,27 @@ class Shard(BaseModel):
         return table.with_dim(self.dim, name=f"{table.name}[{self.col_offset}:{self.col_offset + self.dim}]")
 
 
+class TableKernel(BaseModel):
+    """The kernel a plan gives one table, in TorchRec's words, and for "fused_uvm_caching" its cache's share of the
+    table's rows (TorchRec's `CacheParams.load_factor`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kernel: ComputeKernel
+    cache_load_factor: FiniteFloat | None = Field(default=None, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _cache_with_its_kernel(self) -> TableKernel:
+        if (self.kernel == "fused_uvm_caching") != (self.cache_load_factor is not None):
+            raise ValueError(f"kernel {self.kernel!r} with cache_load_factor {self.cache_load_factor}: a "
+                             "cache_load_factor in (0, 1] goes with 'fused_uvm_caching' and only with it")
+        return self
+
+    def on(self, table: TableSpec) -> TableSpec:
+        """`table` run by this kernel (`TableSpec.compute_kernel`, `cache_load_factor`)."""
+        return table.on_kernel(self.kernel, self.cache_load_factor)
+
+
 class Plan(BaseModel):
     """Shards over `num_devices` devices, the tables replicated on every device (`data_parallel`: each device
     looks up its own samples, the gradients are all-reduced) and the tables split by rows over every device
@@ -60,6 +92,8 @@ class Plan(BaseModel):
     data_parallel: tuple[str, ...] = ()
     #: tables sharded row-wise (no shard entries): a block of rows on every device
     row_wise: tuple[str, ...] = ()
+    #: tables a UVM kernel keeps in host memory (each a TableKernel); a table not listed runs "fused", in HBM
+    kernels: dict[str, TableKernel] = Field(default_factory=dict)
     method: str = "unknown"
     extra: dict[str, Any] = Field(default_factory=dict)
 
@@ -76,11 +110,21 @@ class Plan(BaseModel):
         types = {name: "table_wise" if n == 1 else "column_wise" for name, n in pieces.items()}
         return types | dict.fromkeys(self.data_parallel, "data_parallel") | dict.fromkeys(self.row_wise, "row_wise")
 
+    def compute_kernel(self, table: str) -> str:
+        """The kernel `table` runs, in TorchRec's words ("fused" where the plan lists none; data-parallel tables run
+        "dense")."""
+        if table in self.kernels:
+            return self.kernels[table].kernel
+        return "dense" if table in self.data_parallel else "fused"
+
     def to_json(self) -> dict[str, Any]:
-        """The `shardwise.plan/v1` document (extra keys at the top level; `data_parallel` and `row_wise` only where
-        there are any, so a table-wise plan reads as before)."""
-        empty = {key for key in ("data_parallel", "row_wise") if not getattr(self, key)}
+        """The `shardwise.plan/v1` document (extra keys at the top level; `data_parallel`, `row_wise` and `kernels`
+        only where there are any, so a plan all in HBM reads as before)."""
+        empty = {key for key in ("data_parallel", "row_wise", "kernels") if not getattr(self, key)}
         doc = self.model_dump(mode="json", exclude={"extra"} | empty)
+        for entry in doc.get("kernels", {}).values():
+            if entry["cache_load_factor"] is None:
+                del entry["cache_load_factor"]
         doc.update(self.extra)
         return doc
 
@@ -89,7 +133,7 @@ def plan_from_json(doc: Any, source: str = "plan") -> Plan:
     """Parse a `shardwise.plan/v1` document; unknown top-level keys go to `extra`."""
     if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
         raise PlanError(f"{source}: field 'format' must be {PLAN_FORMAT!r}")
-    known = {"format", "num_devices", "shards", "data_parallel", "row_wise", "method"}
+    known = {"format", "num_devices", "shards", "data_parallel", "row_wise", "kernels", "method"}
     try:
         return Plan.model_validate(
             {**{k: v for k, v in doc.items() if k in known}, "extra": {k: v for k, v in doc.items() if k not in known}}
@@ -120,9 +164,14 @@ def shard_state_bytes(spec: TableSpec, task: ShardingTask) -> int:
     return shard_memory_bytes([spec], task.batch_size, task.optimizer, task.weights_precision)
 
 
+def kernel_tables(plan: Plan, task: ShardingTask) -> dict[str, TableSpec]:
+    """The task's tables by name, each on the kernel the plan gives it (`TableSpec.compute_kernel`)."""
+    return {t.name: plan.kernels[t.name].on(t) if t.name in plan.kernels else t for t in task.tables}
+
+
 def device_specs(plan: Plan, task: ShardingTask) -> list[list[TableSpec]]:
-    """Per device, the shards as tables (column slices named `t[lo:hi]`), in plan order."""
-    by_name = {t.name: t for t in task.tables}
+    """Per device, the shards as tables (column slices named `t[lo:hi]`) on their kernels, in plan order."""
+    by_name = kernel_tables(plan, task)
     devices: list[list[TableSpec]] = [[] for _ in range(plan.num_devices)]
     for s in plan.shards:
         devices[s.device].append(s.spec(by_name[s.table]))
@@ -155,9 +204,9 @@ def data_parallel_bytes(tables: list[TableSpec], task: ShardingTask) -> int:
 
 
 def plan_memory_bytes(plan: Plan, task: ShardingTask) -> list[int]:
-    """Memory each device holds under `plan` (weights + optimizer state + kernel buffers, the data-parallel
-    tables' replicas, and its row blocks with their optimizer state and their partial outputs for the whole batch),
-    in bytes."""
+    """HBM each device holds under `plan` (weights + optimizer state + kernel buffers, or for a table in host memory
+    its cache and the cache's bookkeeping; the data-parallel tables' replicas, and its row blocks with their
+    optimizer state and their partial outputs for the whole batch), in bytes."""
     replicated = data_parallel_bytes(data_parallel_specs(plan, task), task)
     return [
         shard_memory_bytes([*specs, *blocks], task.batch_size, task.optimizer, task.weights_precision) + replicated
@@ -165,10 +214,16 @@ def plan_memory_bytes(plan: Plan, task: ShardingTask) -> list[int]:
     ]
 
 
+def plan_host_memory_bytes(plan: Plan, task: ShardingTask) -> list[int]:
+    """Host memory each device holds under `plan`: the weights and optimizer state of its shards on a UVM kernel."""
+    return [shard_host_memory_bytes(specs, task.optimizer, task.weights_precision)
+            for specs in device_specs(plan, task)]
+
+
 def validate_plan(plan: Plan, task: ShardingTask) -> None:
     """Raise PlanError naming the first problem: unknown table, device out of range, columns not tiled
-    exactly once or off the 4-column grid, a sharding type or slice its table's plan space forbids, or a device
-    over `task.device_memory_bytes`."""
+    exactly once or off the 4-column grid, a sharding type, slice or kernel its table's plan space forbids, a device
+    over `task.device_memory_bytes` of HBM or over `task.host_memory_bytes` of host memory."""
     if plan.num_devices != task.num_devices:
         raise PlanError(f"plan has num_devices {plan.num_devices}, the task has {task.num_devices}")
     by_name = {t.name: t for t in task.tables}
@@ -220,6 +275,7 @@ def validate_plan(plan: Plan, task: ShardingTask) -> None:
                 raise PlanError(f"table {name!r}: shards reach column {covered}, the table has dim {dim}")
             raise PlanError(f"table {name!r}: columns {covered}..{dim - 1} are not covered")
         _check_plan_space(by_name[name], spans)
+    _check_kernels(plan, task, everywhere)
     cap = task.device_memory_bytes
     for device, used in enumerate(plan_memory_bytes(plan, task)):
         if used > cap:
@@ -227,6 +283,32 @@ def validate_plan(plan: Plan, task: ShardingTask) -> None:
                 f"device {device} needs {used / GIB:.3f} GiB, over its cap of {cap / GIB:.3f} GiB "
                 f"by {(used - cap) / GIB:.3f} GiB"
             )
+    host = plan_host_memory_bytes(plan, task)
+    host_cap = task.host_memory_bytes
+    for device, used in enumerate(host):
+        if used and host_cap is None:
+            raise HostMemoryError(f"device {device} keeps {used / GIB:.3f} GiB of tables in host memory, and the task sets "
+                            "no host_memory_bytes (give each device's host memory in bytes)")
+        if host_cap is not None and used > host_cap:
+            raise HostMemoryError(
+                f"device {device} needs {used / GIB:.3f} GiB of host memory, over its host_memory_bytes of "
+                f"{host_cap / GIB:.3f} GiB by {(used - host_cap) / GIB:.3f} GiB"
+            )
+
+
+def _check_kernels(plan: Plan, task: ShardingTask, everywhere: dict[str, str]) -> None:
+    """Raise PlanError where a table's kernel is one its plan space forbids, or is given to a data-parallel or
+    row-wise table (the plan keeps those in HBM)."""
+    by_name = {t.name: t for t in task.tables}
+    for name, choice in plan.kernels.items():
+        if name not in by_name:
+            raise PlanError(f"kernels: table {name!r}: no such table in the task")
+        if name in everywhere and choice.kernel != "fused":
+            raise PlanError(f"kernels: table {name!r} is {everywhere[name]} and runs {choice.kernel!r} (a plan keeps "
+                            "data-parallel and row-wise tables in HBM: 'fused')")
+        if not by_name[name].allows_kernel(choice.kernel):
+            raise PlanError(f"kernels: table {name!r} runs {choice.kernel!r}; its plan space "
+                            f"({by_name[name].plan_space()}) does not allow it (compute_kernels)")
 
 
 def _check_plan_space(table: TableSpec, spans: list[tuple[int, int]]) -> None:

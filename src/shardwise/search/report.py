@@ -9,7 +9,7 @@ from shardwise import __version__
 from shardwise.costmodel.types import CostModel, KnowsItsTraining
 from shardwise.workload import ShardingTask
 
-from .plan import GIB, Plan, plan_memory_bytes, validate_plan
+from .plan import GIB, Plan, plan_host_memory_bytes, plan_memory_bytes, validate_plan
 from .simulator import ShardCostCache, balance_bound, simulate
 
 
@@ -44,6 +44,8 @@ def finish_plan(
         "memory_cap_bytes": task.device_memory_bytes,
         "devices": devices,
         "sharding_types": plan.sharding_types(),
+        **({"host_memory_bytes": plan_host_memory_bytes(plan, task), "host_memory_cap_bytes": task.host_memory_bytes}
+           if plan.kernels else {}),
         "provenance": {
             "shardwise_version": __version__,
             "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -15,7 +15,7 @@ from shardwise.workload import ShardingTask, TableSpec
 
 from .plan import Plan, PlanError, data_parallel_specs, device_specs, row_wise_specs
 
-ShardKey = tuple[tuple[str, int, int, float], ...]
+ShardKey = tuple[tuple[str, int, int, float, str, float], ...]
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,8 +78,9 @@ class PlanCost:
 
 
 def shard_key(tables: Sequence[TableSpec]) -> ShardKey:
-    """Cache key of a shard: its tables (slices by name and width), order-free."""
-    return tuple(sorted((t.name, t.dim, t.rows, t.pooling_factor) for t in tables))
+    """Cache key of a shard: its tables (slices by name and width, on their kernels), order-free."""
+    return tuple(sorted((t.name, t.dim, t.rows, t.pooling_factor, t.compute_kernel or "fused",
+                         t.cache_load_factor or 0.0) for t in tables))
 
 
 class ShardCostCache:

@@ -1,7 +1,7 @@
 """shardwise plans in TorchRec's terms and back: `ShardingPlan` export for `DistributedModelParallel` (a plan's
 data-parallel tables as TorchRec's data-parallel sharding, and the row-wise and data-parallel shardings the drop-in
-planner emits for tables restricted to them), import of TorchRec's
-table-wise and column-wise module plans, and a task's tables as a meta-device EmbeddingBagCollection.
+planner emits for tables restricted to them; a table in host memory with its UVM kernel and `CacheParams`), import of
+TorchRec's table-wise and column-wise module plans, and a task's tables as a meta-device EmbeddingBagCollection.
 
     DistributedModelParallel(model, plan=to_sharding_plan(plan, task, module_path="ebc"))
 
@@ -18,28 +18,33 @@ import torch
 
 from shardwise.workload import Optimizer, ShardingTask, row_wise_rows
 
-from .plan import Plan, PlanError, Shard, validate_plan
+from .plan import Plan, PlanError, Shard, TableKernel, validate_plan
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-#: the only kernel shardwise measures and plans for (fbgemm's fused TBE, optimizer in backward)
+#: a table in HBM runs fbgemm's fused TBE, optimizer in backward (a plan's `kernels` name those in host memory)
 COMPUTE_KERNEL = "fused"
+#: the cache TorchRec and fbgemm give a "fused_uvm_caching" table whose sharding names no load factor
+#: (torchrec.distributed.planner.constants.UVM_CACHING_RATIO)
+DEFAULT_CACHE_LOAD_FACTOR = 0.2
 #: TorchRec's data-parallel sharding runs only the dense kernel (replicated weights, gradients all-reduced)
 DATA_PARALLEL_KERNEL = "dense"
 
 
 def parameter_sharding(
-    shards: Sequence[Shard], rows: int, *, device_type: str = "cuda", local_world_size: int | None = None
+    shards: Sequence[Shard], rows: int, *, device_type: str = "cuda", local_world_size: int | None = None,
+    kernel: TableKernel | None = None,
 ) -> ParameterSharding:
-    """One table's shards as a TorchRec `ParameterSharding` (table-wise, or column-wise for slices)."""
+    """One table's shards as a TorchRec `ParameterSharding` (table-wise, or column-wise for slices), on `kernel`
+    (its compute kernel and, for "fused_uvm_caching", `CacheParams(load_factor=...)`; None: "fused")."""
     # torchrec: heavy, optional for most commands (see the module docstring); torch.distributed's sharding specs
     # only where a plan is exported (they took 14 ms of `shardwise plan`, which never exports)
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
     from torchrec.distributed.sharding_plan import placement
-    from torchrec.distributed.types import ParameterSharding
+    from torchrec.distributed.types import CacheParams, ParameterSharding
 
     ordered = sorted(shards, key=lambda s: s.col_offset)
     local = local_world_size or max(s.device for s in ordered) + 1
@@ -53,11 +58,13 @@ def parameter_sharding(
             for s in ordered
         ]
     )
+    load_factor = kernel.cache_load_factor if kernel is not None else None
     return ParameterSharding(
         sharding_type="table_wise" if len(ordered) == 1 else "column_wise",
-        compute_kernel=COMPUTE_KERNEL,
+        compute_kernel=kernel.kernel if kernel is not None else COMPUTE_KERNEL,
         ranks=[s.device for s in ordered],
         sharding_spec=spec,
+        cache_params=CacheParams(load_factor=load_factor) if load_factor is not None else None,
     )
 
 
@@ -82,7 +89,8 @@ def to_module_sharding_plan(
             by_table.setdefault(s.table, []).append(s)
     local = local_world_size or plan.num_devices
     module_plan = {
-        renamed[name]: parameter_sharding(shards, task.table(name).rows, device_type=device_type, local_world_size=local)
+        renamed[name]: parameter_sharding(shards, task.table(name).rows, device_type=device_type, local_world_size=local,
+                                          kernel=plan.kernels.get(name))
         for name, shards in by_table.items()
     }
     module_plan |= {renamed[name]: data_parallel_sharding(plan.num_devices)
@@ -144,11 +152,15 @@ def to_sharding_plan(
 
 def plan_from_module_sharding(module_plan: EmbeddingModuleShardingPlan, num_devices: int, method: str) -> Plan:
     """A TorchRec `EmbeddingModuleShardingPlan` (table-wise / column-wise / data-parallel / row-wise over every rank
-    in ceil(rows / ranks) blocks) as a shardwise plan."""
+    in ceil(rows / ranks) blocks) as a shardwise plan, with the tables on UVM kernels and their caches' load factors."""
     shards: list[Shard] = []
     replicated: list[str] = []
     by_rows: list[str] = []
+    kernels: dict[str, TableKernel] = {}
     for table, sharding in module_plan.items():
+        if sharding.compute_kernel in ("fused_uvm_caching", "fused_uvm") and sharding.sharding_type in ("table_wise",
+                                                                                                         "column_wise"):
+            kernels[table] = _table_kernel(sharding)
         if sharding.sharding_type == "data_parallel":
             replicated.append(table)
             continue
@@ -172,7 +184,16 @@ def plan_from_module_sharding(module_plan: EmbeddingModuleShardingPlan, num_devi
                 Shard(table=table, col_offset=col_offset, dim=meta.shard_sizes[1], device=meta.placement.rank())
             )
     return Plan(num_devices=num_devices, shards=tuple(shards), data_parallel=tuple(replicated),
-                row_wise=tuple(by_rows), method=method)
+                row_wise=tuple(by_rows), kernels=kernels, method=method)
+
+
+def _table_kernel(sharding: ParameterSharding) -> TableKernel:
+    """A UVM sharding's kernel and its cache's load factor (TorchRec's default where its `CacheParams` set none)."""
+    if sharding.compute_kernel == "fused_uvm":
+        return TableKernel(kernel="fused_uvm")
+    cache = sharding.cache_params
+    load_factor = cache.load_factor if cache is not None and cache.load_factor is not None else None
+    return TableKernel(kernel="fused_uvm_caching", cache_load_factor=load_factor or DEFAULT_CACHE_LOAD_FACTOR)
 
 
 def _optimizer_class(optimizer: Optimizer) -> type:

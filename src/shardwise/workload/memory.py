@@ -1,7 +1,9 @@
-"""Memory accounting: weights, optimizer state and the kernel's activation buffers, in bytes."""
+"""Memory accounting: weights, optimizer state and the kernel's activation buffers, in bytes, in HBM and (for
+tables a UVM kernel keeps in host memory) in host memory."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Literal
 
@@ -32,6 +34,37 @@ def table_memory_bytes(
     return weights + 4 * rows * (per_row + per_element * dim)
 
 
+#: fbgemm's cache bookkeeping for a UVM-caching table, as TorchRec's storage estimator counts it: per table row an
+#: int32 cache_index_table_map entry, per cache slot an int64 lxu_cache_state and an int64 lru_state
+CACHE_INDEX_BYTES_PER_ROW = 4
+CACHE_STATE_BYTES_PER_SLOT = 16
+
+
+def table_hbm_bytes(
+    table: TableSpec, optimizer: Optimizer = "rowwise_adagrad", weights_precision: WeightsPrecision = "fp32"
+) -> int:
+    """What `table` (or a slice) keeps in HBM, buffers aside: all its state on "fused"; on "fused_uvm_caching" its
+    cache (cache_load_factor of its state, as TorchRec's estimator counts it) and the cache's bookkeeping; nothing on
+    "fused_uvm"."""
+    state = table_memory_bytes(table.rows, table.dim, optimizer, weights_precision)
+    if table.compute_kernel == "fused_uvm":
+        return 0
+    if table.compute_kernel == "fused_uvm_caching":
+        load_factor = float(table.cache_load_factor or 0.0)
+        bookkeeping = math.ceil(table.rows * (CACHE_INDEX_BYTES_PER_ROW + load_factor * CACHE_STATE_BYTES_PER_SLOT))
+        return round(state * load_factor) + bookkeeping
+    return state
+
+
+def table_host_bytes(
+    table: TableSpec, optimizer: Optimizer = "rowwise_adagrad", weights_precision: WeightsPrecision = "fp32"
+) -> int:
+    """What `table` (or a slice) keeps in host memory: its weights and optimizer state on a UVM kernel, else 0."""
+    if not table.in_host_memory:
+        return 0
+    return table_memory_bytes(table.rows, table.dim, optimizer, weights_precision)
+
+
 def activation_buffer_bytes(batch_size: int, total_dim: int) -> int:
     """The kernel's pooled output and its gradient for one device (fp32, full batch)."""
     return 2 * 4 * batch_size * total_dim
@@ -43,10 +76,18 @@ def shard_memory_bytes(
     optimizer: Optimizer = "rowwise_adagrad",
     weights_precision: WeightsPrecision = "fp32",
 ) -> int:
-    """Everything one device holds for these tables (or column slices): state plus kernel buffers."""
+    """Everything one device holds in HBM for these tables (or column slices): state (or a UVM table's cache) plus
+    kernel buffers."""
     tables = list(tables)
-    state = sum(table_memory_bytes(t.rows, t.dim, optimizer, weights_precision) for t in tables)
+    state = sum(table_hbm_bytes(t, optimizer, weights_precision) for t in tables)
     return state + activation_buffer_bytes(batch_size, sum(t.dim for t in tables)) if tables else 0
+
+
+def shard_host_memory_bytes(
+    tables: Iterable[TableSpec], optimizer: Optimizer = "rowwise_adagrad", weights_precision: WeightsPrecision = "fp32"
+) -> int:
+    """What one device holds in host memory for these tables: the state of those on a UVM kernel."""
+    return sum(table_host_bytes(t, optimizer, weights_precision) for t in tables)
 
 
 def local_batch(batch_size: int, num_devices: int) -> int:

@@ -16,6 +16,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 from .documents import FiniteFloat, StrictInt
@@ -33,8 +34,14 @@ MAX_POOLING_FACTOR = 2.0**16
 MAX_NAME_LENGTH = 256
 #: how a table may be sharded, in TorchRec's words
 ShardingType = Literal["table_wise", "column_wise", "row_wise", "data_parallel"]
-#: the plan-space fields, left out of a table's JSON when unset so that documents and config hashes read as before
-PLAN_SPACE_FIELDS = ("sharding_types", "min_partition")
+#: where a table's rows live and how its kernel reaches them, in TorchRec's words: "fused" all in HBM,
+#: "fused_uvm_caching" in host memory with a cache of hot rows in HBM, "fused_uvm" in host memory, no cache
+ComputeKernel = Literal["fused", "fused_uvm_caching", "fused_uvm"]
+#: the kernels that keep a table's weights in host memory (fbgemm's UVM: EmbeddingLocation.MANAGED[_CACHING])
+HOST_KERNELS: tuple[ComputeKernel, ...] = ("fused_uvm_caching", "fused_uvm")
+#: the plan-space and placement fields, left out of a table's JSON when unset so that documents and config hashes
+#: read as before
+PLAN_SPACE_FIELDS = ("sharding_types", "min_partition", "compute_kernels", "compute_kernel", "cache_load_factor")
 
 
 class TableSpec(BaseModel):
@@ -55,6 +62,12 @@ class TableSpec(BaseModel):
     sharding_types: tuple[ShardingType, ...] | None = None
     #: the narrowest column slice a plan may cut (TorchRec's `ParameterConstraints.min_partition`)
     min_partition: StrictInt | None = Field(default=None, ge=DIM_ALIGNMENT, le=MAX_DIM)
+    #: the kernels a plan may give this table (None: "fused" only, all in HBM)
+    compute_kernels: tuple[ComputeKernel, ...] | None = None
+    #: the kernel this table (or slice) runs in a plan, and its cache's share of its rows: set on the tables a plan
+    #: places in host memory (`Plan.kernels`), None on a task's tables and on "fused" ones
+    compute_kernel: ComputeKernel | None = None
+    cache_load_factor: FiniteFloat | None = Field(default=None, gt=0.0, le=1.0)
 
     @field_validator("name", "source")
     @classmethod
@@ -97,6 +110,25 @@ class TableSpec(BaseModel):
                              "restricted to row_wise or data_parallel is placed outside the search)")
         return types
 
+    @field_validator("compute_kernels")
+    @classmethod
+    def _kernel_space(cls, kernels: tuple[ComputeKernel, ...] | None) -> tuple[ComputeKernel, ...] | None:
+        if kernels is not None and not kernels:
+            raise ValueError("compute_kernels is empty: list at least 'fused', or leave it out")
+        if kernels is not None and len(set(kernels)) != len(kernels):
+            raise ValueError(f"compute_kernels {list(kernels)} lists a kernel more than once")
+        return kernels
+
+    @model_validator(mode="after")
+    def _cache_with_its_kernel(self) -> TableSpec:
+        caching = self.compute_kernel == "fused_uvm_caching"
+        if caching and self.cache_load_factor is None:
+            raise ValueError("compute_kernel 'fused_uvm_caching' needs a cache_load_factor in (0, 1]")
+        if not caching and self.cache_load_factor is not None:
+            raise ValueError(f"cache_load_factor {self.cache_load_factor} is for compute_kernel 'fused_uvm_caching' "
+                             f"only, not {self.compute_kernel or 'fused'!r}")
+        return self
+
     @model_serializer(mode="wrap")
     def _without_unset_plan_space(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         doc: dict[str, Any] = handler(self)
@@ -108,6 +140,23 @@ class TableSpec(BaseModel):
     def allows(self, sharding_type: ShardingType) -> bool:
         """Whether the table's plan space lists `sharding_type` (every type, where it sets none)."""
         return self.sharding_types is None or sharding_type in self.sharding_types
+
+    def allows_kernel(self, kernel: ComputeKernel) -> bool:
+        """Whether the table's plan space lists `kernel` ("fused" only, where it sets none)."""
+        return kernel in (self.compute_kernels or ("fused",))
+
+    @property
+    def in_host_memory(self) -> bool:
+        """Whether this table's weights live in host memory (a UVM kernel), its HBM holding at most a cache."""
+        return self.compute_kernel in HOST_KERNELS
+
+    def on_kernel(self, kernel: ComputeKernel, cache_load_factor: float | None = None) -> TableSpec:
+        """The same table run by `kernel` ("fused": back in HBM), with its cache's share of rows for
+        "fused_uvm_caching"."""
+        if kernel == "fused":
+            return self.model_copy(update={"compute_kernel": None, "cache_load_factor": None})
+        return TableSpec.model_validate({**self.model_dump(), "compute_kernel": kernel,
+                                         "cache_load_factor": cache_load_factor})
 
     def max_column_pieces(self, num_devices: int) -> int:
         """The most equal column slices (a power of two up to `num_devices`, each a multiple of 4 columns and at
@@ -132,7 +181,8 @@ class TableSpec(BaseModel):
     def plan_space(self) -> str:
         """The table's plan space in a message's words: `sharding_types [...], min_partition 32`."""
         types = "any sharding type" if self.sharding_types is None else f"sharding_types {list(self.sharding_types)}"
-        return types + (f", min_partition {self.min_partition}" if self.min_partition is not None else "")
+        kernels = f", compute_kernels {list(self.compute_kernels)}" if self.compute_kernels is not None else ""
+        return types + (f", min_partition {self.min_partition}" if self.min_partition is not None else "") + kernels
 
     def with_dim(self, dim: int, name: str | None = None) -> TableSpec:
         """The same table at another width (a column slice or an augmented copy)."""

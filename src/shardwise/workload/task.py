@@ -11,7 +11,7 @@ from shardwise.errors import ShardwiseError
 
 from .documents import StrictInt, describe_validation_error, read_json_document, write_json_document
 from .memory import Optimizer, WeightsPrecision, shard_memory_bytes
-from .tables import DIM_ALIGNMENT, TableCollection, TableSpec
+from .tables import DIM_ALIGNMENT, HOST_KERNELS, TableCollection, TableSpec
 
 TASK_FORMAT: Literal["shardwise.task/v1"] = "shardwise.task/v1"
 GIB = 2**30
@@ -41,6 +41,8 @@ class ShardingTask(TableCollection):
     tables: tuple[TableSpec, ...] = Field(min_length=1)
     optimizer: Optimizer = "rowwise_adagrad"
     weights_precision: WeightsPrecision = "fp32"
+    #: host memory (DDR) per device for the tables a UVM kernel keeps there (None: no table leaves HBM)
+    host_memory_bytes: StrictInt | None = Field(default=None, ge=1)
 
     @field_validator("num_devices")
     @classmethod
@@ -49,10 +51,10 @@ class ShardingTask(TableCollection):
             raise ValueError(f"{num_devices} devices is more than {MAX_DEVICES} (the most a task may describe)")
         return num_devices
 
-    @field_validator("device_memory_bytes")
+    @field_validator("device_memory_bytes", "host_memory_bytes")
     @classmethod
-    def _memory_bounded(cls, device_memory_bytes: int) -> int:
-        if device_memory_bytes >= MAX_DEVICE_MEMORY_BYTES:
+    def _memory_bounded(cls, device_memory_bytes: int | None) -> int | None:
+        if device_memory_bytes is not None and device_memory_bytes >= MAX_DEVICE_MEMORY_BYTES:
             raise ValueError(
                 f"{device_memory_bytes} bytes per device is not below 2**50 (1 PiB); give the device's memory "
                 "in bytes, e.g. 80 GiB = 85899345920"
@@ -66,22 +68,42 @@ class ShardingTask(TableCollection):
             raise ValueError(f"the tables need {total} bytes in all, not below 2**62: not a real workload")
         return self
 
+    def may_leave_hbm(self, table: TableSpec) -> bool:
+        """Whether a plan may put `table` in host memory: its plan space allows a UVM kernel and the task gives the
+        devices host memory."""
+        return self.host_memory_bytes is not None and any(table.allows_kernel(k) for k in HOST_KERNELS)
+
+    def least_hbm_table(self, table: TableSpec) -> TableSpec:
+        """`table` on the kernel its plan space allows that keeps the least in HBM: "fused_uvm" (nothing), else
+        "fused_uvm_caching" with the smallest cache (its bookkeeping), else itself."""
+        if not self.may_leave_hbm(table):
+            return table
+        if table.allows_kernel("fused_uvm"):
+            return table.on_kernel("fused_uvm")
+        return table.on_kernel("fused_uvm_caching", SMALLEST_CACHE_LOAD_FACTOR)
+
+
+#: a cache of one row in a billion: for bounds that no plan escapes, a cache's bookkeeping without its rows
+SMALLEST_CACHE_LOAD_FACTOR = 1e-9
+
 
 def task_fits(task: ShardingTask) -> str | None:
     """None when the task's memory does not rule out every plan; else why no plan can fit, with the GiB missing.
 
     Two bounds that no method escapes: all tables together (state plus kernel buffers; splitting columns only
     adds per-row optimizer state) against all devices, and each table's narrowest possible column slice (its
-    columns spread over every device, 4 columns at least) against one device."""
+    columns spread over every device, 4 columns at least) against one device; a table the task lets leave HBM
+    counts what it keeps there on its leanest UVM kernel."""
     cap = task.device_memory_bytes
     capacity = cap * task.num_devices
-    total = shard_memory_bytes(task.tables, task.batch_size, task.optimizer, task.weights_precision)
+    tables = [task.least_hbm_table(t) for t in task.tables]
+    total = shard_memory_bytes(tables, task.batch_size, task.optimizer, task.weights_precision)
     if total > capacity:
         return (
             f"no plan fits: the tables need {total / GIB:.3f} GiB in all, {task.num_devices} device(s) x "
             f"{cap / GIB:.3f} GiB hold {capacity / GIB:.3f} GiB ({(total - capacity) / GIB:.3f} GiB missing)"
         )
-    for t in task.tables:
+    for t in tables:
         pieces = max(1, min(task.num_devices, t.dim // DIM_ALIGNMENT))
         widest = -(-t.dim // pieces)
         widest += -widest % DIM_ALIGNMENT
