@@ -1,9 +1,10 @@
 """shardwise plans for TorchRec: `ShardwisePlanner`, TorchRec's `EmbeddingShardingPlanner` with shardwise's search
-in its stages, the stages themselves, and (re-exported from `shardwise.search.torchrec_plan`, where they live) the
-export of a shardwise plan to a `ShardingPlan`.
+in its stages, the stages themselves, (re-exported from `shardwise.search.torchrec_plan`, where they live) the
+export of a shardwise plan to a `ShardingPlan`, and a model's tables exported as shardwise's workload.
 
     DistributedModelParallel(model, plan=ShardwisePlanner(topology).collective_plan(model, sharders, pg))
     DistributedModelParallel(model, plan=to_sharding_plan(plan, task, module_path="ebc"))
+    save_tables(export_tables(model, constraints, batch_size=65536), "tables.json")
 
 This package needs TorchRec (the `torchrec` extra); docs/torchrec.md says what is honoured and how.
 """
@@ -19,6 +20,7 @@ from shardwise.search.torchrec_plan import (
 
 from .enumerator import ShardwiseEnumerator
 from .errors import PlannerError
+from .export import export_tables
 from .partitioner import PlacedPartitioner
 from .perf_model import ShardwisePerfModel
 from .planner import ShardwisePlanner
@@ -39,6 +41,7 @@ __all__ = [
     "ShardwiseSearch",
     "ShardwiseStats",
     "ebc_on_meta",
+    "export_tables",
     "parameter_sharding",
     "plan_from_module_sharding",
     "to_module_sharding_plan",
