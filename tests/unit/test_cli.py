@@ -16,6 +16,7 @@ from shardwise.jobs import (
     plan,
     pretrain,
     profile,
+    publish,
     task,
     train_policy,
     validate,
@@ -37,6 +38,7 @@ SETTINGS = [
     (["evaluate"], evaluate.EvaluateSettings, set()),
     (["validate"], validate.ValidateSettings, set()),
     (["benchmark"], benchmark.BenchmarkSettings, set()),
+    (["publish"], publish.PublishSettings, set()),
 ]
 
 
@@ -49,7 +51,9 @@ def _parser_for(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def _dests(parser: argparse.ArgumentParser) -> set[str]:
-    return {a.dest for a in parser._actions} - {"help", "config", "debug"}
+    """The options' destinations (a verb's actions, such as `plan show`, are not options)."""
+    return {a.dest for a in parser._actions if not isinstance(a, argparse._SubParsersAction)} - {
+        "help", "config", "debug"}
 
 
 @pytest.mark.parametrize(("argv", "settings_type", "own"), SETTINGS, ids=[" ".join(s[0]) for s in SETTINGS])

@@ -30,6 +30,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "evaluate": ("shardwise.cli.evaluate", "measure plans' per-device cost on this machine's kernels"),
     "validate": ("shardwise.cli.evaluate", "train a TorchRec DLRM sharded by the plan(s); samples/s"),
     "benchmark": ("shardwise.cli.evaluate", "plan the papers' task sets with every method; measure all plans"),
+    "publish": ("shardwise.cli.publish", "plan your models' tasks, measure beside their champion plan and TorchRec's, "
+                "register in MLflow (shardwise-plan-<task>, @champion gated)"),
     "pipeline": ("shardwise.cli.pipeline", "the Kubeflow pipeline: compile, run locally, submit, schedule"),
 }
 DESCRIPTION = (

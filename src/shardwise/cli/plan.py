@@ -1,4 +1,5 @@
-"""`shardwise plan`: method choices and each method's option flags come from the search-method registry."""
+"""`shardwise plan`: method choices and each method's option flags come from the search-method registry;
+`shardwise plan show URI` prints a registered plan (`shardwise publish` registers them)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,24 @@ def configure(verb: str, parser: argparse.ArgumentParser) -> None:
         groups[title].add_argument(flag(name), dest=_OPTION + name, default=argparse.SUPPRESS,
                                    **argument_kwargs(name, field))
     parser.set_defaults(handler=_plan)
+    actions = parser.add_subparsers(dest="plan_action", required=False, metavar="show URI")
+    show = actions.add_parser("show", help="print a registered plan (models:/shardwise-plan-<task>@champion, a "
+                              "version, or its files' directory) with the figures it was registered on",
+                              description="print a registered plan with the figures it was registered on")
+    show.add_argument("uri", help="models:/shardwise-plan-<task>@<alias>, models:/<name>/<version>, or a directory")
+    show.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (else $MLFLOW_TRACKING_URI, else "
+                      "./mlflow.db)")
+    show.set_defaults(handler=_show)
+
+
+class _Shown(str):
+    """A job result that is already text."""
+
+    def summary(self) -> str:
+        return str(self)
+
+
+def _show(args: argparse.Namespace) -> _Shown:
+    from shardwise.jobs import publish  # only this action needs the registry
+
+    return _Shown(publish.show(args.uri, tracking_uri=args.tracking_uri))

@@ -424,18 +424,31 @@ class MlflowService:
         model_uri = f"runs:/{run_id}/{POLICY_PATH}"
         if not register:
             return LoggedRun(run_id, model_uri, None)
+        name = policy_name(method, hardware_kind)
+        version = self.register_version(name, f"{artifact_uri}/{POLICY_PATH}", run_id,
+                                        description=f"shardwise {method} placement policy for {hardware_kind}")
+        promotion = self.promote(name, version, metric=POLICY_METRIC, new_value=validation_cost,
+                                 champion_value=champion_value)
+        return LoggedRun(run_id, model_uri, promotion)
+
+    @_bounded
+    def register_version(self, name: str, source: str, run_id: str, *, description: str,
+                         tags: Mapping[str, str] | None = None) -> str:
+        """A new version of registered model `name` (created where missing) from a run's artifacts at `source`,
+        with `tags`; no alias yet (the gate gives one)."""
         from mlflow.exceptions import MlflowException  # heavy: only when registering
 
         client = self._client()
-        name = policy_name(method, hardware_kind)
         try:
             client.get_registered_model(name)
         except MlflowException:
-            client.create_registered_model(name, description=f"shardwise {method} placement policy for {hardware_kind}")
-        version = client.create_model_version(name, source=f"{artifact_uri}/{POLICY_PATH}", run_id=run_id).version
-        promotion = self.promote(name, str(version), metric=POLICY_METRIC, new_value=validation_cost,
-                                 champion_value=champion_value)
-        return LoggedRun(run_id, model_uri, promotion)
+            client.create_registered_model(name, description=description)
+        return str(client.create_model_version(name, source=source, run_id=run_id, tags=dict(tags or {})).version)
+
+    @_bounded
+    def artifact_uri(self, run_id: str) -> str:
+        """Where run `run_id` keeps its artifacts."""
+        return str(self._client().get_run(run_id).info.artifact_uri)
 
     # -- the promotion gate -------------------------------------------------------------------------------------
     @_bounded
@@ -447,11 +460,13 @@ class MlflowService:
         metric: str,
         new_value: float,
         champion_value: Callable[[str], float | None] | None,
+        min_gain: float = 0.0,
     ) -> Promotion:
-        """Give `version` the `champion` alias if its `metric` (lower is better) beats the champion's, else
-        `challenger`, keeping the evidence on the version and its run (`promotion.promote` says how)."""
+        """Give `version` the `champion` alias if its `metric` (lower is better) beats the champion's by more than
+        `min_gain` of it, else `challenger`, keeping the evidence on the version and its run (`promotion.promote`
+        says how)."""
         return gate.promote(self._client(), name, version, metric=metric, new_value=new_value,
-                           champion_value=champion_value, stores=self._stores())
+                           champion_value=champion_value, stores=self._stores(), min_gain=min_gain)
 
 
 def _model_name(uri: str) -> str | None:

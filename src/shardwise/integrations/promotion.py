@@ -53,9 +53,11 @@ def promote(
     new_value: float,
     champion_value: Callable[[str], float | None] | None,
     stores: str,
+    min_gain: float = 0.0,
 ) -> Promotion:
-    """Give `version` the `champion` alias if its `metric` (lower is better) beats the champion's, else
-    `challenger`; keep the evidence on the version (tags) and on its run (metrics, tags).
+    """Give `version` the `champion` alias if its `metric` (lower is better) beats the champion's by more than
+    `min_gain` of it (a measured noise), else `challenger`; keep the evidence on the version (tags) and on its run
+    (metrics, tags).
 
     No champion yet: the new version wins. A champion that cannot be compared (`champion_value` is None or
     returns None for its models:/<name>/<version> URI): the newer version wins. No finite `new_value`
@@ -80,8 +82,10 @@ def promote(
         if compared[current] is None:
             newer = int(version) > int(current)
             return newer, f"champion v{current} is not comparable: the newer version wins"
-        wins = new_value < compared[current]  # type: ignore[operator]
-        return wins, f"{metric} {new_value:.6g} {'<' if wins else '>='} champion v{current}'s {compared[current]:.6g}"
+        bar = compared[current] * (1.0 - min_gain)  # type: ignore[operator]
+        wins = new_value < bar
+        than = f"champion v{current}'s {compared[current]:.6g}" + (f" less {min_gain:.2%}" if min_gain else "")
+        return wins, f"{metric} {new_value:.6g} {'<' if wins else '>='} {than}"
 
     current = _champion_version(client, name)
     for _ in range(_GATE_ROUNDS):

@@ -1,0 +1,225 @@
+"""`shardwise publish` and `shardwise plan show`: plan each production task (a user's model exported with its
+TorchRec planner context) with the cost model, measure the plan beside the task's champion plan and TorchRec's
+planner's plan in one session, register it as a new version of `shardwise-plan-<task>`, and gate `@champion`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from shardwise.costmodel.types import CostModel
+from shardwise.errors import ShardwiseError
+from shardwise.evaluation import MeasuredPlanCost, evaluate_plans
+from shardwise.extras import require
+from shardwise.integrations.mlflow import CHAMPION, MlflowService, RegistryError
+from shardwise.integrations.plan_registry import (
+    PLAN_METRIC,
+    RegisteredPlan,
+    load_registered_plan,
+    plan_name,
+    register_plan,
+    task_digest,
+    write_plan_files,
+)
+from shardwise.profiling import MeasurementSettings
+from shardwise.search import Plan
+from shardwise.workload import ShardingTask
+
+from .base import JobResult, JobSettings
+from .models import load_cost_model
+
+#: measures named plans of a task in one session (evaluation.evaluate_plans's signature, less its options)
+Measure = Callable[..., tuple[list[MeasuredPlanCost], Any, list[Path]]]
+
+
+class PublishSettings(JobSettings):
+    """Which production tasks to plan, with which cost model, and where to register their plans."""
+
+    task: tuple[str, ...] = Field(min_length=1, description="production task file (a shardwise.task/v1 file with "
+                                  "a 'torchrec' section: shardwise.integrations.torchrec.export_task); repeat for "
+                                  "several")
+    model: str | None = Field(default=None, description="cost model URI or directory (default: this hardware's "
+                              "champion)")
+    tracking_uri: str | None = Field(default=None, description="MLflow tracking URI (else $MLFLOW_TRACKING_URI, "
+                                     "else ./mlflow.db)")
+    out: str = Field(default="publish", description="directory: each task's plans, measurements and report")
+    refine_s: float | None = Field(default=None, ge=0, allow_inf_nan=False,
+                                   description="seconds the drop-in planner may refine each plan on this machine "
+                                   "(default: the drop-in's, where it refines)")
+    min_gain: float | None = Field(default=None, ge=0, lt=1, description="the share by which a plan must measure "
+                                   "faster than the champion to take @champion (default: the measured noise, how far "
+                                   "the plan's ratio to the champion moves between two sessions)")
+    dry_run: bool = Field(default=False, description="measure only: register nothing")
+    seed: int = 0
+    measurement: MeasurementSettings = MeasurementSettings()
+
+
+class PublishedTask(JobResult):
+    """One task's plan: its figures in the session and where it landed in the registry."""
+
+    task: str
+    registered_name: str
+    version: str | None
+    alias: str | None
+    reason: str
+    plan_ms: float
+    torchrec_ms: float
+    champion_version: str | None
+    champion_ms: float | None
+    noise: float | None
+    directory: str
+
+
+class PublishResult(JobResult):
+    tasks: list[PublishedTask]
+
+    def summary(self) -> str:
+        head = f"{'task':<20} {'plan ms':>9} {'TorchRec ms':>12} {'champion ms':>12} {'noise':>6}  registered"
+        lines = [head]
+        for t in self.tasks:
+            champion = f"{t.champion_ms:.3f}" if t.champion_ms is not None else "-"
+            noise = f"{t.noise:.1%}" if t.noise is not None else "-"
+            where = f"{t.registered_name} v{t.version} @{t.alias}" if t.version else "not registered"
+            lines.append(f"{t.task:<20} {t.plan_ms:>9.3f} {t.torchrec_ms:>12.3f} {champion:>12} {noise:>6}  {where}")
+            if t.reason:
+                lines.append(f"{'':<20} {t.reason}")
+        lines.append(f"files: {', '.join(t.directory for t in self.tasks)}")
+        return "\n".join(lines)
+
+
+def run(settings: PublishSettings, *, mlflow: MlflowService | None = None,
+        measure: Measure = evaluate_plans, progress: bool = True) -> PublishResult:
+    """Plan, measure, register and gate every production task, in order (a failed task stops the run)."""
+    if not settings.dry_run:
+        require("mlflow")
+    from shardwise.integrations.torchrec.context import load_production_task  # torchrec: heavy, optional
+    from shardwise.integrations.torchrec.production import plan_production_task, torchrec_planner_plan
+
+    service = mlflow or MlflowService(settings.tracking_uri)
+    productions = [load_production_task(path) for path in settings.task]  # every file refused before minutes of work
+    cost_model, model_uri = load_cost_model(service, settings.model, device=None, required=True)
+    assert cost_model is not None  # required
+    published = []
+    for path, production in zip(settings.task, productions):
+        planned = plan_production_task(production, cost_model, refine_s=settings.refine_s, seed=settings.seed)
+        torchrec = torchrec_planner_plan(production)
+        name = plan_name(production.name)
+        champion = _champion(service, name, planned.torchrec.fingerprint) if not settings.dry_run else None
+        out = Path(settings.out) / production.name
+        session = _Session(production.task, cost_model, settings.measurement, measure, out / "measured", progress)
+        figures = session.first(planned.plan, torchrec, champion.plan if champion else None)
+        gain = settings.min_gain if settings.min_gain is not None else figures.get("noise", 0.0)
+        files = write_plan_files(out / "files", planned.plan, Path(path), figures, planned.torchrec.model_dump(mode="json"))
+        result = PublishedTask(task=production.name, registered_name=name, version=None, alias=None, reason="",
+                               plan_ms=figures["plan_ms"], torchrec_ms=figures["torchrec_ms"],
+                               champion_version=champion.version if champion else None,
+                               champion_ms=figures.get("champion_ms"), noise=figures.get("noise"), directory=str(out))
+        if not settings.dry_run:
+            promotion = register_plan(
+                service, production.name, files, measured_ms=figures["plan_ms"],
+                champion_ms=partial(_champion_ms, service, measured=champion, session=session, plan=planned.plan,
+                                    fingerprint=planned.torchrec.fingerprint),
+                min_gain=gain,
+                tags={"task_digest": task_digest(Path(path)), "cost_model": model_uri or "",
+                      **{f"figures.{k}": repr(v) for k, v in figures.items()}},
+                params={"task": production.name, "cost_model": model_uri or "", "num_devices": production.task.num_devices,
+                        "tables": len(production.task.tables)},
+                metrics={k: v for k, v in figures.items() if isinstance(v, float) and math.isfinite(v)})
+            result = result.model_copy(update={"version": promotion.version, "alias": promotion.alias,
+                                               "reason": promotion.reason})
+        published.append(result)
+    return PublishResult(tasks=published)
+
+
+class _Session:
+    """Measurements of one task's plans on this machine, each call one session."""
+
+    def __init__(self, task: ShardingTask, cost_model: CostModel, measurement: MeasurementSettings, measure: Measure,
+                 out: Path, progress: bool) -> None:
+        self.task, self.cost_model, self.measurement, self.measure = task, cost_model, measurement, measure
+        self.out, self.progress, self.rounds = out, progress, 0
+        self.first_plan_ms: float = math.nan
+        self.first_champion_ms: float | None = None
+
+    def __call__(self, named: Sequence[tuple[str, Plan]]) -> dict[str, float]:
+        self.rounds += 1
+        costs, _, _ = self.measure(self.task, list(named), self.out / f"session-{self.rounds}",
+                                   cost_model=self.cost_model, measurement=self.measurement, progress=self.progress)
+        return {name: cost.max_cost_ms for (name, _), cost in zip(named, costs)}
+
+    def first(self, plan: Plan, torchrec: Plan, champion: Plan | None) -> dict[str, float]:
+        """The plan beside TorchRec's planner's and the champion's; with a champion, the plan and the champion again
+        in a second session: how far the plan's ratio to the champion moved between the two is the noise a plan must
+        beat the champion by (a session times each distinct device shard once, so two plans of one session never
+        differ by chance where they share shards)."""
+        named = [("plan", plan), ("torchrec", torchrec)] + ([("champion", champion)] if champion is not None else [])
+        ms = self(named)
+        figures = {"plan_ms": ms["plan"], "torchrec_ms": ms["torchrec"],
+                   "ratio_to_torchrec": ms["plan"] / ms["torchrec"] if ms["torchrec"] > 0 else math.nan}
+        self.first_plan_ms = ms["plan"]
+        if champion is not None and ms["champion"] > 0:
+            again = self([("plan", plan), ("champion", champion)])
+            ratio = ms["plan"] / ms["champion"]
+            ratio_again = again["plan"] / again["champion"] if again["champion"] > 0 else ratio
+            figures |= {"champion_ms": ms["champion"], "ratio_to_champion": ratio,
+                        "ratio_to_champion_again": ratio_again, "noise": abs(ratio - ratio_again)}
+            self.first_champion_ms = ms["champion"]
+        return figures
+
+
+def _champion(service: MlflowService, name: str, fingerprint: dict[str, Any]) -> RegisteredPlan | None:
+    """The task's champion plan where it was made for the same inputs; None where there is none or it was not."""
+    try:
+        champion = load_registered_plan(f"models:/{name}@{CHAMPION}", service=service)
+    except RegistryError:
+        return None
+    made_for = (champion.torchrec or {}).get("fingerprint")
+    return champion if made_for == fingerprint else None
+
+
+def _champion_ms(service: MlflowService, uri: str, *, measured: RegisteredPlan | None, session: _Session, plan: Plan,
+                 fingerprint: dict[str, Any]) -> float | None:
+    """The champion at `uri` in the plan's session units: the first session's figure where it is the champion
+    measured there; else (another run moved the alias meanwhile) both measured again in a new session, the champion's
+    figure scaled by the plan's ratio between the two; None where it was made for other inputs."""
+    if measured is not None and uri == f"models:/{measured.name}/{measured.version}":
+        return session.first_champion_ms
+    other = load_registered_plan(uri, service=service)
+    if (other.torchrec or {}).get("fingerprint") != fingerprint:
+        return None
+    ms = session([("plan", plan), ("champion", other.plan)])
+    return ms["champion"] * session.first_plan_ms / ms["plan"] if ms["plan"] > 0 else None
+
+
+def show(uri: str, *, tracking_uri: str | None = None) -> str:
+    """A registered plan as text: its version, figures, and each device's shards."""
+    try:
+        registered = load_registered_plan(uri, tracking_uri=tracking_uri)
+    except RegistryError as err:
+        raise ShardwiseError(str(err)) from None
+    where = f"{registered.name} v{registered.version}" if registered.version else str(registered.directory)
+    lines = [f"{where}: {registered.plan.method} plan of {len(registered.task.tables)} tables on "
+             f"{registered.plan.num_devices} devices"]
+    labels = {"plan_ms": "plan, ms (slowest device, measured)", "torchrec_ms": "TorchRec's planner's plan, ms",
+              "ratio_to_torchrec": "ratio to TorchRec's planner", "champion_ms": "champion then, ms",
+              "ratio_to_champion": "ratio to the champion then",
+              "ratio_to_champion_again": "ratio to the champion, a second session",
+              "noise": "noise: the ratio's move between the two sessions"}
+    lines += [f"  {labels.get(k, k)}: {v:.4g}" for k, v in registered.figures.items() if isinstance(v, int | float)]
+    for device in range(registered.plan.num_devices):
+        shards = [s.table if s.dim == registered.task.table(s.table).dim else f"{s.table}[{s.col_offset}:{s.col_offset + s.dim}]"
+                  for s in registered.plan.device_shards(device)]
+        lines.append(f"  device {device}: {', '.join(shards) or '-'}")
+    if registered.plan.data_parallel:
+        lines.append(f"  data-parallel: {', '.join(registered.plan.data_parallel)}")
+    if registered.plan.row_wise:
+        lines.append(f"  row-wise: {', '.join(registered.plan.row_wise)}")
+    return "\n".join(lines)
+
+
+__all__ = ["PLAN_METRIC", "PublishResult", "PublishSettings", "PublishedTask", "run", "show"]
