@@ -47,8 +47,9 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# the quick suite of benchmarks (CPU minutes, no cost model needed; `python -m benchmarks --list`: every experiment)
 bench: $(STAMP)
-	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+	$(BIN)/python -m benchmarks --suite quick
 
 # the GPU image: CUDA torch, fbgemm-gpu and torchrec from the package index; this host's CA certificates reach
 # the build stage only (for hosts behind a TLS-inspecting proxy)

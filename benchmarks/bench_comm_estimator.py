@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_plan_quality import at_or_below
+from plan_runs import at_or_below
 from record import record
 
 from shardwise.evaluation import DeviceCost, MeasuredPlanCost, PlanResult

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 import torch
-from bench_plan_quality import REFINED, finished_run
+from plan_runs import REFINED, finished_run
 from record import record
 
 from shardwise.cli import quiet_libraries
@@ -60,7 +60,7 @@ def main() -> None:
                         help="record as benchmarks/results/NAME.json instead")
     args = parser.parse_args()
     quiet_libraries(verbose=False)
-    run, original = finished_run(parser, args.run)
+    run, original = finished_run(args.run)
     counts = [int(c) for c in args.counts.split(",")]
     if any(c < 1 for c in counts):
         parser.error(f"--counts: each at least 1, got {args.counts}")

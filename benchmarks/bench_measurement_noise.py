@@ -31,8 +31,7 @@ import time
 from typing import Any
 
 import torch
-from bench_comm_estimator import priced_by_width
-from bench_plan_quality import paper_tasks
+from plan_runs import paper_tasks, priced_by_width
 from record import record
 
 from shardwise.cli import quiet_libraries

@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_measurement_noise import moved
-from bench_plan_quality import at_or_below, finished_run
+from plan_runs import at_or_below, finished_run, moved
 from record import record
 
 from shardwise.cli import quiet_libraries
@@ -72,7 +71,7 @@ def main() -> None:
                         help="record as benchmarks/results/NAME.json instead")
     args = parser.parse_args()
     quiet_libraries(verbose=False)
-    run, original = finished_run(parser, args.run)
+    run, original = finished_run(args.run)
     if args.sessions < 2:
         parser.error(f"--sessions: at least 2 (a ratio moves between sessions), got {args.sessions}")
     # the run's protocol, its reference pinned; runs before 2026-11-26 priced each device's all-to-all as measured

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_plan_quality import paper_tasks
+from plan_runs import paper_tasks
 from record import record
 
 from shardwise.cli import quiet_libraries

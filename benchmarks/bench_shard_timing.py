@@ -26,7 +26,7 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-from bench_plan_quality import paper_tasks
+from plan_runs import paper_tasks
 from record import record
 
 from shardwise.profiling import MeasurementSettings, TimingProtocol

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import torch
-from bench_plan_quality import paper_tasks
+from plan_runs import paper_tasks
 from record import record
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import PlannerError

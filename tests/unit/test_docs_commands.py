@@ -1,6 +1,7 @@
 """The command blocks of README.md and docs/*.md name only what exists: every `shardwise` verb and option (parsed
 against the CLI's own parser), every `make` target (the Makefile), every file of the repository, and every flag
-of a `python benchmarks/X.py` (that script's argparse). Blocks are the ```bash fences; commands in them are read
+of a `python benchmarks/X.py` (that script's argparse) and of a `python -m benchmarks NAME` (the experiment's
+flags, made from its settings by the harness). Blocks are the ```bash fences; commands in them are read
 the way a shell splits them (continuations joined, comments dropped, `&&`/`;`/`|` chains split); the guide's
 synopsis notation (`[--opt V]`, `a|b`) is read as the options and values it names."""
 
@@ -12,6 +13,7 @@ import functools
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,7 +111,48 @@ def _script_flags(script: Path) -> frozenset[str]:
     return frozenset(flags)
 
 
+@functools.cache
+def _benchmarks_parser() -> argparse.ArgumentParser:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # the benchmarks package, beside src/
+    from benchmarks.harness import build_parser
+
+    return build_parser()
+
+
+def _check_options(parser: argparse.ArgumentParser, rest: list[str], what: str) -> None:
+    """Every `--option` of `rest` is one of `parser`'s, and a value of an option with choices is one of them."""
+    options = {s: a for a in parser._actions for s in a.option_strings}
+    for i, word in enumerate(rest):
+        if not word.startswith("--"):
+            continue
+        name = word.split("=", 1)[0]
+        assert name in options, f"`{what}` has no option {name}"
+        choices = options[name].choices
+        value = rest[i + 1] if i + 1 < len(rest) else ""
+        if choices and value and not value.startswith("-") and not value.isupper():  # URI, N: placeholders
+            for alternative in value.split("|"):
+                assert alternative in map(str, choices), f"`{what} {name} {alternative}`: choices are {choices}"
+
+
+def _check_benchmarks(words: list[str]) -> None:
+    """`python -m benchmarks [NAME] [flags]`: the experiment is registered and its flags are its own."""
+    args = _synopsis_words(words)
+    parser = _benchmarks_parser()
+    experiments = _subparsers(parser)
+    named = [w for i, w in enumerate(args) if not w.startswith("-") and (i == 0 or args[i - 1] != "--suite")]
+    if not named:
+        _check_options(parser, args, "python -m benchmarks")
+        return
+    assert named[0] in experiments, f"`python -m benchmarks {named[0]}`: no such experiment (experiments: " \
+                                    f"{', '.join(experiments)})"
+    _check_options(experiments[named[0]], args[args.index(named[0]) + 1:], f"python -m benchmarks {named[0]}")
+
+
 def _check_python(words: list[str]) -> None:
+    if words[1:3] == ["-m", "benchmarks"]:
+        _check_benchmarks(words[3:])
+        return
     scripts = [w for w in words[1:2] if w.endswith(".py")]
     if not scripts:
         return  # python -m / -c: modules are checked by importing them elsewhere
@@ -160,8 +203,11 @@ def test_a_documented_command_names_what_exists(where, words):
     ("shardwise train-policy --method dreamshard|neuroshard", "choices are"),
     ("shardwise pipeline launch --local", "actions are"),
     ("make tests", "no such target"),
-    ("python benchmarks/bench_newcomer.py --recrd", "no option --recrd"),
+    ("python benchmarks/bench_profiling.py --recrd", "no option --recrd"),
     ("python benchmarks/bench_nothing.py", "no such script"),
+    ("python -m benchmarks plan_quality --smal", "no option --smal"),
+    ("python -m benchmarks plan_qualty --small", "no such experiment"),
+    ("python -m benchmarks --suite quik", "choices are"),
     (".venv/bin/shardwise task check docs/nothing.md", "no such file"),
 ])
 def test_a_command_that_names_what_does_not_exist_is_caught(command, message):

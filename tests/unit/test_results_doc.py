@@ -1,5 +1,5 @@
-"""Docs that cannot drift: docs/results.md and docs/results-archive.md are rendered from benchmarks/results/*.json,
-nothing else, and every record is placed on exactly one of them."""
+"""Docs that cannot drift: docs/results.md and docs/results-archive.md are rendered from the newest record of each
+name in benchmarks/results/<name>/, nothing else, and every name is placed on exactly one of them."""
 
 from __future__ import annotations
 
@@ -25,11 +25,14 @@ def make_results(monkeypatch):
     return module
 
 
-def _result(directory: Path, name: str, rows: list[dict], **fields) -> Path:
-    doc = {"format": "shardwise.benchmark-result/v1", "benchmark": name, "title": f"Title of {name}",
-           "command": f"python benchmarks/bench_{name}.py --record", "date": "2026-11-23",
-           "machine": "2-core x86_64, no GPU", "rows": rows, "notes": "", **fields}
-    path = directory / f"{name}.json"
+def _result(directory: Path, name: str, rows: list[dict], stamp: str = "2026-11-23T100000Z-abc1234",
+            **fields) -> Path:
+    doc = {"format": "shardwise.benchmark-result/v2", "benchmark": name, "experiment": name,
+           "title": f"Title of {name}", "command": f"python -m benchmarks {name} --record", "date": stamp[:10],
+           "commit": stamp.rsplit("-", 1)[-1], "model": None, "machine": "2-core x86_64, no GPU", "rows": rows,
+           "notes": "", **fields}
+    path = directory / name / f"{stamp}.json"
+    path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(doc))
     return path
 
@@ -56,10 +59,12 @@ def test_results_pages_are_the_benchmarks_json(make_results):
 
 def test_every_result_file_is_shown_on_exactly_one_page_with_its_command_and_date(make_results):
     pages = {PAGE: PAGE.read_text(), ARCHIVE: ARCHIVE.read_text()}
-    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+    newest = make_results.newest_records()
+    assert len(newest) > 40
+    for name, path in newest.items():
         doc = json.loads(path.read_text())
-        on = [page for page, text in pages.items() if f"`benchmarks/results/{path.name}`" in text]
-        assert len(on) == 1, f"{path.name} is on {len(on)} pages"
+        on = [page for page, text in pages.items() if f"`benchmarks/results/{name}/{path.name}`" in text]
+        assert len(on) == 1, f"{name}/{path.name} is on {len(on)} pages"
         assert doc["command"] in pages[on[0]] and doc["date"] in pages[on[0]]
 
 
@@ -75,7 +80,7 @@ def test_results_page_opens_with_the_headline_table_within_its_line_budget(make_
     headings = [i for i, line in enumerate(lines) if line.startswith(("## ", "### "))]
     anchors = dict(zip(headings, make_results._anchors([lines[i].split(" ", 1)[1] for i in headings])))
     for headline in make_results.PLACEMENT.headlines:  # each claim links to its record's section on this page
-        at = lines.index(next(line for line in lines if line.startswith(f"`benchmarks/results/{headline.record}.json`")))
+        at = lines.index(next(line for line in lines if line.startswith(f"`benchmarks/results/{headline.record}/")))
         anchor = anchors[max(i for i in headings if i < at)]
         assert f"[{headline.record}](#{anchor}) |" in page
 
@@ -93,13 +98,18 @@ def test_check_fails_on_a_stale_page_and_writing_fixes_it(make_results, tmp_path
     assert "| what | value | ok |" in page and "| x\\|y | - | yes |" in page
     assert "| neuroshard | 0.84 |" in page and "a note" in page
     assert "| NeuroShard against TorchRec | ratio 0.84 | [b](#title-of-b) |" in page  # the figure read from b
-    assert "Title of c" not in page and "`benchmarks/results/c.json`: what superseded c" in archive
+    assert "Title of c" not in page and "`benchmarks/results/c/2026-11-23T100000Z-abc1234.json`: what superseded c" in archive
+    assert "```bash\npython -m benchmarks b --record" in page  # a current command is checked as one to run
+    assert "```text\npython -m benchmarks c --record" in archive  # an archived one is history
+    assert "commit abc1234" in page
 
-    _result(results, "b", [{"method": "neuroshard", "ratio": 0.85}])  # a new run changes a figure
-    assert make_results.main(["--check"], results=results, placement=placement, **pages) == 1
+    _result(results, "b", [{"method": "neuroshard", "ratio": 0.85}], stamp="2026-11-24T090000Z-def5678")
+    assert make_results.main(["--check"], results=results, placement=placement, **pages) == 1  # a newer run
     make_results.main([], results=results, placement=placement, **pages)
-    _result(results, "c", [{"method": "old", "ratio": 0.95}])  # the archive goes stale alone
-    assert make_results.main(["--check"], results=results, placement=placement, **pages) == 1
+    page = pages["doc"].read_text()
+    assert "| neuroshard | 0.85 |" in page and "0.84" not in page and "commit def5678" in page
+    _result(results, "c", [{"method": "old", "ratio": 0.95}], stamp="2026-11-25T000000Z-def5678")
+    assert make_results.main(["--check"], results=results, placement=placement, **pages) == 1  # the archive alone
 
 
 def test_a_record_in_no_group_is_refused_naming_it(make_results, tmp_path, capsys):
@@ -131,8 +141,19 @@ def test_results_page_over_its_line_budget_is_refused(make_results, tmp_path, ca
 
 
 def test_a_result_in_another_format_is_refused_naming_the_file(make_results, tmp_path, capsys):
-    _result(tmp_path, "old", [], format="shardwise.benchmark-result/v0")
+    _result(tmp_path, "old", [], format="shardwise.benchmark-result/v1")
     assert make_results.main(["--check"], results=tmp_path, doc=tmp_path / "results.md",
                              archive=tmp_path / "results-archive.md") == 2
     err = capsys.readouterr().err
-    assert "old.json" in err and "shardwise.benchmark-result/v1" in err
+    assert "old/2026-11-23T100000Z-abc1234.json" in err and "shardwise.benchmark-result/v2" in err
+
+
+def test_a_record_is_written_as_a_new_file_never_over_an_earlier_one(make_results, tmp_path):
+    import record
+
+    first = record.record("x", "Title", [{"a": 1}], model="models:/m/3", experiment="x", directory=tmp_path)
+    second = record.record("x", "Title", [{"a": 2}], experiment="x", directory=tmp_path)
+    assert first != second and json.loads(first.read_text())["rows"] == [{"a": 1}]
+    assert record.newest_records(tmp_path) == {"x": second}
+    doc = make_results.load_result(first)
+    assert doc["model"] == "models:/m/3" and doc["commit"] and doc["command"].startswith("python ")

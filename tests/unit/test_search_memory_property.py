@@ -1,36 +1,23 @@
-"""A sample of benchmarks/bench_memory_property.py in the suite: random tasks from tiny to huge tables through
-every method (NeuroShard, the trained policies and TorchRec's planner included), each plan checked by the
-benchmark's own arithmetic, not by `validate_plan`. The full 10,000-task run is the benchmark."""
+"""A sample of the memory property (tests/unit/memory_property.py) in the suite: random tasks from tiny to huge
+tables through every method (NeuroShard, the trained policies and TorchRec's planner included), each plan checked
+by the helper's own arithmetic, not by `validate_plan`. The full 10,000-task run is the benchmark
+(`python -m benchmarks memory_property`)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import memory_property as check
 import numpy as np
 import pytest
 
 from shardwise.search import Plan, Shard
 from shardwise.workload import ShardingTask, TableSpec
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_memory_property.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_memory_property", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_memory_property"] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 # the first 12 tasks already reach every method's plans and refusals (make test); the other 18 of the 30-task sample
 # run with the slow tests (make test-all): 1.4 s a task on a busy 2-core machine
 @pytest.mark.parametrize("start, num_tasks", [(0, 12), pytest.param(12, 18, marks=pytest.mark.slow)])
-def test_no_method_emits_a_plan_over_memory_or_mis_tiled_and_every_refusal_says_why(bench, start, num_tasks):
-    tallies = bench.run(num_tasks, seed=3, start=start, max_tables=40, max_devices=16, progress=False)
+def test_no_method_emits_a_plan_over_memory_or_mis_tiled_and_every_refusal_says_why(start, num_tasks):
+    tallies = check.run(num_tasks, seed=3, start=start, max_tables=40, max_devices=16, progress=False)
     assert {"neuroshard", "size_greedy", "torchrec", "dreamshard", "autoshard"} <= set(tallies)
     for name, tally in tallies.items():
         assert tally.ok(), (name, tally)
@@ -39,39 +26,39 @@ def test_no_method_emits_a_plan_over_memory_or_mis_tiled_and_every_refusal_says_
     assert any(t.refused for t in tallies.values()) and all(t.refused_without_reason == 0 for t in tallies.values())
 
 
-def test_the_independent_check_catches_a_plan_over_memory_and_a_mis_tiled_plan(bench):
+def test_the_independent_check_catches_a_plan_over_memory_and_a_mis_tiled_plan():
     table = TableSpec(name="t", rows=1000, dim=16, pooling_factor=2.0)
-    need = bench.device_bytes([(1000, 16)], 512, "rowwise_adagrad", "fp32")
+    need = check.device_bytes([(1000, 16)], 512, "rowwise_adagrad", "fp32")
     task = ShardingTask(tables=[table], num_devices=2, batch_size=512, device_memory_bytes=need)
     whole = Plan(num_devices=2, shards=(Shard(table="t", col_offset=0, dim=16, device=0),))
-    assert bench.check_plan(whole, task) == (False, False)
+    assert check.check_plan(whole, task) == (False, False)
     tight = task.model_copy(update={"device_memory_bytes": need - 1})
-    assert bench.check_plan(whole, tight) == (True, False)
+    assert check.check_plan(whole, tight) == (True, False)
     gap = Plan(num_devices=2, shards=(Shard(table="t", col_offset=0, dim=8, device=0),
                                       Shard(table="t", col_offset=12, dim=4, device=1)))
-    assert bench.check_plan(gap, task)[1] is True
+    assert check.check_plan(gap, task)[1] is True
     overlap = Plan(num_devices=2, shards=(Shard(table="t", col_offset=0, dim=16, device=0),
                                           Shard(table="t", col_offset=0, dim=16, device=1)))
-    assert bench.check_plan(overlap, task)[1] is True
+    assert check.check_plan(overlap, task)[1] is True
     # a data-parallel table: whole on every device with its dense gradient and its device's share of the batch
     replicated = Plan(num_devices=2, shards=(), data_parallel=("t",))
-    dp_need = bench.device_bytes([(1000, 16)], 256, "rowwise_adagrad", "fp32") + 4 * 1000 * 16
-    assert bench.check_plan(replicated, task.model_copy(update={"device_memory_bytes": dp_need})) == (False, False)
-    assert bench.check_plan(replicated, task.model_copy(update={"device_memory_bytes": dp_need - 1}))[0] is True
+    dp_need = check.device_bytes([(1000, 16)], 256, "rowwise_adagrad", "fp32") + 4 * 1000 * 16
+    assert check.check_plan(replicated, task.model_copy(update={"device_memory_bytes": dp_need})) == (False, False)
+    assert check.check_plan(replicated, task.model_copy(update={"device_memory_bytes": dp_need - 1}))[0] is True
     also_sharded = Plan(num_devices=2, shards=whole.shards, data_parallel=("t",))
-    assert bench.check_plan(also_sharded, task)[1] is True
+    assert check.check_plan(also_sharded, task)[1] is True
     # a row-wise table: a block of ceil(1000 / 2) rows on each device, with its outputs for the whole batch
     by_rows = Plan(num_devices=2, shards=(), row_wise=("t",))
-    rw_need = bench.device_bytes([(500, 16)], 512, "rowwise_adagrad", "fp32")
-    assert bench.check_plan(by_rows, task.model_copy(update={"device_memory_bytes": rw_need})) == (False, False)
-    assert bench.check_plan(by_rows, task.model_copy(update={"device_memory_bytes": rw_need - 1}))[0] is True
-    assert bench.check_plan(Plan(num_devices=2, shards=(), row_wise=("t",), data_parallel=("t",)), task)[1] is True
-    assert bench.check_plan(Plan(num_devices=2, shards=whole.shards, row_wise=("t",)), task)[1] is True
+    rw_need = check.device_bytes([(500, 16)], 512, "rowwise_adagrad", "fp32")
+    assert check.check_plan(by_rows, task.model_copy(update={"device_memory_bytes": rw_need})) == (False, False)
+    assert check.check_plan(by_rows, task.model_copy(update={"device_memory_bytes": rw_need - 1}))[0] is True
+    assert check.check_plan(Plan(num_devices=2, shards=(), row_wise=("t",), data_parallel=("t",)), task)[1] is True
+    assert check.check_plan(Plan(num_devices=2, shards=whole.shards, row_wise=("t",)), task)[1] is True
 
 
 def test_the_task_space_reaches_tiny_and_huge_tables(bench):
     rng = np.random.default_rng(0)
-    tasks = [bench.random_task(rng, i) for i in range(40)]
+    tasks = [check.random_task(rng, i) for i in range(40)]
     rows = [t.rows for task in tasks for t in task.tables]
     assert min(rows) < 100 and max(rows) > 10**7
     assert min(t.num_devices for t in tasks) < 8 and max(t.num_devices for t in tasks) > 100
