@@ -1,0 +1,146 @@
+"""The benchmarks' harness (benchmarks/harness.py): experiments registered by name with flags made from their
+settings, suites whose runs are commands that parse, records written as new files that name their commit and cost
+model, and experiments that import no other experiment."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import Field
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the benchmarks package, beside src/
+
+from benchmarks import harness, record  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    BenchmarkError,
+    Experiment,
+    ExperimentSettings,
+    Outcome,
+    SuiteRun,
+)
+
+EXPERIMENTS = ROOT / "benchmarks" / "experiments"
+
+
+class ToySettings(ExperimentSettings):
+    """Settings of a toy experiment."""
+
+    count: int = Field(default=2, ge=1, description="rows to return")
+    names: tuple[str, ...] | None = Field(default=None, json_schema_extra={"sep": ","})
+    broken: bool = False
+
+
+def _toy_run(settings: ToySettings, context: harness.Context) -> Outcome:
+    rows = [{"i": i, "name": (settings.names or ("x",))[0]} for i in range(settings.count)]
+    return Outcome(rows, notes=[f"{settings.count} rows"], failed="it broke" if settings.broken else None)
+
+
+@pytest.fixture
+def toy(monkeypatch, tmp_path):
+    """A registered toy experiment (the registry restored after)."""
+    harness.load_experiments()
+    monkeypatch.setattr(harness, "_EXPERIMENTS", dict(harness._EXPERIMENTS))
+    experiment = harness.register(Experiment(
+        name="toy", title="A toy", settings=ToySettings, run=_toy_run,
+        suites={"quick": (SuiteRun({"count": 3, "names": ("a", "b")}),)}))
+    return experiment
+
+
+def test_an_experiment_runs_by_name_with_flags_from_its_settings_and_records_a_new_file(toy, tmp_path, monkeypatch,
+                                                                                      capsys):
+    written = []
+    real = record.record
+    monkeypatch.setattr(record, "record", lambda *a, **k: written.append(real(*a, **{**k, "directory": tmp_path})))
+    assert harness.main(["toy", "--count", "3", "--names", "p,q", "--record"]) == 0
+    assert harness.main(["toy", "--count", "1", "--record"]) == 0
+    out = capsys.readouterr().out
+    assert "| i | name |" in out and "| 2 | p |" in out and "3 rows" in out  # one renderer: the Markdown table
+    assert len(written) == 2 and written[0] != written[1] and all(p.parent == tmp_path / "toy" for p in written)
+    first = json.loads(written[0].read_text())
+    assert first["command"] == "python -m benchmarks toy --count 3 --names p,q --record"
+    assert first["format"] == record.FORMAT and first["experiment"] == "toy" and first["commit"]
+    assert record.newest_records(tmp_path) == {"toy": written[1]}
+
+
+def test_a_bad_flag_value_is_one_line_naming_the_flag(toy, capsys):
+    assert harness.main(["toy", "--count", "0"]) == 2
+    assert "--count 0" in capsys.readouterr().err
+
+
+def test_a_run_that_finds_what_it_checks_broken_exits_1(toy):
+    assert harness.main(["toy", "--broken"]) == 1
+
+
+def test_a_suite_runs_each_of_its_runs_as_the_command_it_records(toy, monkeypatch, capsys):
+    monkeypatch.setattr(harness, "suite", lambda name: [toy])
+    assert harness.run_suite("quick") == 0
+    out = capsys.readouterr().out
+    assert "$ python -m benchmarks toy --count 3 --names a,b" in out and "1 of 1 passed" in out
+
+
+def test_an_experiment_with_a_suite_or_settings_it_does_not_have_is_refused():
+    with pytest.raises(BenchmarkError, match="no suite 'nightly'"):
+        Experiment(name="bad", title="t", settings=ToySettings, run=_toy_run, suites={"nightly": (SuiteRun(),)})
+    with pytest.raises(BenchmarkError, match="--count"):
+        Experiment(name="bad", title="t", settings=ToySettings, run=_toy_run,
+                   suites={"quick": (SuiteRun({"count": 0}),)})
+    with pytest.raises(BenchmarkError, match="registered twice"):
+        harness.register(Experiment(name="plan_quality", title="t", settings=ToySettings, run=_toy_run))
+
+
+def test_an_unknown_experiment_is_named_with_the_known_ones():
+    with pytest.raises(BenchmarkError, match="plan_quality"):
+        harness.get("plan_qualty")
+
+
+@pytest.mark.parametrize("name", harness.names())
+def test_every_suite_run_of_every_experiment_is_a_command_that_parses_to_its_settings(name):
+    experiment = harness.get(name)
+    parser = harness.build_parser()
+    for suite, runs in experiment.suites.items():
+        for one in runs:
+            words = shlex.split(harness.suite_command(experiment, one, record=True))[3:]
+            args = parser.parse_args(words)
+            settings = harness.build_settings(experiment.settings, args)
+            assert settings == experiment.settings.model_validate(dict(one.settings)), (suite, words)
+            assert args.record and args.record_name == one.record_name
+
+
+def test_the_quick_suite_needs_no_cost_model():
+    for experiment in harness.suite("quick"):
+        for one in experiment.suites["quick"]:
+            assert not one.settings.get("model"), f"{experiment.name}: the quick suite runs on a fresh clone"
+
+
+def test_no_experiment_imports_another():
+    modules = {p.stem for p in EXPERIMENTS.glob("*.py") if p.stem != "__init__"}
+    for path in sorted(EXPERIMENTS.glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for imported in names:
+                parts = imported.split(".")
+                assert not (parts[:2] == ["benchmarks", "experiments"] or (node.level if isinstance(
+                    node, ast.ImportFrom) else 0) or parts[0] in modules or parts[0].startswith("bench_")), \
+                    f"{path.name} imports {imported}: experiments share code through the harness or shardwise"
+
+
+def test_records_of_one_second_keep_their_order(tmp_path):
+    folder = tmp_path / "x"
+    folder.mkdir()
+    for stem in ("2026-11-29T100000Z-abc1234-2", "2026-11-29T100000Z-abc1234", "2026-11-28-no-commit",
+                 "2026-11-29T100000Z-abc1234-10"):
+        (folder / f"{stem}.json").write_text("{}")
+    (folder / "tasks-00000-00249.json").write_text("{}")  # a study's piece, not a record
+    assert [p.stem for p in record.record_files(folder)] == [
+        "2026-11-28-no-commit", "2026-11-29T100000Z-abc1234", "2026-11-29T100000Z-abc1234-2",
+        "2026-11-29T100000Z-abc1234-10"]
