@@ -28,6 +28,7 @@ from shardwise.profiling import MeasurementSettings
 SETTINGS = [
     (["task", "check"], task.CheckSettings, set()),
     (["workload", "synth"], workload.SynthSettings, set()),
+    (["workload", "from"], workload.GivenSettings, set()),
     (["workload", "split"], workload.SplitSettings, set()),
     (["workload", "task"], workload.TaskSettings, set()),
     (["augment"], workload.AugmentSettings, set()),

@@ -33,6 +33,10 @@ from shardwise.workload.synthetic import DLRM_2021_BATCH_SIZE, DLRM_2021_NUM_TAB
 from .base import JobResult, JobSettings, SettingsError
 
 GIB = 2**30
+#: the index data's name in a workload directory (the synthetic step's, or a DLRM dataset file's)
+INDEX_DATA_NAME = "indices.pt"
+#: an object fetched from the object store, while it is read (renamed to the index data, or removed)
+FETCHED_NAME = "fetched.part"
 
 
 class SynthSettings(JobSettings):
@@ -80,7 +84,8 @@ def synth(settings: SynthSettings) -> SynthResult:
     )
     out = Path(settings.out)
     tables_path = save_tables(tableset, out / "tables.json")
-    indices = None if settings.no_index_data else write_index_data(tableset, out / "indices.pt", compress=settings.gzip)
+    indices = None if settings.no_index_data else write_index_data(tableset, out / INDEX_DATA_NAME,
+                                                                   compress=settings.gzip)
     pooling = np.array([t.pooling_factor for t in tableset.tables])
     rows = np.array([t.rows for t in tableset.tables])
     return SynthResult(
@@ -89,10 +94,6 @@ def synth(settings: SynthSettings) -> SynthResult:
         pooling_mean=float(pooling.mean()), pooling_sd=float(pooling.std()), empty_share=float((pooling == 0).mean()),
         rows_mean=float(rows.mean()), rows_sd=float(rows.std()),
     )
-
-
-#: what a DLRM dataset file fetched from the object store is kept as (the index data the synthetic step writes)
-INDEX_DATA_NAME = "indices.pt"
 
 
 class GivenSettings(JobSettings):
@@ -166,7 +167,7 @@ def given(settings: GivenSettings) -> GivenResult:
     its index data as indices.pt (table names t0, t1, ... match it, as `profile --indices` reads it)."""
     out = Path(settings.out)
     fetched = "://" in settings.tables
-    local = _fetch(settings.tables, out / f"{INDEX_DATA_NAME}.fetched") if fetched else Path(settings.tables)
+    local = _fetch(settings.tables, out / FETCHED_NAME) if fetched else Path(settings.tables)
     is_tables = is_tables_document(local)
     if is_tables and settings.dims:
         raise SettingsError(f"dims {list(settings.dims)}: {settings.tables} is a tables file, whose tables have "
