@@ -12,6 +12,7 @@ from shardwise.pipelines.components import (
     make_workload,
     pretrain_cost_model,
     profile_costs,
+    publish_plans,
     search_plan,
     train_policies,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "make_workload",
     "pretrain_cost_model",
     "profile_costs",
+    "publish_plans",
     "search_plan",
     "train_policies",
 ]

@@ -9,7 +9,7 @@ import yaml
 
 from shardwise.cli import main
 from shardwise.pipelines.components import STEPS
-from shardwise.pipelines.params import DEFAULTS, PipelineArgumentError, pipeline_params, preset
+from shardwise.pipelines.params import DEFAULTS, PipelineArgumentError, pipeline_params, preset, preset_names
 from shardwise.pipelines.pipeline import (
     CONFIG_MAP_KEYS,
     CONFIG_MAP_NAME,
@@ -23,7 +23,7 @@ from shardwise.pipelines.run import compile_components
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "pipelines" / "shardwise_pipeline.yaml"
 REGENERATE = "regenerate with `.venv/bin/python pipelines/compile.py` and review the diff"
-GPU_EXECUTORS = ("exec-profile-costs", "exec-profile-all-to-alls", "exec-evaluate-plans")
+GPU_EXECUTORS = ("exec-profile-costs", "exec-profile-all-to-alls", "exec-evaluate-plans", "exec-publish-plans")
 
 
 def _tasks(spec: dict) -> dict:
@@ -80,7 +80,7 @@ def test_gpu_steps_ask_for_accelerators_and_tolerate_gpu_taints(tmp_path):
     # what each step's command needs: evaluation runs one process per device of the task, all-to-all profiling
     # spans all the GPUs it sees (with one, profiling stops at "max_devices must be >= 2"), and each kernel
     # profiling pod of the fan-out times its slice of the shards on one GPU
-    for name in ("exec-evaluate-plans", "exec-profile-all-to-alls"):
+    for name in ("exec-evaluate-plans", "exec-profile-all-to-alls", "exec-publish-plans"):
         count = executors[name]["container"]["resources"]["accelerator"]["resourceCount"]
         assert count == "{{$.inputs.parameters['pipelinechannel--num_devices']}}", name
     assert executors["exec-profile-costs"]["container"]["resources"]["accelerator"]["resourceCount"] == "1"
@@ -195,3 +195,35 @@ def test_kernel_profiling_fans_out_over_workers_and_pretrain_collects_every_slic
     assert pretrain["parameters"]["dataset_uri"] == {"componentInputParameter": "dataset_uri"}
     with pytest.raises(PipelineArgumentError, match="dataset_uri"):
         pipeline_params({"dataset_uri": "/local/dir"})
+
+
+def test_production_tasks_are_published_after_evaluate_only_when_the_run_names_some(tmp_path):
+    spec, _ = _compile(tmp_path)
+    declared = spec["root"]["inputDefinitions"]["parameters"]["production_tasks"]
+    assert declared["parameterType"] == "STRING" and declared["defaultValue"] == ""
+    assert all(preset(name).get("production_tasks", "") == "" for name in preset_names())
+    tasks = spec["root"]["dag"]["tasks"]
+    (group,) = [task for task in tasks.values() if task.get("triggerPolicy")]
+    assert group["triggerPolicy"]["condition"] == "inputs.parameter_values['pipelinechannel--production_tasks'] != ''"
+    assert {"evaluate-plans", "pretrain-cost-model"} <= set(group["dependentTasks"])  # after the model and evaluate
+    publish = _tasks(spec)["publish-plans"]
+    assert publish["taskInfo"]["name"] == "publish" and publish["cachingOptions"] == {}  # measures: never cached
+    inputs = publish["inputs"]
+    assert inputs["artifacts"]["model"] == {"componentInputArtifact": "pipelinechannel--pretrain-cost-model-model"}
+    assert group["inputs"]["parameters"]["pipelinechannel--profile-all-to-alls-Output"]["taskOutputParameter"][
+        "producerTask"] == "profile-all-to-alls"
+    for name, parameter in (("production_tasks", "production_tasks"), ("model_alias", "model_alias"),
+                            ("device", "device"), ("timing_rounds", "evaluate_timing_rounds")):
+        assert inputs["parameters"][name] == {"componentInputParameter": f"pipelinechannel--{parameter}"}, name
+    resources = spec["deploymentSpec"]["executors"]["exec-publish-plans"]["container"]["resources"]
+    assert resources["resourceCpuRequest"] == "8"
+
+
+def test_production_tasks_are_paths_or_objects(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    params = pipeline_params({"production_tasks": " a.task.json, s3://bucket/tasks/b.task.json "})
+    assert params.production_tasks == f"{tmp_path / 'a.task.json'},s3://bucket/tasks/b.task.json"
+    assert pipeline_params({"production_tasks": ""}).production_tasks == ""
+    for bad in ("a.json,,b.json", "https://host/a.json"):
+        with pytest.raises(PipelineArgumentError, match="'production_tasks'"):
+            pipeline_params({"production_tasks": bad})

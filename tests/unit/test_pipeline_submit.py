@@ -139,11 +139,11 @@ def test_submit_with_the_commits_image_runs_every_step_in_it(kfp_api, capsys):
     assert main(["pipeline", "submit", "--host", host, "--image", image]) == 0
     (run,) = _posts(requests, "/apis/v2beta1/runs")
     executors = run["body"]["pipeline_spec"]["pipeline_spec"]["deploymentSpec"]["executors"]
-    assert len(executors) >= 10 and {e["container"]["image"] for e in executors.values()} == {image}
+    assert len(executors) >= 11 and {e["container"]["image"] for e in executors.values()} == {image}
     from shardwise.pipelines.components import IMAGE, STEPS, profile_costs
 
     assert profile_costs.component_spec.implementation.container.image == IMAGE  # put back afterwards
-    assert len(STEPS) == 10
+    assert len(STEPS) == 11
 
 
 def test_each_commit_is_a_new_version_of_one_pipeline_and_the_run_is_made_from_it(kfp_api, capsys):

@@ -56,3 +56,27 @@ def test_the_refined_plan_shows_its_ratio_to_the_plan_and_refinements_own_paired
     assert ("refined on this machine (evaluate step): 6.093 ms per iteration (ratio 0.928 to TorchRec's planner, "
             "1.013 to the plan above)") in text
     assert "refinement's own paired session: 5.879 -> 5.809 ms (0.988x; two plans' ratio moves" in text
+
+
+def test_a_run_with_production_tasks_shows_the_publish_steps_table_or_says_the_step_did_not_run(tmp_path):
+    import pytest
+
+    from shardwise.jobs.publish import PublishedTask, PublishResult
+    from shardwise.pipelines.params import pipeline_params
+    from shardwise.pipelines.run import PipelineRunError, _published
+
+    params = pipeline_params({"production_tasks": str(tmp_path / "ranking.task.json")}, preset_name="smoke")
+    assert _published(tmp_path, pipeline_params(preset_name="smoke")) is None  # none asked: none read
+    with pytest.raises(PipelineRunError, match="production_tasks .*: the publish step did not run"):
+        _published(tmp_path, params)
+    result = PublishResult(tasks=[PublishedTask(
+        task="ranking", registered_name="shardwise-plan-ranking", version="2", alias="champion", reason="faster",
+        plan_ms=1.5, torchrec_ms=2.0, champion_version="1", champion_ms=1.8, noise=0.02, directory="d")])
+    path = tmp_path / "condition-2/publish-plans/published/publish.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(result.to_json()))
+    assert _published(tmp_path, params) == path
+    text = LocalRun(plan_path="p.json", plan_text="", report_path="r.html", comparison={}, elapsed_s=60,
+                    published=result.summary()).summary()
+    assert "production tasks planned, measured and registered (publish step):\n" in text
+    assert "shardwise-plan-ranking v2 @champion" in text

@@ -41,6 +41,8 @@ class LocalRun(JobResult):
     report_path: str
     comparison: dict[str, float]
     elapsed_s: float
+    #: the publish step's table (shardwise publish's summary), where the run had production tasks
+    published: str | None = None
 
     def summary(self) -> str:
         """The plan, the report's path, measured cost and DLRM throughput against TorchRec's planner."""
@@ -78,6 +80,8 @@ class LocalRun(JobResult):
                 f"{c['torchrec_samples_per_s']:,.0f} samples/s (ratio {c['throughput_ratio_to_torchrec']:.3f}; "
                 "above 1 is better)"
             )
+        if self.published:
+            lines.append(f"production tasks planned, measured and registered (publish step):\n{self.published}")
         lines.append(f"the whole run: {self.elapsed_s / 60:.1f} min")
         return "\n".join(lines)
 
@@ -119,9 +123,15 @@ def _run(args: argparse.Namespace) -> LocalRun:
     image = (args.image or containers.default_image()) if args.containers else None
     done = run.run_local(args.workdir, _params(args), tracking_uri=args.tracking_uri, verbose=args.verbose,
                          image=image)
+    published = None
+    if done.published_path is not None:
+        # the publish job's result type: imported only where a run published
+        from shardwise.jobs.publish import PublishResult
+
+        published = PublishResult.model_validate_json(done.published_path.read_text()).summary()
     return LocalRun(plan_path=str(done.plan_path), plan_text=format_plan(load_plan(done.plan_path)),
                     report_path=str(done.report_path), comparison=done.comparison,
-                    elapsed_s=time.monotonic() - started)
+                    elapsed_s=time.monotonic() - started, published=published)
 
 
 def _submit(args: argparse.Namespace) -> Submitted:

@@ -70,6 +70,11 @@ class PipelineParams(BaseModel):
                               "(DreamShard, AutoShard) the run trains against its cost model and registers")
     policy_episodes: int = Field(default=200, ge=0, description="rollout batches each placement policy trains for "
                                  "(0: no policies)")
+    production_tasks: str = Field(description="production tasks to plan with the run's cost model, measure beside "
+                                  "their champion plan and TorchRec's planner's on the evaluate step's hardware, and "
+                                  "register as shardwise-plan-<task> (@champion gated on the measurement): "
+                                  "comma-separated shardwise.task/v1 files with a 'torchrec' section (export_task), "
+                                  "paths or s3://bucket/key; '' = none (no publish step)")
     seed: int = Field(description="seed of every random draw")
 
     @field_validator("dataset_uri")
@@ -86,6 +91,16 @@ class PipelineParams(BaseModel):
             raise ValueError(f"{location!r} is not a path, an object in the object store (s3://bucket/key) or ''")
         # a local run's steps start in its work directory: a path means what it meant where it was given
         return location if not location or "://" in location else str(Path(location).expanduser().resolve())
+
+    @field_validator("production_tasks")
+    @classmethod
+    def _production_tasks(cls, locations: str) -> str:
+        given = [location.strip() for location in locations.split(",")] if locations.strip() else []
+        for location in given:
+            if not location or ("://" in location and not location.startswith("s3://")):
+                raise ValueError(f"{locations!r} is not comma-separated paths or objects (s3://bucket/key), or ''")
+        # a local run's steps start in its work directory: a path means what it meant where it was given
+        return ",".join(p if "://" in p else str(Path(p).expanduser().resolve()) for p in given)
 
     @field_validator("search_method")
     @classmethod

@@ -1,6 +1,7 @@
 """The shardwise pipeline: workload (the user's tables, or synthetic ones) -> augment -> profile (K GPU pods in
-parallel) + all-to-alls (GPUs of one node) -> pretrain -> task -> plan x2 -> evaluate (GPU), and the placement
-policies trained against the cost model.
+parallel) + all-to-alls (GPUs of one node) -> pretrain -> task -> plan x2 -> evaluate (GPU) -> publish (GPU: the
+user's production tasks planned, measured and registered, where the run names any), and the placement policies
+trained against the cost model.
 
 The held-out tables of the workload split go three ways: the profile step measures shards built only from them
 (besides the training tables' shards), pretrain evaluates on those shards, and the task is drawn from them.
@@ -26,6 +27,7 @@ from shardwise.pipelines.components import (
     pretrain_cost_model,
     profile_all_to_alls,
     profile_costs,
+    publish_plans,
     search_plan,
     train_policies,
     worker_slices,
@@ -90,6 +92,7 @@ STEP_RESOURCES = {
     "workload": ("1", "2G"), "augment": ("1", "2G"), "workers": ("1", "1G"), "profile": ("8", "32G"),
     "pretrain": ("4", "8G"),
     "task": ("1", "1G"), "plan": ("2", "4G"), "train": ("2", "4G"), "evaluate": ("8", "32G"),
+    "publish": ("8", "32G"),
 }
 
 
@@ -283,6 +286,32 @@ def _evaluate_step(
     ), "evaluate")
 
 
+def _publish_step(
+    evaluate: dsl.PipelineTask, pretrain: dsl.PipelineTask, comm: dsl.PipelineTask, gpu_product: str | None, *,
+    production_tasks: Any, model_alias: Any, device: Any, num_devices: Any, refine_rounds: Any, timing_rounds: Any,
+    seed: Any,
+) -> dsl.PipelineTask:
+    """The production tasks planned with the run's cost model, measured on the evaluate step's hardware, registered."""
+    publish = _sized(_on_gpu(
+        _with_cluster_settings(
+            publish_plans(
+                production_tasks=production_tasks,
+                model=pretrain.outputs["model"],
+                model_alias=model_alias,
+                hardware_kind=comm.outputs["Output"],
+                device=device,
+                refine_rounds=refine_rounds,
+                timing_rounds=timing_rounds,
+                seed=seed,
+            )
+        ),
+        num_devices,
+        gpu_product,
+    ), "publish")
+    # after evaluate: measurement sessions of one run never time kernels against each other on a node
+    return publish.after(evaluate)
+
+
 def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool = False) -> GraphComponent:
     """The pipeline function; `gpu_product` (a node label value) pins GPU steps to that product. With
     `reuse_measurements` (a local run resuming in its own work directory), a profiling step that finished with the
@@ -322,6 +351,7 @@ def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool =
         evaluate_timing_rounds: int = DEFAULTS.evaluate_timing_rounds,
         policy_tasks: int = DEFAULTS.policy_tasks,
         policy_episodes: int = DEFAULTS.policy_episodes,
+        production_tasks: str = DEFAULTS.production_tasks,
         seed: int = DEFAULTS.seed,
     ) -> dsl.Metrics:
         """The whole method; returns the measured comparison against TorchRec's planner."""
@@ -351,6 +381,13 @@ def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool =
         # in the same work directory, with the same code, resumes: it keeps what the killed run finished)
         for step in (evaluate,) if reuse_measurements else (profile, comm, evaluate):
             step.set_caching_options(False)
+        with dsl.If(production_tasks != "", name="production-tasks"):  # a run without them is unchanged
+            publish = _publish_step(
+                evaluate, pretrain, comm, gpu_product, production_tasks=production_tasks, model_alias=model_alias,
+                device=device, num_devices=num_devices, refine_rounds=refine_rounds,
+                timing_rounds=evaluate_timing_rounds, seed=seed,
+            )
+            publish.set_caching_options(False)  # measures this run's hardware and registers: never from a cache
         return evaluate.outputs["comparison"]
 
     return shardwise_pipeline

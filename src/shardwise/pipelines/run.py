@@ -74,6 +74,8 @@ class LocalRunResult:
     baseline_plan_path: Path
     report_path: Path
     comparison: dict[str, float]
+    #: the publish step's result (publish.json), where the run had production tasks
+    published_path: Path | None = None
 
 
 #: the pretrain step's figures a local run reports: held-out-table accuracy next to TorchRec's estimator and the
@@ -252,13 +254,27 @@ def run_local(
     run_dir = _single(run_dirs, "new run directory", pipeline_root)
     _link_cached_steps(run_dir, hits.keys, cache_root)
     comparison = run_figures(run_dir)  # the pipeline's output is the evaluate step's comparison
+    published = _published(run_dir, params)
     return LocalRunResult(
         run_dir=run_dir,
         plan_path=_single(list(run_dir.glob("search-plan/plan")), "plan", run_dir),
         baseline_plan_path=_single(list(run_dir.glob("search-plan-2/plan")), "baseline plan", run_dir),
         report_path=_latest_report(_single(list(run_dir.glob("evaluate-plans/report")), "report", run_dir), workdir),
         comparison=comparison,
+        published_path=published,
     )
+
+
+def _published(run_dir: Path, params: PipelineParams) -> Path | None:
+    """The publish step's result where the run had production tasks (a condition kfp.local could not evaluate skips
+    the step without a word: said here instead)."""
+    if not params.production_tasks:
+        return None
+    found = sorted(run_dir.glob("**/publish-plans/published/publish.json"))
+    if not found:
+        raise PipelineRunError(f"production_tasks {params.production_tasks!r}: the publish step did not run "
+                               f"(no publish-plans/published/publish.json under '{run_dir}')")
+    return _single(found, "publish result", run_dir)
 
 
 def _client(host: str, namespace: str | None = None, existing_token: str | None = None) -> Any:
