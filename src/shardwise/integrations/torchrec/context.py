@@ -15,11 +15,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
+import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,6 +46,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from shardwise.errors import ShardwiseError
 from shardwise.workload import ShardingTask, TableSpec, load_task
 from shardwise.workload.documents import read_json_document, write_json_document
+
+T = TypeVar("T")
 
 FORMAT: Literal["shardwise.torchrec-context/v1"] = "shardwise.torchrec-context/v1"
 #: the key of a task file that holds the context (a task reader that does not know it ignores it)
@@ -157,7 +161,7 @@ class PlannerContext(BaseModel):
 
     def torchrec_topology(self) -> Topology:
         t = self.topology
-        return Topology(
+        return _quietly(Topology,
             world_size=t.world_size, compute_device=t.compute_device, hbm_cap=t.hbm_cap, ddr_cap=t.ddr_cap,
             ssd_cap=t.ssd_cap, local_world_size=t.local_world_size, hbm_mem_bw=t.hbm_mem_bw, ddr_mem_bw=t.ddr_mem_bw,
             ssd_mem_bw=t.ssd_mem_bw, hbm_to_ddr_mem_bw=t.hbm_to_ddr_mem_bw, intra_host_bw=t.intra_host_bw,
@@ -177,7 +181,7 @@ class PlannerContext(BaseModel):
     def torchrec_storage_reservation(self) -> StorageReservation:
         kind = (HeuristicalStorageReservation if self.storage_reservation.policy == "HeuristicalStorageReservation"
                 else FixedPercentageStorageReservation)
-        return kind(self.storage_reservation.percentage)
+        return _quietly(kind, self.storage_reservation.percentage)
 
 
 def changes(registered: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -219,7 +223,7 @@ def export_context(
     collections = _collections(model)
     sharders = list(sharders) if sharders is not None else [EmbeddingBagCollectionSharder(),
                                                             EmbeddingCollectionSharder()]
-    reservation = storage_reservation or HeuristicalStorageReservation(percentage=0.15)
+    reservation = storage_reservation or _quietly(HeuristicalStorageReservation, 0.15)
     policy = type(reservation).__name__
     if policy not in ("HeuristicalStorageReservation", "FixedPercentageStorageReservation"):
         raise ContextError(f"storage_reservation {policy}: only TorchRec's HeuristicalStorageReservation and "
@@ -311,6 +315,20 @@ def _checked_name(name: Any, where: str) -> str:
 
 
 # -- the pieces ---------------------------------------------------------------------------------------------------
+def _quietly(make: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`make(...)` without TorchRec's advice to its own callers (build topologies with its factory, leave the
+    heuristical reservation): a recorded context rebuilds what the user's job built, whatever TorchRec advises."""
+    types_logger = logging.getLogger("torchrec.distributed.planner.types")
+    level = types_logger.level
+    types_logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return make(*args, **kwargs)
+    finally:
+        types_logger.setLevel(level)
+
+
 def _collections(model: nn.Module) -> list[Collection]:
     found: list[Collection] = []
     for path, module in model.named_modules():

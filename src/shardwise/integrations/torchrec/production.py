@@ -4,7 +4,9 @@ size, constraints, sharders and storage reservation, so that the registered plan
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +39,8 @@ def plan_production_task(production: ProductionTask, cost_model: CostModel, *, r
     context = production.context
     planner = ShardwisePlanner(**_planner_args(production), cost_model=cost_model, task=production.task,
                                refine=refine_s, seed=seed)
-    sharding_plan = planner.plan(context.module(), context.torchrec_sharders())
+    with _quiet_planner():
+        sharding_plan = planner.plan(context.module(), context.torchrec_sharders())
     best = getattr(planner, "_best_plan", None) or []
     fingerprint = enumerated_fingerprint(planner._enumerator) or {}
     doc = plan_doc(best, planner.hash_planner_context_inputs_str(), fingerprint)
@@ -48,13 +51,8 @@ def plan_production_task(production: ProductionTask, cost_model: CostModel, *, r
 def torchrec_planner_plan(production: ProductionTask) -> Plan:
     """TorchRec's own planner's plan of the production task's model, in shardwise's form."""
     planner = EmbeddingShardingPlanner(**_planner_args(production))
-    quiet = logging.getLogger("torchrec.distributed.planner")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # its stats table: shardwise prints its own comparison
-    try:
+    with _quiet_planner():
         sharding_plan = planner.plan(production.context.module(), production.context.torchrec_sharders())
-    finally:
-        quiet.setLevel(level)
     return as_shardwise_plan(sharding_plan, production, "torchrec")
 
 
@@ -75,6 +73,19 @@ def as_shardwise_plan(sharding_plan: ShardingPlan, production: ProductionTask, m
         row_wise += part.row_wise
     return Plan(num_devices=world_size, shards=tuple(shards), data_parallel=tuple(data_parallel),
                 row_wise=tuple(row_wise), method=method)
+
+
+@contextlib.contextmanager
+def _quiet_planner() -> Iterator[None]:
+    """TorchRec's planner's stats table and its dry-run storage warning off the console: publish prints its own
+    comparison, and a rebuilt model is always a dry run."""
+    quiet = logging.getLogger("torchrec.distributed.planner")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        quiet.setLevel(level)
 
 
 def _planner_args(production: ProductionTask) -> dict[str, Any]:
