@@ -1,6 +1,6 @@
 """The user's tables from the object store (moto's S3 server on loopback): `shardwise workload from --tables
 s3://bucket/key` takes a tables file or a DLRM dataset file as it takes a local one, and a missing object, a prefix
-or a wrong bucket is one line naming the URI, without the credentials."""
+a wrong bucket or a file that cannot be a workload is one line naming the URI, without the credentials."""
 
 from __future__ import annotations
 
@@ -62,12 +62,15 @@ def test_a_tables_file_and_a_dataset_file_from_the_object_store(s3, tmp_path, mo
     (f"s3://{BUCKET}/absent.json", f"s3://{BUCKET}/absent.json: no such object in the object store"),
     (f"s3://{BUCKET}/mine", "(it is a prefix: name one file under it)"),
     ("s3://no-such-bucket/t.json", "s3://no-such-bucket/t.json: no such object"),
+    (f"s3://{BUCKET}/mine/one.json", f"s3://{BUCKET}/mine/one.json: field 'tables' holds 1 source table(s)"),
 ])
 def test_what_is_not_an_object_is_one_line(s3, tmp_path, monkeypatch, capsys, uri, expected):
     env, client = s3
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    client.put_object(Bucket=BUCKET, Key="mine/tables.json", Body=b"{}")
+    one = {"format": "shardwise.tables/v1", "batch_size": 64, "tables": [TABLES[0].model_dump(mode="json")]}
+    client.put_object(Bucket=BUCKET, Key="mine/one.json", Body=json.dumps(one).encode())
     assert main(["workload", "from", "--tables", uri, "--out", str(tmp_path / "w")]) == 2
     err = capsys.readouterr().err
     assert expected in err and len(err.strip().splitlines()) == 1 and SECRET not in err
+    assert not list(tmp_path.rglob("*.part"))  # the fetched copy is not left behind

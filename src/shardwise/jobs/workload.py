@@ -166,19 +166,26 @@ def given(settings: GivenSettings) -> GivenResult:
     """Read the user's tables (fetched first from the object store), write tables.json and, for a DLRM dataset,
     its index data as indices.pt (table names t0, t1, ... match it, as `profile --indices` reads it)."""
     out = Path(settings.out)
-    fetched = "://" in settings.tables
-    local = _fetch(settings.tables, out / FETCHED_NAME) if fetched else Path(settings.tables)
+    if "://" not in settings.tables:
+        return _given_from(settings, Path(settings.tables), keep=True)
+    fetched = _fetch(settings.tables, out / FETCHED_NAME)
+    try:
+        return _given_from(settings, fetched, keep=False)
+    except ShardwiseError as err:
+        err.args = (str(err).replace(str(fetched), settings.tables),)  # name the URI, not the copy
+        raise
+    finally:
+        fetched.unlink(missing_ok=True)  # kept only as the index data, by then renamed
+
+
+def _given_from(settings: GivenSettings, local: Path, *, keep: bool) -> GivenResult:
+    """`given`, on the file at `local`: the user's (`keep`), or a copy of their object, moved to the index data."""
+    out = Path(settings.out)
     is_tables = is_tables_document(local)
     if is_tables and settings.dims:
         raise SettingsError(f"dims {list(settings.dims)}: {settings.tables} is a tables file, whose tables have "
                             "their dims; dims are for a DLRM dataset file")
-    try:
-        read = read_given_tables(local, dims=settings.dims, seed=settings.seed)
-    except ShardwiseError as err:
-        if not fetched:
-            raise
-        local.unlink(missing_ok=True)
-        raise type(err)(str(err).replace(str(local), settings.tables)) from None  # name the URI, not the copy
+    read = read_given_tables(local, dims=settings.dims, seed=settings.seed)
     tableset = read.tables
     sources = sorted({t.source or t.name for t in tableset.tables})
     if len(sources) < 2:
@@ -188,12 +195,10 @@ def given(settings: GivenSettings) -> GivenResult:
     indices: Path | None = None
     if read.index_data:  # the dataset file is the index data, in the format the profiler reads
         indices = out / INDEX_DATA_NAME
-        if fetched:
+        if not keep:
             local.replace(indices)
         elif local.resolve() != indices.resolve():
             shutil.copyfile(local, indices)
-    elif fetched:
-        local.unlink()
     return GivenResult(
         tables_path=str(tables_path), indices_path=None if indices is None else str(indices),
         source=settings.tables, kind="tables file" if is_tables else "DLRM dataset",
