@@ -56,7 +56,7 @@ def test_the_independent_check_catches_a_plan_over_memory_and_a_mis_tiled_plan()
     assert check.check_plan(Plan(num_devices=2, shards=whole.shards, row_wise=("t",)), task)[1] is True
 
 
-def test_the_task_space_reaches_tiny_and_huge_tables(bench):
+def test_the_task_space_reaches_tiny_and_huge_tables():
     rng = np.random.default_rng(0)
     tasks = [check.random_task(rng, i) for i in range(40)]
     rows = [t.rows for task in tasks for t in task.tables]
