@@ -357,3 +357,18 @@ def test_a_missing_champion_is_refused_before_any_proposal_as_itself(tmp_path):
     with pytest.raises(PlannerError, match="^ShardwisePlanner: no cost model at ") as refused:
         empty.plan(_model(TABLES))
     assert refused.value.error_type == PlannerErrorType.OTHER
+
+
+def test_the_stats_say_each_table_in_host_memory_its_kernel_and_cache():
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.types import CacheParams
+
+    constraints = {"t2": ParameterConstraints(compute_kernels=["fused_uvm_caching"],
+                                              cache_params=CacheParams(load_factor=0.3)),
+                   "t5": ParameterConstraints(compute_kernels=["fused_uvm"])}
+    planner = ShardwisePlanner(_topology(2, 2), batch_size=512, cost_model=FeatureCostModel(), constraints=constraints)
+    plan = planner.plan(_model(TABLES)).plan["sparse"]
+    assert (plan["t2"].compute_kernel, plan["t5"].compute_kernel) == ("fused_uvm_caching", "fused_uvm")
+    assert "in host memory: " in planner.last_stats
+    assert "t2 fused_uvm_caching (cache_load_factor 0.3: 24000 of 80000 rows cached in HBM)" in planner.last_stats
+    assert "t5 fused_uvm (no cache)" in planner.last_stats

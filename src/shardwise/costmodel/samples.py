@@ -76,8 +76,12 @@ def _cuda_timers(compute: pd.DataFrame, hardware_kind: str) -> list[str]:
 
 
 def compute_samples(df: pd.DataFrame) -> ComputeSamples:
-    """Compute rows -> one sample per config_id, fwd/bwd averaged over its repeats."""
+    """Compute rows of shards all in HBM -> one sample per config_id, fwd/bwd averaged over its repeats."""
     rows = df[df["kind"] == "compute"]
+    if "kernel" in rows.columns:
+        # the network's table features do not say which kernel runs a table: shards in host memory stay out of its
+        # training until they do (their rows are kept for the model that prices them)
+        rows = rows[rows["kernel"].isna() | (rows["kernel"] == "fused")]
     grouped = rows.groupby("config_id", sort=True).agg(
         tables_json=("tables_json", "first"), fwd_ms=("fwd_ms", "mean"), bwd_ms=("bwd_ms", "mean")
     )

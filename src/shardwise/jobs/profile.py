@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from shardwise.errors import ShardwiseError
 from shardwise.profiling import DeviceName, ProfileSettings, TimingProtocol, load_costs, noise_floor, profile
+from shardwise.profiling.caching import NEEDS_CUDA
 from shardwise.profiling.protocol import CUDA_TIMER_HELP, CudaTimer, MeasurementSettings
 from shardwise.workload import Optimizer, WeightsPrecision, load_tables, read_dlrm_dataset
 
@@ -41,6 +42,14 @@ class ProfileJobSettings(JobSettings):
         default=_PROFILER["row_wise_shards"].default, ge=0,
         description="the first this many shards also timed as row-wise tables: their tables' row blocks over 2, 4 "
                     "and 8 devices, at the batch (what the compute network prices row-wise tables by; 0: none)")
+    caching_shards: int = Field(
+        default=_PROFILER["caching_shards"].default, ge=0,
+        description="the first this many shards also timed with their tables in host memory on fbgemm's UVM (CUDA "
+                    "only): all cached, half cached beside HBM tables, at each --cache-load-factors, and uncached "
+                    "(fused_uvm); caches warmed to a steady hit rate (0: none)")
+    cache_load_factors: tuple[float, ...] = Field(
+        default=_PROFILER["cache_load_factors"].default, min_length=1, json_schema_extra={"sep": ","},
+        description="comma-separated shares of a table's rows its HBM cache holds, for --caching-shards")
     max_tables: int = Field(default=_PROFILER["max_tables"].default, ge=1, description="most tables in one shard")
     repeats: int = Field(default=_PROFILER["repeats"].default, ge=0,
                          description="re-measure some shards this many more times")
@@ -73,6 +82,11 @@ class ProfileJobSettings(JobSettings):
             raise ValueError("num_shards and comm_layouts are both 0: nothing to measure")
         if self.worker >= self.workers:
             raise ValueError(f"worker {self.worker} is not one of 0..{self.workers - 1} (workers {self.workers})")
+        if any(not 0.0 < f <= 1.0 for f in self.cache_load_factors):
+            raise ValueError(f"cache_load_factors {list(self.cache_load_factors)}: each is a share of a table's rows, "
+                             "in (0, 1]")
+        if self.caching_shards and self.device is not None and not str(self.device).startswith("cuda"):
+            raise ValueError(NEEDS_CUDA)
         return self
 
 
@@ -123,6 +137,8 @@ def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult
         all_reduce_max_bytes=settings.all_reduce_max_bytes,
         data_parallel_shards=settings.data_parallel_shards,
         row_wise_shards=settings.row_wise_shards,
+        caching_shards=settings.caching_shards,
+        cache_load_factors=settings.cache_load_factors,
         max_tables=settings.max_tables,
         repeats=settings.repeats,
         repeat_shards=settings.repeat_shards,
@@ -176,6 +192,6 @@ def run_apart(settings: ProfileJobSettings, holdout_tables: str, holdout_shards:
     return run(settings.model_copy(update={
         "tables": holdout_tables, "num_shards": holdout_shards, "comm_layouts": 0,
         **{key: math.ceil(getattr(settings, key) * holdout_shards / max(settings.num_shards, 1))
-           for key in ("data_parallel_shards", "row_wise_shards")},
+           for key in ("data_parallel_shards", "row_wise_shards", "caching_shards")},
         "seed": settings.seed + 1,
     }))

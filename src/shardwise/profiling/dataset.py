@@ -55,6 +55,7 @@ from .schema import (
     COMMON_COLUMNS,
     COMPUTE_COLUMNS,
     DATASET_FORMAT,
+    KERNEL_COLUMNS,
     PROVENANCE_COLUMNS,
     TIMER_COLUMNS,
 )
@@ -104,9 +105,11 @@ _TYPES: dict[str, pa.DataType] = {
     "num_devices": _INT,
     "device": _INT,
     "size_bytes": _INT,
+    "cache_load_factor": _FLOAT,
+    "cache_hit_rate": _FLOAT,
 }
 ALL_COLUMNS: tuple[str, ...] = (COMMON_COLUMNS + COMPUTE_COLUMNS + COMM_COLUMNS + PROVENANCE_COLUMNS + TIMER_COLUMNS
-                                 + ALL_REDUCE_COLUMNS)
+                                 + ALL_REDUCE_COLUMNS + KERNEL_COLUMNS)
 #: every part file has every column with these types (None where a column does not apply to a row's kind)
 SCHEMA = pa.schema(
     [pa.field(name, _TYPES.get(name, _STR)) for name in ALL_COLUMNS],
@@ -351,9 +354,19 @@ def _read_part(part: Path | tuple[str, pa.Table]) -> pd.DataFrame:
         if column not in table.column_names:
             table = table.append_column(column, pa.nulls(table.num_rows, _TYPES.get(column, _STR)))
     try:
-        return table.select(list(ALL_COLUMNS)).cast(SCHEMA).to_pandas()
+        frame = table.select(list(ALL_COLUMNS)).cast(SCHEMA).to_pandas()
     except pa.ArrowException as err:
         raise DatasetError(f"{file}: columns do not have the types of {DATASET_FORMAT} ({err})") from None
+    return _older_shards_fused(frame)
+
+
+def _older_shards_fused(frame: pd.DataFrame) -> pd.DataFrame:
+    """Compute rows from before the kernel was stored ran every table in HBM: "fused", no cache."""
+    older = (frame["kind"] == "compute") & frame["kernel"].isna()
+    if older.any():
+        frame.loc[older, "kernel"] = "fused"
+        frame.loc[older, "cache_load_factor"] = 0.0
+    return frame
 
 
 def load_costs(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:

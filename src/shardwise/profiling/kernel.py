@@ -25,6 +25,7 @@ import torch
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision
 
 from .batches import IndexData, host_shard_batch
+from .caching import in_host_memory
 from .hardware import resolve_device
 from .protocol import MeasurementSettings, TimingProtocol
 from .tbe import COMPUTE_KERNELS, ComputeKernel, ShardKernel, build_shard_kernel
@@ -79,6 +80,8 @@ class ShardTiming:
     #: captured or the queue's hold did not cover its launches) or
     #: the CPU clock ("thread", "wall"); None where not known
     timer: str | None = None
+    #: a shard with cached tables: its cache's hit rate over the distinct ids of a cycle of batches, once warm
+    cache_hit_rate: float | None = None
 
     @property
     def total_ms(self) -> float:
@@ -243,9 +246,13 @@ def measure_shards(
                 except Exception as err:  # noqa: BLE001 - this shard's timing is kept; the error comes at its turn
                     failed = err
 
-            overlap = dev.type == "cuda" and i + 1 < len(shards)
+            # a cache is warmed as its kernel is built, waiting on the device: not while this shard's calls are timed
+            overlap = dev.type == "cuda" and i + 1 < len(shards) and not in_host_memory(shards[i + 1])
             timer = timer.successor() if i else timer
             timing = _time_with(timer, kernel, protocol, meanwhile=build_next if overlap else None)
+            hit_rate = getattr(kernel, "cache_hit_rate", None)  # a ShardKernel's; stand-ins may have none
+            if hit_rate is not None:
+                timing = dataclasses.replace(timing, cache_hit_rate=hit_rate)
             del kernel
         yield timing
 

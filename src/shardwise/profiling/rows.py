@@ -11,6 +11,7 @@ from typing import Any
 
 from shardwise.workload import TableSpec
 
+from .caching import shard_cache_load_factor, shard_kernel_name
 from .comm import CommTiming
 from .kernel import ShardTiming
 
@@ -50,6 +51,9 @@ def compute_row(
         "optimizer": optimizer,
         "weights_precision": weights_precision,
         "provenance": provenance,
+        "kernel": shard_kernel_name(shard),
+        "cache_load_factor": shard_cache_load_factor(shard) or 0.0,
+        "cache_hit_rate": timing_result.cache_hit_rate,
     }
 
 

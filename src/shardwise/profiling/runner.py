@@ -27,6 +27,7 @@ from shardwise.errors import ServiceError, redacted
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision, local_batch, row_blocks
 
 from .batches import IndexData
+from .caching import DEFAULT_CACHE_LOAD_FACTORS, NEEDS_CUDA, CachingNeedsCudaError, caching_variants
 from .comm import default_backend, measure_comm_group
 from .dataset import (
     count_rows,
@@ -117,6 +118,11 @@ class ProfileSettings(BaseModel):
     #: ROW_WISE_DEVICE_COUNTS, the fused kernel at the batch (rows kind "compute", so the compute network learns the
     #: blocks it prices row-wise tables by)
     row_wise_shards: int = Field(default=0, ge=0)
+    #: the first this many sampled shards timed again with their tables in host memory on fbgemm's UVM (CUDA only):
+    #: every table cached, and the first half cached beside the rest in HBM, at each of `cache_load_factors`, then
+    #: every table without a cache (`caching.caching_variants`; rows kind "compute", their `kernel` says which)
+    caching_shards: int = Field(default=0, ge=0)
+    cache_load_factors: tuple[float, ...] = Field(default=DEFAULT_CACHE_LOAD_FACTORS, min_length=1)
     max_devices: int | None = Field(default=None, ge=2)  # None: GPU count, or max(4, cores) on CPU
     chunk_size: int = Field(default=25, ge=1)  # rows per flush to disk
     #: this worker's slice of the run (shard configs and all-to-all layouts i with i % workers == worker): K
@@ -126,6 +132,9 @@ class ProfileSettings(BaseModel):
 
     @model_validator(mode="after")
     def _worker_in_range(self) -> ProfileSettings:
+        if any(not 0.0 < f <= 1.0 for f in self.cache_load_factors):
+            raise ValueError(f"cache_load_factors {list(self.cache_load_factors)}: each is a share of a table's rows, "
+                             "in (0, 1]")
         if self.worker >= self.workers:
             raise ValueError(f"worker {self.worker} is not one of 0..{self.workers - 1} (workers {self.workers})")
         return self
@@ -265,6 +274,8 @@ def profile(
     (a directory of Parquet part files; a single-file dataset from before is converted into one first)."""
     out = out if is_object_store(out) else Path(out)
     device = resolve_device(settings.device)
+    if settings.caching_shards and device.type != "cuda":
+        raise CachingNeedsCudaError(NEEDS_CUDA)
     protocol = settings.protocol.for_device(device)
     info = hardware_info(device)
     if device.type == "cpu" and protocol.num_threads is not None:
@@ -312,6 +323,9 @@ def _plan(tables: Sequence[TableSpec], settings: ProfileSettings, device: torch.
     # the first shards again as row-wise tables leave them on the first device of each count (its row blocks)
     configs = sampled + [row_blocks(shard, count)[0] for count in ROW_WISE_DEVICE_COUNTS
                          for shard in sampled[: settings.row_wise_shards]]
+    # and again in host memory, behind caches of each load factor and without one
+    configs += [variant for shard in sampled[: settings.caching_shards]
+                for variant in caching_variants(shard, settings.cache_load_factors)]
     ids = [
         shard_config_id(c, settings.batch_size, settings.optimizer, settings.weights_precision, kind)
         for c in configs

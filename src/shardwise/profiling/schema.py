@@ -47,6 +47,11 @@ PROVENANCE_COLUMNS = ("provenance",)
 #: on CPU; a device pays it once a step: above the kernels' ms, the shard is launch-bound), and what timed the
 #: call (the CUDA timer, "held", "queued", "graph" or "events", or the CPU clock, "thread" or "wall")
 TIMER_COLUMNS = ("launch_ms", "timer")
+#: kind == "compute" (null in older datasets, read as "fused" and 0): the shard's kernel, "fused" (every table in HBM),
+#: "fused_uvm_caching" (tables in host memory behind a cache in HBM, beside any in HBM; which ones in `tables_json`)
+#: or "fused_uvm" (tables in host memory, no cache); its cache's load factor (0: no cache) and, once warm, its hit
+#: rate over the distinct ids of a cycle of batches (null without a cache)
+KERNEL_COLUMNS = ("kernel", "cache_load_factor", "cache_hit_rate")
 #: kind == "comm" (and the collectives, "all_reduce" ... "all_to_all": num_devices, backend; "data_parallel":
 #: num_devices)
 COMM_COLUMNS = (

@@ -1,14 +1,16 @@
-"""The kernel a shard runs (`ShardKernel`): fbgemm's fused table-batched embedding kernel (TBE) over its tables, or
-for data-parallel tables TorchRec's dense one (`ComputeKernel`), with one batch of inputs; built once, then timed
-(`kernel.py`, `timers.py`)."""
+"""The kernel a shard runs (`ShardKernel`): fbgemm's fused table-batched embedding kernel (TBE) over its tables (those
+in host memory on fbgemm's UVM, `caching.py`), or for data-parallel tables TorchRec's dense one (`ComputeKernel`),
+with one batch of inputs (a cycle of them for a cache to settle on); built once, then timed (`kernel.py`,
+`timers.py`)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -17,6 +19,14 @@ import torch
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision
 
 from .batches import IndexData, shard_batch, split_batch
+from .caching import (
+    in_host_memory,
+    locations,
+    require_uvm,
+    rotation_batches,
+    shard_cache_load_factor,
+    warm_cache,
+)
 from .hardware import import_fbgemm, resolve_device
 
 _OPTIMIZERS = {"sgd": "EXACT_SGD", "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD", "adam": "ADAM"}
@@ -42,10 +52,20 @@ class ShardKernel:
     offsets: torch.Tensor  # [T * B + 1]
     grad_output: torch.Tensor  # [B, sum(dims)], a fixed upstream gradient for backward
     num_tables: int = 1
+    #: batches of one distribution the calls cycle through (tables in host memory: each call's ids new to its cache,
+    #: as in training); empty: every call looks up `indices`
+    rotation: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
+    #: the cache's hit rate over the distinct ids of a cycle once warm (None: no table cached)
+    cache_hit_rate: float | None = None
+    _calls: list[int] = field(default_factory=lambda: [0])
 
     def forward(self) -> torch.Tensor:
         """Pooled output [B, sum(dims)] (sum pooling)."""
-        return self.tbe(self.indices, self.offsets)
+        if not self.rotation:
+            return self.tbe(self.indices, self.offsets)
+        indices, offsets = self.rotation[self._calls[0] % len(self.rotation)]
+        self._calls[0] += 1
+        return self.tbe(indices, offsets)
 
     @property
     def per_table(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
@@ -88,7 +108,9 @@ def build_shard_kernel(
 ) -> ShardKernel:
     """fbgemm's SplitTableBatchedEmbeddingBagsCodegen over `tables` with its inputs, on `device`; with
     `compute_kernel` "dense", DenseTableBatchedEmbeddingBagsCodegen (fp32) with an SGD step over the whole tables
-    in its backward (`ComputeKernel`; `optimizer` and `weights_precision` are the fused kernel's)."""
+    in its backward (`ComputeKernel`; `optimizer` and `weights_precision` are the fused kernel's). Tables in host
+    memory (`TableSpec.compute_kernel`) on fbgemm's UVM, CUDA only (`caching.py`): their calls cycle through sampled
+    batches of one distribution, the cache warmed on them before it is timed."""
     import_fbgemm()  # a clear error where this machine cannot load the installed build
     # fbgemm_gpu: heavy (registers its operators with torch), needed only when a kernel is built
     from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
@@ -106,23 +128,32 @@ def build_shard_kernel(
     if compute_kernel not in COMPUTE_KERNELS:
         raise ValueError(f"compute_kernel {compute_kernel!r} is not one of {list(COMPUTE_KERNELS)}")
     dev = resolve_device(device)
+    require_uvm(tables, dev)
+    uvm = in_host_memory(tables)
+    if uvm and compute_kernel != "fused":
+        raise ValueError(f"compute_kernel {compute_kernel!r}: tables in host memory run fbgemm's fused kernel on UVM")
     if dev.type == "cpu" and optimizer == "adam":
         raise ValueError("optimizer 'adam': fbgemm's CPU kernel does not support it (use sgd or rowwise_adagrad)")
     if dev.type == "cuda":
-        location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
+        where, compute = locations(tables), ComputeDevice.CUDA
     else:
-        location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
+        where, compute = [EmbeddingLocation.HOST] * len(tables), ComputeDevice.CPU
+    # fbgemm sizes one cache over its cached tables' rows; its stats say when the cache has settled
+    cache = {"cache_load_factor": shard_cache_load_factor(tables), "gather_uvm_cache_stats": True} if uvm else {}
 
     torch.manual_seed(seed)
     with _tbe_configuration_logs_hidden():
         tbe = _dense_kernel(tables, dev) if compute_kernel == "dense" else SplitTableBatchedEmbeddingBagsCodegen(
-            [(t.rows, t.dim, location, compute) for t in tables],
+            [(t.rows, t.dim, location, compute) for t, location in zip(tables, where, strict=True)],
             optimizer=getattr(EmbOptimType, _OPTIMIZERS[optimizer]),
             weights_precision=getattr(SparseType, _PRECISIONS[weights_precision]),
             learning_rate=0.01,
             device=dev,
+            **cache,
         )
-    indices, offsets = shard_batch(tables, batch_size, dev, index_data)
+    # a cache's hit rate needs many batches of one distribution, and read index data holds one per table: sampled
+    rotation = rotation_batches(tables, batch_size, dev) if uvm else ()
+    indices, offsets = rotation[0] if rotation else shard_batch(tables, batch_size, dev, index_data)
     # drawn on the device: at batch 65536 a 15-table shard's gradient is about 40M values, seconds on one CPU core
     generator = torch.Generator(device=dev).manual_seed(seed)
     grad = torch.randn(batch_size, sum(t.dim for t in tables), generator=generator, device=dev)
@@ -132,7 +163,11 @@ def build_shard_kernel(
         # (tests/gpu checks a fresh kernel's first held call is covered by its first hold)
         with torch.no_grad():
             tbe(indices, offsets)
-    return ShardKernel(tbe=tbe, indices=indices, offsets=offsets, grad_output=grad, num_tables=len(tables))
+    kernel = ShardKernel(tbe=tbe, indices=indices, offsets=offsets, grad_output=grad, num_tables=len(tables),
+                         rotation=rotation)
+    if uvm:
+        kernel = dataclasses.replace(kernel, cache_hit_rate=warm_cache(kernel))
+    return kernel
 
 
 def _dense_kernel(tables: Sequence[TableSpec], device: torch.device) -> torch.nn.Module:

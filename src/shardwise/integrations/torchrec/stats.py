@@ -1,6 +1,7 @@
 """TorchRec's `EmbeddingStats`, followed by what shardwise did for the plan: per rank its shards, storage and
 predicted ms; which tables TorchRec's estimator priced and why; whether the plan is shardwise's or TorchRec's greedy
-proposal; what adaptation and refinement did and how long each stage took."""
+proposal; which tables run in host memory (their kernel and cache); what adaptation and refinement did and how long
+each stage took."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from collections import Counter
 from typing import Any
 
 from torchrec.distributed.planner.stats import EmbeddingStats
-from torchrec.distributed.planner.types import ShardingOption, Storage
+from torchrec.distributed.planner.types import PlanLoader, ShardingOption, Storage
 
 from shardwise.costmodel.types import KnowsItsTraining
 
-from .perf_model import ShardwisePerfModel
+from .errors import PlannerError
+from .perf_model import RankCosts, ShardwisePerfModel
 from .proposer import ShardwiseProposer, proposal_key
+from .space import torchrec_ms
 
 log = logging.getLogger("shardwise.torchrec")
 GIB = 2**30
@@ -24,10 +27,12 @@ class ShardwiseStats(EmbeddingStats):
     """TorchRec's stats table, then shardwise's account of the best plan at INFO (its caveats at WARNING), kept in
     `last`."""
 
-    def __init__(self, proposer: ShardwiseProposer, perf_model: ShardwisePerfModel) -> None:
+    def __init__(self, proposer: ShardwiseProposer, perf_model: ShardwisePerfModel,
+                 plan_loader: PlanLoader | None = None) -> None:
         super().__init__()
         self.proposer = proposer
         self.perf_model = perf_model
+        self.plan_loader = plan_loader
         #: the last plan's account (None before the first plan)
         self.last: str | None = None
         #: its caveats: what the cost model did not see or price
@@ -40,9 +45,11 @@ class ShardwiseStats(EmbeddingStats):
         if not best_plan or any(s.rank is None or s.rank < 0 for o in best_plan for s in o.shards):
             return  # no plan: TorchRec's planner raises its PlannerError next
         proposer, search = self.proposer, self.proposer.search
-        costs = self.perf_model.costs(best_plan)
+        loaded = proposer.space is None and self.plan_loader is not None  # no proposal ran: the loader's plan
+        costs = self._loaded_costs(best_plan) if loaded else self.perf_model.costs(best_plan)
         ours = proposer.last_key is not None and proposer.last_key <= proposal_key(best_plan)
-        source = (f"shardwise's {search.method} search" if ours else
+        source = (f"loaded by the plan loader ({_plan_id(self.plan_loader)})" if loaded else
+                  f"shardwise's {search.method} search" if ours else
                   "TorchRec's greedy proposal (shardwise's search found no plan that fits)"
                   if proposer.last_error or proposer.last_search is None else
                   "TorchRec's greedy proposal (the cost model rates it at least as fast as the search's)")
@@ -62,6 +69,9 @@ class ShardwiseStats(EmbeddingStats):
                          f"  {costs.ms[rank]:>12.3f}")
         kinds = Counter(f"{o.sharding_type} ({o.compute_kernel})" for o in best_plan)
         lines.append("sharding: " + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common()))
+        in_host = host_memory_line(best_plan)
+        if in_host:
+            lines.append(in_host)
         self.notes = self._notes(best_plan, costs.by_torchrec, ours)
         lines += self.notes
         if search.last_adaptation is not None:
@@ -74,6 +84,15 @@ class ShardwiseStats(EmbeddingStats):
         log.info("%s", self.last)
         for note in self.notes:
             log.warning("ShardwisePlanner: %s", note)
+
+    def _loaded_costs(self, best_plan: list[ShardingOption]) -> RankCosts:
+        """A loaded plan's predicted ms: the cost model's where one resolves (a training job loading its plan need
+        not have one), else TorchRec's estimates."""
+        try:
+            return self.perf_model.costs(best_plan)
+        except PlannerError:
+            space = self.proposer.space_of(best_plan)
+            return RankCosts(tuple(torchrec_ms(best_plan, space.world_size)), tuple(t.key for t in space.tables))
 
     def _notes(self, best_plan: list[ShardingOption], by_torchrec: tuple[str, ...], ours: bool) -> list[str]:
         """What the plan's figures rest on beyond the cost model's measurements."""
@@ -96,3 +115,27 @@ class ShardwiseStats(EmbeddingStats):
             if outside:
                 notes.append(outside)
         return notes
+
+
+def _plan_id(loader: PlanLoader | None) -> str:
+    get = getattr(loader, "get_plan_id", None)  # TorchRec's planner calls it too, though PlanLoader does not declare it
+    return str(get()) if get is not None else type(loader).__name__
+
+
+#: the cache TorchRec gives a "fused_uvm_caching" table whose option names no load factor (its UVM_CACHING_RATIO)
+TORCHREC_CACHE_LOAD_FACTOR = 0.2
+
+
+def host_memory_line(best_plan: list[ShardingOption]) -> str | None:
+    """The tables a UVM kernel keeps in host memory, each with its kernel and, for "fused_uvm_caching", its cache's
+    load factor and the rows it holds in HBM; None where every table is in HBM."""
+    parts = []
+    for option in best_plan:
+        if option.compute_kernel == "fused_uvm":
+            parts.append(f"{option.name} fused_uvm (no cache)")
+        elif option.compute_kernel == "fused_uvm_caching":
+            load_factor = option.cache_load_factor or TORCHREC_CACHE_LOAD_FACTOR
+            rows = int(option.tensor.shape[0])
+            parts.append(f"{option.name} fused_uvm_caching (cache_load_factor {load_factor:g}: "
+                         f"{round(rows * load_factor)} of {rows} rows cached in HBM)")
+    return "in host memory: " + ", ".join(parts) if parts else None
