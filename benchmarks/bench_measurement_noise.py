@@ -14,7 +14,7 @@ per protocol:
   - s/session: the time one session takes.
 Each protocol measured by `measure_plans` has a twin computed from the same sessions (", all-to-all by width
 line"): each device's all-to-all priced by a straight line in its pooled width, fitted over every device of the
-task's plans in that session (bench_comm_estimator.py: the part of a device's figure that repeats between sessions).
+task's plans in that session (record comm_estimator: the part of a device's figure that repeats between sessions).
 The protocol "9 timings in refinement's session" measures the plans as refinement measures its starts
 (`measure_side_by_side`), so refinement's decisions can be checked against the benchmark's measurements.
 
@@ -64,7 +64,7 @@ PROTOCOLS: dict[str, dict[str, Any]] = {
 
 
 #: suffix of a protocol's twin: the same sessions, each device's all-to-all priced by a line in its pooled width
-#: fitted over every device of the task's plans in the session (bench_comm_estimator.py: the part that repeats)
+#: fitted over every device of the task's plans in the session (record comm_estimator: the part that repeats)
 BY_WIDTH = ", all-to-all by width line"
 
 

@@ -8,9 +8,8 @@
 # OUT gets summary.txt (the machine, each step's exit and time), each step's log, the result documents (also under
 # benchmarks/results/) and datasets.tar.gz (the profiles); the method's model stays in /tmp/gpu_check_method.
 # The steps, most telling first:
-#   1. bench_batch_build.py --device cuda (40 s): a shard's batch at 65536 built on the host against the tensor path
-#      the profiler uses (batch_build_cuda.json);
-#   2. bench_gpu_method.py --preset gpu-check --cuda-timer queued (320 s): the timers compared (held, queued, graph,
+#   1. the gpu suite (python -m benchmarks --suite gpu --record; 320 s): gpu_method with --preset gpu-check
+#      --cuda-timer queued: the timers compared (held, queued, graph,
 #      events, and queued with the 3 warm-up calls used before the GPU's 1: agreement, noise, and each one's wall
 #      time a shard), profile with the queued timer (the next shard built while the device runs this one; training and
 #      held-out tables apart, repeats for the noise floor; as many of the preset's 600 + 100 shards as a pilot's
@@ -18,8 +17,9 @@
 #      measured_greedy, size_lookup_greedy, torchrec, torchrec_cw; and neuroshard refined on the kernels, as `plan
 #      --refine` does) two tasks of held-out tables (16 on 4 devices, 32 on 8) and measure the plans' kernels
 #      (compute alone: one GPU holds no NCCL group of several ranks);
-#      gpu_method.json, and gpu_method_steps.json written after every step, so a step cut short keeps the rest;
-#   3. tests/gpu (120 s): the cost model, NeuroShard and the RL policies on CUDA; the CUDA timers on a torch
+#      its record (benchmarks/results/gpu_method_queued/), and gpu_method_steps.json written after every step, so a
+#      step cut short keeps the rest;
+#   2. tests/gpu (120 s): the cost model, NeuroShard and the RL policies on CUDA; the CUDA timers on a torch
 #      EmbeddingBag; fbgemm shards whose cost grows with their tables and whose repeats agree, at batch 2048 and
 #      65536; the three timers agreeing where the kernels dominate, and the hold covering every TBE call; shards
 #      timed while the next is built, and with 1 warm-up call, as when timed alone with 3.
@@ -41,12 +41,11 @@ step() {  # step LIMIT_S LOG RESULT COMMAND...: run under a time limit, keep its
     local rc=${PIPESTATUS[0]}
     echo "[$log: exit $rc after $((SECONDS - began)) s of $limit]" | tee -a "$out/summary.txt"
     [ "$rc" = 0 ] || status=1
-    if [ -n "$result" ] && [ "benchmarks/results/$result.json" -nt "$marker" ]; then
-        cp "benchmarks/results/$result.json" "$out"/
+    if [ -n "$result" ] && [ -d "benchmarks/results/$result" ]; then
+        find "benchmarks/results/$result" -name '2*.json' -newer "$marker" -exec cp {} "$out"/ \;
     fi
     rm -f "$marker"
 }
-step 40 batch_build.log batch_build_cuda python3 benchmarks/bench_batch_build.py --device cuda --record
 work=/tmp/gpu_check_method
 rm -rf "$work"
 # the queued timer, the default since it agreed with the held one on an H200 (2026-11-27): named, so the record

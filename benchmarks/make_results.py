@@ -165,6 +165,8 @@ def _gpu(doc: dict[str, Any]) -> str:
             f"{figure('batch 65536: shards/s')} shards/s profiled")
 
 
+#: a finished investigation's script, deleted once its decision was in the code
+_RETIRED = "the script, benchmarks/bench_{}.py, is in git at 357f9c1"
 _REPLACED_PQ = "superseded by plan_quality_types_4dev/_8dev (a later cost model, every sharding type offered)"
 
 PLACEMENT = Placement(
@@ -213,7 +215,6 @@ PLACEMENT = Placement(
         ),
         "On a GPU": (
             ("gpu_method_queued", "the whole method on one H100 with the queued CUDA timer, targets met or not"),
-            ("batch_build_cuda", "a shard's batch built with tensor ops on the GPU: 73x the host path for sampled batches"),
         ),
     },
     archived={
@@ -250,8 +251,6 @@ PLACEMENT = Placement(
             ("costmodel_accuracy_profile_size", "older study: more profile rows of the same tables did not lower "
              "held-out error"),
             ("costmodel_accuracy_small", "--small smoke run: proves the path, its figures are rough"),
-            ("device_accuracy", "older study: more shards of the same tables stopped lowering the error on plans' "
-             "device shards; superseded by costmodel_seeds_all_sizes and sharding_type_accuracy"),
             ("costmodel_seeds", "patience 40, one table count held out: 4.92-9.30% over seeds; superseded by "
              "costmodel_seeds_all_sizes"),
             ("costmodel_seeds_patience", "800 epochs, patience 200, one table count held out; superseded by "
@@ -262,7 +261,6 @@ PLACEMENT = Placement(
         "Planning time": (
             ("planning_time_cuda", "the cost model on CUDA planned slower than on the CPU: planning runs it on the "
              "CPU; superseded for times by planning_time"),
-            ("subnormals", "subnormal weights made the search 15-19x slower on an Intel CPU: shardwise zeroes them"),
             ("cli_startup", "CLI start-up and `plan` times; not superseded, moved here for results.md's line budget"),
         ),
         "Measurement protocol": (
@@ -270,25 +268,39 @@ PLACEMENT = Placement(
              "kept"),
             ("measurement_noise_refinement", "the same noise inside refinement's session"),
             ("measurement_noise_width", "pricing all-to-alls by a width line halves how far ratios move: kept"),
-            ("comm_estimator", "a device's all-to-all repeats between sessions mostly through its width: priced "
-             "by a line in its width"),
-            ("comm_estimator_make_run", "the same analysis on the exchange-in-turns run"),
-            ("comm_estimator_make_run_width", "the same analysis on the width-priced exchange-in-turns run"),
-            ("comm_estimator_width_run", "the same analysis on the width-priced large run"),
-            ("eval_comm_consistency", "all-to-all schedules within one session: exchange by exchange against "
-             "blocks"),
-            ("collective_repeat", "gloo collectives move between fresh process groups: data-parallel and row-wise "
-             "pricing needs hardware whose collectives repeat"),
             ("shard_timing", "where one shard timing's seconds go"),
             ("shard_timing_flush", "the cache flush's size: 256 MiB within 0.5% of 960 MiB at half the time"),
             ("shard_timing_pairing", "one flush per shard and reference pair against one per call"),
             ("profiling", "older CPU study: thread clock against wall clock, throughput and noise floor"),
             ("profile_fanout", "older study: profiling split over 2 workers, 1.63x, no row lost or measured twice"),
-            ("batch_build", "on 2 CPU cores tensor ops build a batch at 0.8x the host path; batch_build_cuda is "
-             "where they pay"),
-            ("dlrm_validate", "one start of the ranks for several plans takes 0.52x one start per plan"),
             ("workload_synthetic", "synthetic tables against the DLRM 2021 statistics; not superseded, moved here "
              "for results.md's line budget"),
+        ),
+        "Finished investigations": (
+            ("subnormals", f"decided: shardwise zeroes subnormal weights (they made the search 15-19x slower on an "
+             f"Intel CPU); {_RETIRED.format('subnormals')}"),
+            ("batch_build", f"decided: the profiler builds a shard's batch with tensor ops on the timing device (on 2 "
+             f"CPU cores 0.8x the host path, on the GPU batch_build_cuda); {_RETIRED.format('batch_build')}"),
+            ("batch_build_cuda", "decided with batch_build: tensor ops on the GPU build sampled batches at 73x the "
+             "host path"),
+            ("comm_estimator", "decided: each device's all-to-all is priced by a line in its width (measurement's "
+             "comm_pricing 'width'), the part of its figure that repeats between sessions; "
+             + _RETIRED.format("comm_estimator")),
+            ("comm_estimator_make_run", "decided with comm_estimator: the same analysis on the exchange-in-turns run"),
+            ("comm_estimator_make_run_width", "decided with comm_estimator: the same analysis on the width-priced "
+             "exchange-in-turns run"),
+            ("comm_estimator_width_run", "decided with comm_estimator: the same analysis on the width-priced large run"),
+            ("eval_comm_consistency", "decided: the layouts measured together take turns exchange by exchange "
+             "(5-9% apart within a session against 7-11% timed in blocks); "
+             + _RETIRED.format("eval_comm_consistency")),
+            ("collective_repeat", "decided: data-parallel and row-wise collectives are priced only where they repeat "
+             "between process groups (gloo on 2 cores moves 6-93%: NCCL on GPUs); "
+             + _RETIRED.format("collective_repeat")),
+            ("device_accuracy", "decided: accuracy is judged on held-out tables (costmodel_seeds_all_sizes, "
+             "sharding_type_accuracy): more shards of the same tables stopped lowering the error on plans' device "
+             "shards; " + _RETIRED.format("device_accuracy")),
+            ("dlrm_validate", "decided: `validate --compare` starts the ranks once for several plans (0.52x one start "
+             "per plan); " + _RETIRED.format("dlrm_validate")),
         ),
         "On a GPU": (
             ("gpu_method", "the first GPU run (H200, held timer); superseded by gpu_method_queued (queued timer, "
