@@ -157,11 +157,20 @@ def test_torchrecs_planner_loads_the_registered_plan_through_the_loader(register
     assert set(own) == set(loaded)  # the same tables, which TorchRec's own plan may place otherwise
 
 
-def test_the_drop_in_loads_the_registered_plan_without_a_cost_model(registered):
+def test_the_drop_in_loads_the_registered_plan_without_a_cost_model(registered, tmp_path, monkeypatch):
     planned, files = registered
-    planner = ShardwisePlanner(CPU, batch_size=BATCH, constraints=_constraints(), plan_loader=MlflowPlanLoader(files),
-                               cost_model=None, method="size_greedy")
+    monkeypatch.chdir(tmp_path)  # no ./mlflow.db: no champion to find, and a training job loading its plan needs none
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    planner = ShardwisePlanner(CPU, batch_size=BATCH, constraints=_constraints(), plan_loader=MlflowPlanLoader(files))
     assert _ranks(planner.plan(_model(), _sharders())) == _devices(planned.plan)
+    assert f"the plan: loaded by the plan loader ({files})" in planner.last_stats
+
+
+def test_the_drop_in_names_what_changed_without_being_given_its_enumerator(registered):
+    _, files = registered
+    planner = ShardwisePlanner(CPU, batch_size=BATCH, constraints=_constraints(), plan_loader=MlflowPlanLoader(files))
+    with pytest.raises(PlannerError, match="rows 20000 -> 20001"):
+        planner.plan(_model(rows0=20_001), _sharders())
 
 
 @pytest.mark.parametrize("model, topology, words", [

@@ -12,70 +12,31 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from torch import nn
+from dcnv2_model import (
+    BATCH,
+    STEPS,
+    WORLD_SIZE,
+    dcnv2,
+    dcnv2_constraints,
+    dcnv2_sharders,
+    dcnv2_tables,
+    train_dcnv2,
+)
 
 pytestmark = pytest.mark.integration
 
 GIB = 2**30
-WORLD_SIZE = 2
-BATCH = 8  # per rank
-DENSE_IN = 13  # Criteo's dense features
-ROW_SCALE = 1e-4  # the 40M-row tables keep 4,000 rows
-STEPS = 3
-
-
-def _tables():  # noqa: ANN202 - the DCNv2 TableSpecs
-    from shardwise.workload import mlperf_dcnv2_tables
-
-    return mlperf_dcnv2_tables(ROW_SCALE)
-
-
-def _dcnv2(device: torch.device) -> nn.Module:
-    """TorchRec's DLRM_DCN over the 26 DCNv2 tables (dim 128; the dense layers narrowed to keep the test cheap)."""
-    from torchrec.models.dlrm import DLRM_DCN
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
-    configs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[f"cat_{i}"])
-               for i, t in enumerate(_tables())]
-    dim = configs[0].embedding_dim
-    return DLRM_DCN(EmbeddingBagCollection(tables=configs, device=device), DENSE_IN, [32, dim], [32, 1],
-                    dcn_num_layers=2, dcn_low_rank_dim=8, dense_device=torch.device("cpu"))
-
-
-def _constraints():  # noqa: ANN202 - TorchRec's ParameterConstraints: each table's multi-hot size
-    from torchrec.distributed.planner import ParameterConstraints
-
-    return {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in _tables()}
 
 
 def _planner(topology, cost_model: str):  # noqa: ANN001, ANN202 - as a TorchRec user writes it
     from shardwise.integrations.torchrec import ShardwisePlanner
 
-    return ShardwisePlanner(topology, batch_size=BATCH, constraints=_constraints(), cost_model=cost_model)
-
-
-def _batch(rank: int, step: int):  # noqa: ANN202 - (dense, KeyedJaggedTensor, labels) with each table's hotness
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    g = torch.Generator().manual_seed(1000 * rank + step)
-    tables = _tables()
-    lengths = [torch.full((BATCH,), int(t.pooling_factor)) for t in tables]
-    values = [torch.randint(0, t.rows, (BATCH * int(t.pooling_factor),), generator=g) for t in tables]
-    kjt = KeyedJaggedTensor.from_lengths_sync(keys=[f"cat_{i}" for i in range(len(tables))],
-                                              values=torch.cat(values), lengths=torch.cat(lengths))
-    return torch.randn(BATCH, DENSE_IN, generator=g), kjt, torch.randint(0, 2, (BATCH,), generator=g).float()
+    return ShardwisePlanner(topology, batch_size=BATCH, constraints=dcnv2_constraints(), cost_model=cost_model)
 
 
 def _worker(rank: int, model_dir: str, out_dir: str) -> None:
     import torch.distributed as dist
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner.types import Topology
-    from torchrec.optim.keyed import KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     torch.set_num_threads(1)
     # a rank left waiting on a broadcast fails within a minute instead of gloo's 30
@@ -83,38 +44,19 @@ def _worker(rank: int, model_dir: str, out_dir: str) -> None:
                             world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=60))
     result: dict = {}
     try:
-        sharders = [EmbeddingBagCollectionSharder(
-            fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1})]
+        sharders = dcnv2_sharders()
         # 1 MiB of DDR per rank cannot hold the tables: rank 0's error reaches rank 1 instead of a broken pipe
         tiny = _planner(Topology(world_size=WORLD_SIZE, compute_device="cpu", ddr_cap=2**20), model_dir)
         try:
-            tiny.collective_plan(_dcnv2(torch.device("meta")), sharders, dist.group.WORLD)
+            tiny.collective_plan(dcnv2(torch.device("meta")), sharders, dist.group.WORLD)
         except Exception as err:  # noqa: BLE001 - its type, kind and message are what the test compares across ranks
             result["error"] = (type(err).__name__, str(getattr(err, "error_type", None)), str(err))
 
         planner = _planner(Topology(world_size=WORLD_SIZE, compute_device="cpu", hbm_cap=4 * GIB, ddr_cap=4 * GIB),
                            model_dir)
-        plan = planner.collective_plan(_dcnv2(torch.device("meta")), sharders, dist.group.WORLD)
-        torch.manual_seed(0)
-        model = DistributedModelParallel(_dcnv2(torch.device("meta")), device=torch.device("cpu"), plan=plan,
-                                         sharders=sharders)
-        before = {k: v.local_shards()[0].tensor.clone() for k, v in model.state_dict().items()
-                  if isinstance(v, ShardedTensor) and v.local_shards()}
-        optimizer = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
-                                          lambda params: torch.optim.SGD(params, lr=0.1))
-        losses = []
-        for step in range(STEPS):
-            dense, kjt, labels = _batch(rank, step)
-            optimizer.zero_grad()
-            loss = nn.functional.binary_cross_entropy_with_logits(model(dense, kjt).squeeze(-1), labels)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        state = model.state_dict()
+        plan = planner.collective_plan(dcnv2(torch.device("meta")), sharders, dist.group.WORLD)
         result.update(
-            losses=losses,
-            changed={k: bool((state[k].local_shards()[0].tensor != v).any()) for k, v in before.items()},
-            dense={k: v.detach().clone() for k, v in state.items() if not isinstance(v, ShardedTensor)},
+            train_dcnv2(plan, rank),
             planned=sorted({(s.table, s.col_offset, s.dim, s.device) for s in planner.last_plan.shards})
             if rank == 0 else None,
             stats=planner.last_stats if rank == 0 else None,
@@ -147,14 +89,14 @@ def test_a_cuda_shaped_topology_plans_the_dcnv2_model_as_torchrecs_planner_does(
 
     topology = Topology(world_size=WORLD_SIZE, compute_device="cuda", hbm_cap=4 * GIB)
     planner = _planner(topology, model_dir)
-    plan = planner.plan(_dcnv2(torch.device("meta")), get_default_sharders())
+    plan = planner.plan(dcnv2(torch.device("meta")), get_default_sharders())
     devices = {str(m.placement.device()) for p in plan.plan["sparse_arch.embedding_bag_collection"].values()
                for m in p.sharding_spec.shards}
     assert devices == {"cuda:0", "cuda:1"}
-    assert {s.table for s in planner.last_plan.shards} == {t.name for t in _tables()}
-    theirs = EmbeddingShardingPlanner(topology=topology, batch_size=BATCH, constraints=_constraints())
-    assert set(theirs.plan(_dcnv2(torch.device("meta")), get_default_sharders()).plan[
-        "sparse_arch.embedding_bag_collection"]) == {t.name for t in _tables()}
+    assert {s.table for s in planner.last_plan.shards} == {t.name for t in dcnv2_tables()}
+    theirs = EmbeddingShardingPlanner(topology=topology, batch_size=BATCH, constraints=dcnv2_constraints())
+    assert set(theirs.plan(dcnv2(torch.device("meta")), get_default_sharders()).plan[
+        "sparse_arch.embedding_bag_collection"]) == {t.name for t in dcnv2_tables()}
 
 
 @pytest.mark.slow  # DistributedModelParallel on 2 ranks: make test-all
@@ -175,7 +117,7 @@ def test_dlrm_dcn_on_the_mlperf_tables_planned_by_shardwise_trains_in_dmp(model_
     # the cost model never saw dim 128 or 100 lookups per sample: the stats name the DCNv2 tables
     assert "dim 128 is 2x the largest seen (64): t0, t1, t2, t3 and 22 more" in stats
     assert "pooling 100 is 2.7x the largest seen (37.5): t20;" in stats
-    assert {table for table, *_ in ranks[0]["planned"]} == {t.name for t in _tables()}
+    assert {table for table, *_ in ranks[0]["planned"]} == {t.name for t in dcnv2_tables()}
     for rank in ranks:
         assert len(rank["losses"]) == STEPS and all(torch.isfinite(torch.tensor(rank["losses"])))
         assert rank["changed"] and all(rank["changed"].values()), rank["changed"]  # the fused optimizer ran

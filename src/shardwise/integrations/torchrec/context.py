@@ -461,9 +461,11 @@ _ENUMS: dict[str, type[enum.Enum]] = {}
 
 def _enum_types() -> dict[str, type[enum.Enum]]:
     if not _ENUMS:
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, CacheAlgorithm
 
-        _ENUMS.update({e.__name__: e for e in (BoundsCheckMode, CacheAlgorithm, DataType, PoolingType)})
+        _ENUMS.update({e.__name__: e for e in (BoundsCheckMode, CacheAlgorithm, DataType, EmbOptimType, PoolingType,
+                                               SparseType)})
     return _ENUMS
 
 

@@ -46,6 +46,7 @@ from .enumerator import ShardwiseEnumerator
 from .errors import PlannerError, TorchRecPlannerError
 from .partitioner import PlacedPartitioner
 from .perf_model import ShardwisePerfModel
+from .plan_loader import MlflowPlanLoader
 from .proposer import ShardwiseProposer
 from .search import ShardwiseSearch
 from .stats import ShardwiseStats
@@ -133,6 +134,8 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
         if enumerator is None:  # TorchRec's, with the column splits shardwise's search lays out
             self._enumerator = ShardwiseEnumerator(topology=self._topology, batch_size=self._batch_size,
                                                    constraints=constraints)
+        if isinstance(plan_loader, MlflowPlanLoader) and plan_loader.enumerator is None:
+            plan_loader.enumerator = self._enumerator  # so that a registered plan for other inputs names what changed
         self.proposer = ShardwiseProposer(
             self.search, self._topology, constraints=constraints, task=task,
             optimizer=task.optimizer if task else optimizer,
@@ -142,7 +145,7 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
         perf_model = ShardwisePerfModel(self.proposer)
         if performance_model is None:
             self._perf_model = perf_model
-        self.shardwise_stats = ShardwiseStats(self.proposer, perf_model)
+        self.shardwise_stats = ShardwiseStats(self.proposer, perf_model, plan_loader)
         if stats is None:
             self._stats = [self.shardwise_stats]
 
@@ -178,7 +181,9 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
     def plan(self, module: nn.Module, sharders: list[Any] | None = None) -> ShardingPlan:
         """TorchRec's planner's plan of `module` for `sharders` (TorchRec's default sharders where None); where none
         fits, TorchRec's error as shardwise's `PlannerError` in one line, with why shardwise's search found none."""
-        self.search.resolved_cost_model()  # a missing model is its own error, before any proposal is rated
+        self.proposer.space = None  # set again where proposals run: none ran where the plan loader's plan is taken
+        if self.plan_loader is None:
+            self.search.resolved_cost_model()  # a missing model is its own error, before any proposal is rated
         try:
             return super().plan(module, get_default_sharders() if sharders is None else sharders)
         except TorchRecPlannerError as err:

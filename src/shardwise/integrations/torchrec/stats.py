@@ -109,8 +109,8 @@ class ShardwiseStats(EmbeddingStats):
             notes.append(f"sequence tables (EmbeddingCollection), costed as pooled lookups: {', '.join(sequence)}")
         if proposer.last_error and not ours:
             notes.append(f"shardwise's search found no plan: {proposer.last_error}")
-        model = proposer.search.resolved_cost_model()
-        if ours and isinstance(model, KnowsItsTraining) and proposer.last_task is not None:
+        model = proposer.search.resolved_cost_model() if ours else None
+        if isinstance(model, KnowsItsTraining) and proposer.last_task is not None:
             outside = model.outside_training(proposer.last_task.tables, model.batch_size)  # type: ignore[attr-defined]
             if outside:
                 notes.append(outside)
