@@ -1,4 +1,15 @@
 """The experiments, one module each; each registers itself with the harness at its bottom. A module imports
-shardwise, the harness and record.py, never another experiment (tests/unit/test_bench_harness.py checks)."""
+shardwise and the harness's modules (harness, record, plan_runs), never another experiment (tests/unit/test_bench_harness.py checks)."""
 
-from . import faults, memory_property, plan_quality, planning_time, search_quality  # noqa: F401
+from . import (  # noqa: F401
+    costmodel_accuracy,
+    faults,
+    measurement_noise,
+    memory_property,
+    plan_quality,
+    planning_time,
+    profiling,
+    refine,
+    search_quality,
+    torchrec_dropin,
+)
