@@ -203,7 +203,7 @@ def test_a_documented_command_names_what_exists(where, words):
     ("shardwise train-policy --method dreamshard|neuroshard", "choices are"),
     ("shardwise pipeline launch --local", "actions are"),
     ("make tests", "no such target"),
-    ("python benchmarks/bench_profiling.py --recrd", "no option --recrd"),
+    ("python benchmarks/make_results.py --chek", "no option --chek"),
     ("python benchmarks/bench_nothing.py", "no such script"),
     ("python -m benchmarks plan_quality --smal", "no option --smal"),
     ("python -m benchmarks plan_qualty --small", "no such experiment"),
