@@ -87,7 +87,8 @@ def _median_scale(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
 
 def torchrec_estimates(shards: Sequence[Sequence[TableSpec]], batch_size: int, *, sharding_type: str = "table_wise",
                        world_size: int = 2, comms: bool = False) -> np.ndarray:
-    """[N, 2] TorchRec `EmbeddingPerfEstimator` fwd/bwd compute ms, table-wise and fused, summed per shard.
+    """[N, 2] TorchRec `EmbeddingPerfEstimator` fwd/bwd compute ms, table-wise and fused (a table in host memory on
+    its UVM kernel, which TorchRec prices by its cache's load factor), summed per shard.
 
     TorchRec models a device's compute as the sum of its shards' estimates (no fused-kernel sharing), for
     a GPU: absolute values are not this machine's milliseconds, so callers fit a scale. `sharding_type` (TorchRec's
@@ -109,10 +110,15 @@ def torchrec_estimates(shards: Sequence[Sequence[TableSpec]], batch_size: int, *
         EmbeddingBagConfig(name=n, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[f"f_{n}"])
         for n, t in zip(names, unique)
     ]
+    from torchrec.distributed.types import CacheParams
+
+    # a table in host memory (`TableSpec.compute_kernel`) on its UVM kernel, its cache's load factor as TorchRec's
     constraints = {
         n: ParameterConstraints(
-            sharding_types=[sharding_type], compute_kernels=["dense" if sharding_type == "data_parallel" else "fused"],
+            sharding_types=[sharding_type],
+            compute_kernels=[t.compute_kernel or ("dense" if sharding_type == "data_parallel" else "fused")],
             pooling_factors=[max(t.pooling_factor, 1e-3)],
+            cache_params=CacheParams(load_factor=t.cache_load_factor) if t.cache_load_factor is not None else None,
         )
         for n, t in zip(names, unique)
     }
