@@ -251,6 +251,11 @@ def test_publish_moves_champion_only_on_a_plan_measured_faster_beyond_the_noise(
     assert tags["gate.decision"] == "challenger" and ">=" in tags["gate.reason"]
     assert float(tags["figures.plan_ms"]) == 9.0 and tags["cost_model"] == str(model_dir)
     assert str(client.get_model_version_by_alias("shardwise-plan-ranking", "champion").version) == "2"
+    from shardwise.integrations.plan_registry import load_registered_plan
+    from shardwise.search import load_plan
+
+    champion_plan = load_plan("models:/shardwise-plan-ranking@champion", tracking_uri=service.tracking_uri)
+    assert champion_plan == load_registered_plan("models:/shardwise-plan-ranking/2", service=service).plan
     shown = publish.show("models:/shardwise-plan-ranking@champion", tracking_uri=service.tracking_uri)
     assert shown.startswith("shardwise-plan-ranking v2:") and "device 1:" in shown
     figures = json.loads((Path(fourth.directory) / "files" / "figures.json").read_text())  # the last run's

@@ -93,6 +93,11 @@ def load_registered_plan(uri: str | Path, *, tracking_uri: str | None = None,
     return service.load(uri, lambda root: read_plan_files(_files_dir(root), name, version))
 
 
+def read_registered_plan(uri: str, *, tracking_uri: str | None = None) -> Plan:
+    """The shardwise plan registered at `uri` (what `shardwise.search.load_plan` reads for a models:/ URI)."""
+    return load_registered_plan(uri, tracking_uri=tracking_uri).plan
+
+
 def _name_and_version(service: MlflowService, uri: str) -> tuple[str, str | None]:
     """The registered name and version `uri` names (the version an alias points at; None for a directory)."""
     match = _MODELS_URI.match(uri)

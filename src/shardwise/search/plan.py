@@ -4,6 +4,7 @@ memory; `shardwise.plan/v1` JSON IO."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -142,8 +143,19 @@ def plan_from_json(doc: Any, source: str = "plan") -> Plan:
         raise PlanError(f"{source}: {describe_validation_error(err)}") from None
 
 
-def load_plan(path: str | Path) -> Plan:
-    """Read a `shardwise.plan/v1` JSON file."""
+#: where plans behind a URI scheme are read, as "module:function(uri, tracking_uri=...) -> Plan": the plan registry
+#: lives in `integrations`, a layer above this one, so it is named here and imported only for a URI of its scheme
+PLAN_READERS = {"models": "shardwise.integrations.plan_registry:read_registered_plan"}
+
+
+def load_plan(path: str | Path, *, tracking_uri: str | None = None) -> Plan:
+    """Read a `shardwise.plan/v1` JSON file, or the plan registered at "models:/shardwise-plan-<task>@champion"
+    (a version, an alias; MLflow's store at `tracking_uri`, else $MLFLOW_TRACKING_URI, else ./mlflow.db)."""
+    scheme = str(path).split(":/", 1)[0] if ":/" in str(path) else ""
+    if scheme in PLAN_READERS:
+        module, _, function = PLAN_READERS[scheme].partition(":")
+        reader = getattr(importlib.import_module(module), function)
+        return reader(str(path), tracking_uri=tracking_uri)  # type: ignore[no-any-return]
     return plan_from_json(read_json_document(path, PlanError, "plan"), source=str(path))
 
 
