@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_gpu_method import extracted, split_workload
+from profiles import extracted, split_workload
 from record import record
 
 from shardwise.costmodel import TrainConfig, train_cost_model
@@ -37,7 +37,7 @@ PREDICTORS = {"neural": "neural_heldout_tables_total", "torchrec_estimator": "to
 
 
 def heldout_sources(preset: PipelineParams) -> tuple[str, ...]:
-    """The source tables a preset's run held out (`bench_gpu_method.split_workload`)."""
+    """The source tables a preset's run held out (`profiles.split_workload`)."""
     _, holdout = split_workload(preset)
     return tuple(sorted({t.source or t.name for t in holdout.tables}))
 

@@ -228,8 +228,8 @@ def _loo_scaled(estimate: np.ndarray, measured: np.ndarray) -> np.ndarray:
 
 def held_out_shards(preset: str, num_shards: int, max_tables: int, seed: int) -> list[list[Any]]:
     """`num_shards` sets of 1..`max_tables` distinct tables drawn with `seed` from the tables `preset`'s pipeline run
-    holds out of the cost model's training (`bench_gpu_method.split_workload`), as its profile draws held-out shards."""
-    from bench_gpu_method import split_workload
+    holds out of the cost model's training (`profiles.split_workload`), as its profile draws held-out shards."""
+    from profiles import split_workload
 
     from shardwise.pipelines.params import pipeline_params
 

@@ -8,8 +8,8 @@
 # OUT gets summary.txt (the machine, each step's exit and time), each step's log, the result documents (also under
 # benchmarks/results/) and datasets.tar.gz (the profiles); the method's model stays in /tmp/gpu_check_method.
 # The steps, most telling first:
-#   1. the gpu suite (python -m benchmarks --suite gpu --record; 320 s): gpu_method with --preset gpu-check
-#      --cuda-timer queued: the timers compared (held, queued, graph,
+#   1. the gpu suite (python -m benchmarks --suite gpu --record; 320 s): the gpu_method experiment with --preset
+#      gpu-check --cuda-timer queued --profile-budget-s 120: the timers compared (held, queued, graph,
 #      events, and queued with the 3 warm-up calls used before the GPU's 1: agreement, noise, and each one's wall
 #      time a shard), profile with the queued timer (the next shard built while the device runs this one; training and
 #      held-out tables apart, repeats for the noise floor; as many of the preset's 600 + 100 shards as a pilot's
@@ -48,10 +48,8 @@ step() {  # step LIMIT_S LOG RESULT COMMAND...: run under a time limit, keep its
 }
 work=/tmp/gpu_check_method
 rm -rf "$work"
-# the queued timer, the default since it agreed with the held one on an H200 (2026-11-27): named, so the record
-# says which timer its figures are
-step 320 method.log gpu_method_queued python3 benchmarks/bench_gpu_method.py --device cuda --preset gpu-check \
-    --cuda-timer queued --profile-budget-s 120 --out "$work" --record
+# the gpu suite's run of gpu_method (benchmarks/experiments/gpu_method.py: the queued timer, its out $work)
+step 320 method.log gpu_method_queued python3 -m benchmarks --suite gpu --record
 cp "$work/gpu_method.json" "$out/gpu_method_steps.json" 2>/dev/null
 # the profiles themselves (shardwise.costs datasets, a few MB, one archive): the ground truth the figures were read from
 (cd "$work" && tar czf "$out/datasets.tar.gz" ./*costs 2>/dev/null)

@@ -4,12 +4,16 @@ shardwise and the harness's modules (harness, record, plan_runs), never another 
 from . import (  # noqa: F401
     costmodel_accuracy,
     faults,
+    gpu_method,
     measurement_noise,
     memory_property,
     plan_quality,
     planning_time,
+    pretrain_device,
+    profile_fanout,
     profiling,
     refine,
     search_quality,
     torchrec_dropin,
+    workload_synthetic,
 )

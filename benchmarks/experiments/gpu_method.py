@@ -13,35 +13,32 @@ size_lookup_greedy, torchrec and torchrec_cw, and NeuroShard's plan refined on t
 interleaved rounds. One GPU holds no NCCL group of several ranks, so plans are compared on their kernels alone
 (the slowest device's forward + backward): no all-to-all is measured. No MLflow: everything stays in `--out`.
 Figures are written to `--out`/gpu_method.json after every step (a run cut short keeps what it measured), and with
-`--record` to benchmarks/results/<record name>.json.
+`--record` to benchmarks/results/<record name>/.
 
-    python benchmarks/bench_gpu_method.py --device cuda --preset gpu-check --record      # benchmarks/gpu_check.sh
-    python benchmarks/bench_gpu_method.py --device cpu --preset smoke --probe-shards 0    # the path, on a CPU
-    python benchmarks/bench_gpu_method.py --reread benchmarks/results/gpu/profiles_2026-11-27_h100_run5.tar.gz
+    python -m benchmarks --suite gpu --record                                # benchmarks/gpu_check.sh
+    python -m benchmarks gpu_method --device cpu --preset smoke --probe-shards 0    # the path, on a CPU
+    python -m benchmarks gpu_method --reread benchmarks/results/gpu/profiles_2026-11-27_h100_run5.tar.gz
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import tarfile
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from record import record
+from pydantic import Field
 from scipy.stats import spearmanr
 
+from benchmarks.harness import Context, Experiment, ExperimentSettings, Outcome, SuiteRun, register
+from benchmarks.profiles import extracted, split_workload
 from shardwise.costmodel import TrainConfig, train_cost_model
 from shardwise.evaluation import KernelShard, time_shards_in_rounds
 from shardwise.evaluation.refine import refine_plan, search_resplit
-from shardwise.pipelines.params import PipelineParams, pipeline_params
+from shardwise.pipelines.params import pipeline_params
 from shardwise.profiling import MeasurementSettings, TimingProtocol, resolve_timing
 from shardwise.profiling.dataset import load_costs, noise_floor
 from shardwise.profiling.hardware import device_name, resolve_device
@@ -52,11 +49,9 @@ from shardwise.search import make_searcher
 from shardwise.search.plan import Plan, device_specs
 from shardwise.workload import (
     ShardingTask,
-    TableSet,
     TableSpec,
     augment_tables,
     sample_task,
-    split_tables,
     synthesize_tables,
 )
 
@@ -64,7 +59,7 @@ METHODS = ("neuroshard", "measured_greedy", "size_lookup_greedy", "torchrec", "t
 BASELINE = "torchrec"
 #: NeuroShard's plan refined on the device's kernels (the planning_s of its row: the refinement's), in rounds
 REFINED, REFINE_ROUNDS = "neuroshard_refined", 3
-#: the issue's bars (issue 34): noise floor at the small batch and at 65536, widest spread, work correlation,
+#: the method's bars on a GPU: noise floor at the small batch and at 65536, widest spread, work correlation,
 #: held-out MAPE and Spearman, shards/s at 65536, NeuroShard's plan over TorchRec's
 TARGETS = {"noise_small_batch": 0.02, "noise_large_batch": 0.01, "max_spread": 0.10, "work_correlation": 0.6,
            "mape_pct": 6.0, "spearman": 0.98, "shards_per_s": 20.0, "plan_over_torchrec": 0.9}
@@ -197,27 +192,11 @@ def profile_figures(costs: Path, seconds: float | None, measured: int) -> dict[s
     }
 
 
-@contextmanager
-def extracted(archive: Path) -> Iterator[Path]:
-    """A gpu_check.sh archive of profiles (datasets.tar.gz: costs/, probe_costs/) unpacked in a temporary folder."""
-    with tempfile.TemporaryDirectory() as tmp, tarfile.open(archive) as tar:
-        tar.extractall(tmp, filter="data")
-        yield Path(tmp)
-
-
-def reread(archive: Path) -> None:
+def reread(archive: Path) -> list[dict[str, Any]]:
     """The profile figures (all but the speed) of the datasets in a gpu_check.sh archive, read again."""
     with extracted(archive) as folder:
-        for name in ("costs", "probe_costs"):
-            if (folder / name).exists():
-                print(f"{archive.name} {name}: {profile_figures(folder / name, None, 0)}")
-
-
-def split_workload(preset: PipelineParams) -> tuple[TableSet, TableSet]:
-    """A preset's synthetic tables split into training and held-out ones, as its pipeline run splits them."""
-    tables = synthesize_tables(preset.num_tables, seed=preset.seed, row_scale=preset.row_scale,
-                               batch_size=preset.batch_size, progress=False)
-    return split_tables(tables, preset.holdout_fraction, seed=preset.seed)
+        return [{"dataset": f"{archive.name} {name}", **profile_figures(folder / name, None, 0)}
+                for name in ("costs", "probe_costs") if (folder / name).exists()]
 
 
 #: shards profiled first to learn the device's speed, when the profile has a time budget
@@ -294,32 +273,33 @@ def plan_and_measure(tasks: list[ShardingTask], model: Any, measurement: Measure
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    parser.add_argument("--preset", default="gpu-check", help="presets.yaml's sizes (gpu-check; smoke on a CPU)")
-    parser.add_argument("--out", default="runs/bench_gpu_method")
-    parser.add_argument("--timer-shards", type=int, default=6, help="shards every timer times (0: no comparison)")
-    parser.add_argument("--timer-rounds", type=int, default=3, help="timings of each shard by each timer")
-    parser.add_argument("--num-shards", type=int, default=None, help="training shards (default: the preset's)")
-    parser.add_argument("--holdout-shards", type=int, default=None, help="held-out shards (default: the preset's)")
-    parser.add_argument("--profile-budget-s", type=float, default=None,
-                        help="fit the main profile in this many seconds: a pilot's speed decides how many of the "
-                             "preset's shards are measured (default: all of them)")
-    parser.add_argument("--repeat-shards", type=int, default=30, help="profiled shards measured again (noise floor)")
-    parser.add_argument("--reread", metavar="ARCHIVE", default=None,
-                        help="print the profile figures of a run's datasets (gpu_check.sh's datasets.tar.gz) and stop")
-    parser.add_argument("--probe-batch", type=int, default=2048, help="the small batch of the probe profile")
-    parser.add_argument("--probe-shards", type=int, default=120, help="shards of the probe profile (0: none)")
-    parser.add_argument("--cuda-timer", default=None, choices=CUDA_TIMERS,
-                        help="the profile's and the plans' CUDA timer (default: the protocol's)")
-    parser.add_argument("--record", action="store_true", help="write benchmarks/results/<--record-name>.json")
-    parser.add_argument("--record-name", default=None,
-                        help="default: gpu_method (gpu_method_<timer> with --cuda-timer), gpu_method_<preset> off cuda")
-    args = parser.parse_args()
+class GpuMethodSettings(ExperimentSettings):
+    """Which device and preset, how much of it to profile, which timers."""
+
+    device: str | None = Field(default=None, description="cpu or cuda (default: cuda when present)")
+    preset: str = Field(default="gpu-check", description="presets.yaml's sizes (gpu-check; smoke on a CPU)")
+    out: str = "runs/bench_gpu_method"
+    timer_shards: int = Field(default=6, ge=0, description="shards every timer times (0: no comparison)")
+    timer_rounds: int = Field(default=3, ge=1, description="timings of each shard by each timer")
+    num_shards: int | None = Field(default=None, ge=1, description="training shards (default: the preset's)")
+    holdout_shards: int | None = Field(default=None, ge=0, description="held-out shards (default: the preset's)")
+    profile_budget_s: float | None = Field(default=None, gt=0, description="fit the main profile in this many "
+                                           "seconds: a pilot's speed decides how many of the preset's shards are "
+                                           "measured (default: all of them)")
+    repeat_shards: int = Field(default=30, ge=0, description="profiled shards measured again (noise floor)")
+    reread: str | None = Field(default=None, description="the profile figures of a run's datasets (gpu_check.sh's "
+                               "datasets.tar.gz), read again instead of a run")
+    probe_batch: int = Field(default=2048, ge=1, description="the small batch of the probe profile")
+    probe_shards: int = Field(default=120, ge=0, description="shards of the probe profile (0: none)")
+    cuda_timer: Literal["held", "queued", "graph", "events"] | None = Field(
+        default=None, description="the profile's and the plans' CUDA timer (default: the protocol's)")
+
+
+def run(args: GpuMethodSettings, context: Context) -> Outcome:
+    """Every step in turn, its figures written as it ends; one row per figure with its bar."""
     if args.reread:
-        reread(Path(args.reread))
-        return
+        return Outcome(reread(Path(args.reread)), record_name="gpu_method_reread",
+                       title="Profile figures of a gpu_check.sh archive, read again")
     device = resolve_device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(1)  # as the profiler times a CPU: the timers below call time_kernel directly
@@ -414,16 +394,10 @@ def main() -> None:
 
     total_s = time.perf_counter() - started
     figures.add("total", {"seconds": round(total_s, 1)}, total_s)
-    rows = summary_rows(args, figures.doc)
-    print("\nfigure | value | target | met")
-    for row in rows:
-        met = {True: "yes", False: "NO", None: ""}[row["met"]]
-        print(f"{row['figure']} | {row['value']} | {row['target']} | {met}")
-    if args.record:
-        _record(args, device, figures.doc, rows, total_s)
+    return outcome(args, device, figures.doc, summary_rows(args, figures.doc), total_s)
 
 
-def summary_rows(args: argparse.Namespace, doc: dict[str, Any]) -> list[dict[str, Any]]:
+def summary_rows(args: GpuMethodSettings, doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per figure: what it is, its value, the issue's bar where it sets one, and whether it is met."""
     steps = doc["steps"]
     rows: list[dict[str, Any]] = []
@@ -477,19 +451,31 @@ def summary_rows(args: argparse.Namespace, doc: dict[str, Any]) -> list[dict[str
     return rows
 
 
-def _record(args: argparse.Namespace, device: torch.device, doc: dict[str, Any], rows: list[dict[str, Any]],
-            total_s: float) -> None:
-    name = args.record_name or ("gpu_method" if device.type != "cuda" or args.cuda_timer is None
-                                else f"gpu_method_{args.cuda_timer}")
+def outcome(args: GpuMethodSettings, device: torch.device, doc: dict[str, Any], rows: list[dict[str, Any]],
+            total_s: float) -> Outcome:
+    """The figures as a record: named by the timer on CUDA (gpu_method_<timer>), by the preset off it."""
+    name = "gpu_method" if args.cuda_timer is None else f"gpu_method_{args.cuda_timer}"
     if device.type != "cuda":
-        name = args.record_name or f"gpu_method_{args.preset}"
-    record(name, f"The whole method on one {device.type.upper()} ({doc['device']}), preset {args.preset}", rows,
-           notes=f"torch {doc['torch']}; CUDA timer {doc['cuda_timer']}; batch {doc['batch_size']}, row scale "
-                 f"{doc['row_scale']}; plans compared on "
-                 f"their kernels alone (one device holds no NCCL group); {total_s:.0f} s in all; targets: issue 34"
-                 + ("" if device.type == "cuda" else "; off a GPU this proves the path, its figures are not the "
-                    "GPU's"))
+        name = f"gpu_method_{args.preset.replace('-', '_')}"
+    return Outcome(rows, record_name=name, title=f"The whole method on one {device.type.upper()} ({doc['device']}), "
+                   f"preset {args.preset}", notes=[
+        f"torch {doc['torch']}; CUDA timer {doc['cuda_timer']}; batch {doc['batch_size']}, row scale "
+        f"{doc['row_scale']}; plans compared on their kernels alone (one device holds no NCCL group); {total_s:.0f} s "
+        "in all; targets: the method's bars on a GPU"
+        + ("" if device.type == "cuda" else "; off a GPU this proves the path, its figures are not the GPU's")])
 
 
-if __name__ == "__main__":
-    main()
+register(Experiment(
+    name="gpu_method",
+    title="The whole method on one GPU: timers, profile, cost model, plans",
+    settings=GpuMethodSettings,
+    run=run,
+    threads=None,  # one on a CPU, set by run(): the timers below call time_kernel directly
+    # benchmarks/gpu_check.sh: the queued timer, the default since it agreed with the held one on an H200, named so
+    # the record says which timer its figures are
+    # quick: the same path on a CPU at the smoke preset's sizes (half a minute), which proves it, not the GPU's figures
+    suites={"quick": (SuiteRun({"device": "cpu", "preset": "smoke", "timer_shards": 2, "probe_shards": 0,
+                                "out": "runs/bench/gpu_method_smoke"}),),
+            "gpu": (SuiteRun({"device": "cuda", "preset": "gpu-check", "cuda_timer": "queued",
+                              "profile_budget_s": 120.0, "out": "/tmp/gpu_check_method"}),)},
+))
