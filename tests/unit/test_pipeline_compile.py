@@ -215,8 +215,14 @@ def test_production_tasks_are_published_after_evaluate_only_when_the_run_names_s
     for name, parameter in (("production_tasks", "production_tasks"), ("model_alias", "model_alias"),
                             ("device", "device"), ("timing_rounds", "evaluate_timing_rounds")):
         assert inputs["parameters"][name] == {"componentInputParameter": f"pipelinechannel--{parameter}"}, name
+    # every value the step reads, its GPU count's included, is passed into the condition's group
+    (component,) = [c for c in spec["components"].values() if "publish-plans" in c.get("dag", {}).get("tasks", {})]
+    group_inputs = set(component["inputDefinitions"]["parameters"])
+    read = {v["componentInputParameter"] for v in inputs["parameters"].values() if "componentInputParameter" in v}
+    assert read <= group_inputs and "pipelinechannel--num_devices" in read
     resources = spec["deploymentSpec"]["executors"]["exec-publish-plans"]["container"]["resources"]
     assert resources["resourceCpuRequest"] == "8"
+    assert resources["accelerator"]["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--num_devices']}}"
 
 
 def test_production_tasks_are_paths_or_objects(tmp_path, monkeypatch):

@@ -315,6 +315,7 @@ def publish_plans(
     model_alias: str,
     hardware_kind: str,
     device: str,
+    num_devices: int,
     refine_rounds: int,
     timing_rounds: int,
     seed: int,
@@ -323,8 +324,9 @@ def publish_plans(
 ):
     """Plan each production task (`production_tasks`: comma-separated export_task files, paths or s3://bucket/key)
     with the cost model the plan step used, measure the plan beside the task's champion plan and TorchRec's
-    planner's on this node, register it as `shardwise-plan-<task>` (the gate decides on `champion`). `published`
-    holds each task's files and publish.json (the job's result); `summary` its table."""
+    planner's on this node (`num_devices` GPUs: a task on CUDA has at most that many ranks), register it as
+    `shardwise-plan-<task>` (the gate decides on `champion`). `published` holds each task's files and publish.json
+    (the job's result); `summary` its table."""
     import json
     import os
     import tempfile
@@ -334,6 +336,7 @@ def publish_plans(
     from shardwise.jobs.models import registered_model_uri
     from shardwise.jobs.workload import _fetch as fetch  # the workload step's object-store reader
     from shardwise.profiling import MeasurementSettings
+    from shardwise.workload import load_task
 
     uri = registered_model_uri(hardware_kind, model_alias) if model_alias else model.path
     with tempfile.TemporaryDirectory() as fetched:
@@ -341,6 +344,11 @@ def publish_plans(
         given = [location.strip() for location in production_tasks.split(",")]
         tasks = tuple(str(fetch(location, Path(fetched) / str(i) / location.rsplit("/", 1)[-1]))
                       if location.startswith("s3://") else location for i, location in enumerate(given))
+        for location, path in zip(given, tasks):  # refused before minutes of planning, not by NCCL mid-measurement
+            ranks = load_task(path).num_devices
+            if device.startswith("cuda") and ranks > num_devices:
+                raise ValueError(f"production task {location}: {ranks} ranks, more than the {num_devices} GPUs of "
+                                 "this step (num_devices)")
         # refine_rounds 0 turns refinement off here as in the evaluate step; else the drop-in's own time budget
         result = job.run(job.PublishSettings(
             task=tasks, model=uri, out=published.path, seed=seed, refine_s=0.0 if refine_rounds == 0 else None,

@@ -300,6 +300,9 @@ def _publish_step(
                 model_alias=model_alias,
                 hardware_kind=comm.outputs["Output"],
                 device=device,
+                # an input of the step, not only its GPU count: the compiler passes the GPU count's value into the
+                # condition's group only for a parameter some step in it takes
+                num_devices=num_devices,
                 refine_rounds=refine_rounds,
                 timing_rounds=timing_rounds,
                 seed=seed,
