@@ -7,9 +7,9 @@ Four steps, each printing one line, then the verdict; OUT/uvm_check.json holds e
   1. profile: shards of training tables and, apart, of held-out tables (Zipf 0 to 1.3, pooling 1 to 30) in HBM, and
      the first of them again on fbgemm's UVM (`profile --caching-shards`: all cached, half cached beside HBM tables,
      at load factors 0.1, 0.2, 0.5, and no cache), caches warmed to a steady hit rate, the queued timer;
-  2. price: the compute network pre-trained on the HBM shards, a line per UVM kernel fitted to the training tables'
-     UVM shards (`costmodel/caching.py`); held-out MAPE per kernel of shardwise, of the network's HBM price alone,
-     and of TorchRec's estimator (scaled to this machine by its median ratio on the training shards);
+  2. price: `shardwise pretrain` on it: the compute network trained on the HBM shards, a line per UVM kernel fitted
+     to the training tables' UVM shards (`costmodel/caching.py`); held-out MAPE per kernel of shardwise, of the
+     network's HBM price alone, and of TorchRec's estimator (scaled to this machine by its median ratio);
   3. plan: a task of held-out tables whose state is twice the devices' (scaled) HBM, planned by NeuroShard with that
      model and by TorchRec's planner (both offered fused and fused_uvm_caching, under the same HBM and host memory);
   4. measure: both plans' device kernels timed in one session (one GPU: each device's shards in turn, compute
@@ -35,10 +35,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from shardwise.costmodel import TrainConfig, train_cost_model
-from shardwise.costmodel.caching import UVM_KERNELS, HostMemoryCostModel, fit_kernel_lines, in_hbm
-from shardwise.costmodel.evaluate import torchrec_estimates
-from shardwise.costmodel.samples import _parsed_tables
+from shardwise.costmodel import NeuralCostModel, TrainConfig, train_cost_model
+from shardwise.costmodel.caching import UVM_KERNELS
 from shardwise.evaluation import KernelShard, time_shards_in_rounds
 from shardwise.profiling import ProfileSettings, TimingProtocol, load_costs, profile
 from shardwise.profiling.caching import DEFAULT_CACHE_LOAD_FACTORS
@@ -84,47 +82,25 @@ def profile_step(train: list[TableSpec], heldout: list[TableSpec], out: Path, de
     return load_costs(out)
 
 
-def _compute_rows(frame: pd.DataFrame) -> tuple[list[tuple[TableSpec, ...]], np.ndarray, np.ndarray, list[str]]:
-    """Each measured shard's tables, mean fwd and bwd ms over its repeats, and its kernel."""
-    rows = frame[frame["kind"] == "compute"]
-    grouped = rows.groupby("config_id", sort=True).agg(tables_json=("tables_json", "first"), fwd_ms=("fwd_ms", "mean"),
-                                                       bwd_ms=("bwd_ms", "mean"), kernel=("kernel", "first"))
-    shards = _parsed_tables(grouped)
-    return shards, grouped["fwd_ms"].to_numpy(), grouped["bwd_ms"].to_numpy(), list(grouped["kernel"].fillna("fused"))
-
-
-def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
-    return round(float(np.mean(np.abs(predicted - measured) / measured) * 100), 2) if len(measured) else float("nan")
-
-
 def price_step(frame: pd.DataFrame, heldout_sources: set[str], device: torch.device, *, epochs: int | None = None,
-               seed: int = 0) -> tuple[HostMemoryCostModel, dict[str, Any]]:
-    """The network pre-trained on the HBM shards (held-out tables apart), lines per UVM kernel fitted to the training
-    tables' UVM shards; per kernel, the held-out shards' MAPE (forward + backward) of shardwise, of the network's HBM
-    price alone and of TorchRec's estimator scaled by its median ratio on the training shards of the kernel."""
+               seed: int = 0) -> tuple[NeuralCostModel, dict[str, Any]]:
+    """`shardwise pretrain` on the profile, the held-out tables apart: the network trained on the HBM shards and a
+    line per UVM kernel fitted to the training tables' UVM shards; per kernel, the held-out shards' MAPE (forward +
+    backward) of shardwise, of the network's HBM price alone and of TorchRec's estimator (scaled to this machine)."""
     config = TrainConfig(device=str(device), holdout_sources=tuple(sorted(heldout_sources)), progress=False,
                          **({"epochs": epochs, "comm_epochs": epochs} if epochs else {}))
-    network, _ = train_cost_model(frame, seed, config)
-    shards, fwd, bwd, kernels = _compute_rows(frame)
-    held = np.array([all((t.source or t.name) in heldout_sources for t in s) for s in shards])
-    train_uvm = [i for i, k in enumerate(kernels) if k in UVM_KERNELS and not held[i]]
-    lines = fit_kernel_lines(network, [shards[i] for i in train_uvm], fwd[train_uvm], bwd[train_uvm],
-                             network.batch_size)
-    model = HostMemoryCostModel(network, lines)
-    measured = fwd + bwd
-    ours = model.predict_compute(shards).sum(axis=1)
-    hbm_only = network.predict_compute([[in_hbm(t) for t in s] for s in shards]).sum(axis=1)
-    torchrec = torchrec_estimates(shards, network.batch_size).sum(axis=1)
-    accuracy: dict[str, Any] = {"lines": {k: line.to_json() for k, line in lines.items()}}
-    for kernel in ("fused", *UVM_KERNELS):
-        mine = np.array([k == kernel for k in kernels])
-        test, fit = mine & held, mine & ~held
-        if not test.any():
-            continue
-        scale = float(np.median(measured[fit] / torchrec[fit])) if fit.any() else 1.0
-        accuracy[kernel] = {"heldout_shards": int(test.sum()), "shardwise_mape_pct": _mape(ours[test], measured[test]),
-                            "network_in_hbm_mape_pct": _mape(hbm_only[test], measured[test]),
-                            "torchrec_mape_pct": _mape(scale * torchrec[test], measured[test])}
+    model, report = train_cost_model(frame, seed, config)
+    m = report.metrics
+    accuracy: dict[str, Any] = {
+        "lines": {k: line.to_json() for k, line in model.uvm_kernels.items()},
+        "fused": {"shardwise_mape_pct": m.get("neural_heldout_tables_total_mape_pct"),
+                  "torchrec_mape_pct": m.get("torchrec_estimator_heldout_tables_total_mape_pct")}}
+    for kernel in UVM_KERNELS:
+        stem = f"heldout_{kernel}_shards_total_mape_pct"
+        if f"uvm_kernel_line_{stem}" in m:
+            accuracy[kernel] = {"shardwise_mape_pct": m[f"uvm_kernel_line_{stem}"],
+                                "network_in_hbm_mape_pct": m.get(f"network_in_hbm_{stem}"),
+                                "torchrec_mape_pct": m.get(f"torchrec_estimator_{stem}")}
     return model, accuracy
 
 
@@ -165,7 +141,7 @@ def torchrec_plan(task: ShardingTask, replans: int = 4) -> Plan:
     return plan
 
 
-def plan_step(task: ShardingTask, model: HostMemoryCostModel) -> dict[str, Plan]:
+def plan_step(task: ShardingTask, model: NeuralCostModel) -> dict[str, Plan]:
     """NeuroShard's plan (the fitted model) and TorchRec's planner's, each valid for the task's HBM and host memory."""
     plans = {"neuroshard": NeuroShardSearch().search(task, model, 0)}
     try:

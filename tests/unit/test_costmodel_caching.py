@@ -98,3 +98,68 @@ def test_neuroshard_plans_a_task_over_hbm_with_the_fitted_model() -> None:
     validate_plan(plan, task)
     cached = sorted(plan.kernels)
     assert cached and "t5" in cached and "t0" not in cached  # the most skewed first, the uniform one last
+
+
+def _frame_with_uvm_shards(ms_per_gb: float = 4000.0):
+    """costmodel_synthetic's shards (training set "a", held-out set "h"), and the first of each again on the UVM
+    kernels: their law's ms plus `ms_per_gb` per GB their lookups read from host memory."""
+    import json
+
+    import pandas as pd
+    from costmodel_synthetic import cost_frame, law_ms, synthetic_tables
+
+    sets = {"a": synthetic_tables("a", 16, 0), "h": synthetic_tables("h", 6, 1)}
+    frame = cost_frame(sets, {"a": 120, "h": 30}, 0)
+    rows = []
+    for name, tables in sets.items():
+        for i in range(0, len(tables) - 1, 2):
+            for variant in caching_variants(tables[i:i + 2], (0.1, 0.5)):
+                fwd, bwd = law_ms([in_hbm(t) for t in variant])
+                extra = ms_per_gb * sum(host_read_gb(t, 512) for t in variant)
+                rows.append({"kind": "compute", "config_id": f"{name}{i}-{len(rows)}", "repeat": 0,
+                             "fwd_ms": fwd + extra, "bwd_ms": bwd + 2 * extra, "batch_size": 512,
+                             "hardware_kind": "cpu-test", "reference_ms": 1.0, "num_tables": len(variant),
+                             "tables_json": json.dumps([t.model_dump(mode="json") for t in variant]),
+                             "kernel": "fused_uvm_caching" if any(t.cache_load_factor for t in variant) else "fused_uvm"})
+    return pd.concat([frame.assign(kernel="fused"), pd.DataFrame(rows)], ignore_index=True)
+
+
+def test_pretrain_fits_the_uvm_lines_reports_them_held_out_and_saves_them(tmp_path) -> None:
+    from shardwise.costmodel import NeuralCostModel, TrainConfig, train_cost_model
+
+    frame = _frame_with_uvm_shards()
+    model, report = train_cost_model(frame, 0, TrainConfig(epochs=5, progress=False, holdout_sources=tuple(
+        f"h{i}" for i in range(6))))
+    assert model.compute_kernels == ("fused", "fused_uvm_caching", "fused_uvm")
+    assert model.uvm_kernels["fused_uvm_caching"].slope_ms_per_gb[0] > 0
+    assert report.sizes["uvm_kernel_shards"] == sum(line.num_shards for line in model.uvm_kernels.values())
+    assert "uvm_kernel_line_heldout_fused_uvm_caching_shards_total_mape_pct" in report.metrics
+    assert "torchrec_estimator_heldout_fused_uvm_caching_shards_total_mape_pct" in report.metrics
+    # the network trained on the HBM shards only: as many as the frame has
+    assert report.sizes["train"] + report.sizes["val"] + report.sizes["test"] + report.sizes["size_test"] == \
+        frame[frame["kernel"] == "fused"]["config_id"].nunique()
+    loaded = NeuralCostModel.load(model.save(tmp_path / "model"))
+    assert loaded.uvm_kernels == model.uvm_kernels
+
+    specs = [TableSpec(name=f"t{i}", rows=200_000, dim=32, pooling_factor=8.0, zipf_alpha=0.25 * i,
+                       compute_kernels=("fused", "fused_uvm_caching")) for i in range(6)]
+    task = ShardingTask(num_devices=2, device_memory_bytes=int(0.4 * shard_memory_bytes(specs, 512)),
+                        batch_size=512, tables=tuple(specs), host_memory_bytes=2**33)
+    plan = NeuroShardSearch().search(task, loaded, seed=0)
+    validate_plan(plan, task)
+    assert plan.kernels and "t5" in plan.kernels
+
+
+def test_a_model_profiled_without_uvm_shards_keeps_every_table_in_hbm(tmp_path) -> None:
+    import json
+
+    from costmodel_synthetic import cost_frame, synthetic_tables
+
+    from shardwise.costmodel import NeuralCostModel, TrainConfig, train_cost_model
+
+    model, _ = train_cost_model(cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), 0,
+                                TrainConfig(epochs=3, progress=False))
+    assert model.compute_kernels == ("fused",)
+    path = model.save(tmp_path / "model")
+    assert json.loads((path / "cost_model.json").read_text())["uvm_kernels"] is None
+    assert NeuralCostModel.load(path).uvm_kernels == {}

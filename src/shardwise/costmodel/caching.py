@@ -76,6 +76,18 @@ class KernelLine:
         return {"slope_ms_per_gb": list(self.slope_ms_per_gb), "intercept_ms": list(self.intercept_ms),
                 "num_shards": self.num_shards, "fit_mape_pct": self.fit_mape_pct}
 
+    @classmethod
+    def from_json(cls, doc: Mapping[str, object]) -> KernelLine:
+        """A line as `to_json` wrote it; ValueError naming the field where a figure is not finite and >= 0."""
+        pairs = {}
+        for key in ("slope_ms_per_gb", "intercept_ms"):
+            values = tuple(float(v) for v in doc[key])  # type: ignore[attr-defined]
+            if len(values) != 2 or not all(math.isfinite(v) and v >= 0 for v in values):
+                raise ValueError(f"{key} {list(values)}: two finite ms figures >= 0 (forward, backward)")
+            pairs[key] = values
+        return cls(pairs["slope_ms_per_gb"], pairs["intercept_ms"], int(doc["num_shards"]),  # type: ignore[arg-type,call-overload]
+                   float(doc.get("fit_mape_pct", float("nan"))))  # type: ignore[arg-type]
+
 
 def fit_kernel_lines(model: CostModel, shards: Sequence[Sequence[TableSpec]], fwd_ms: np.ndarray, bwd_ms: np.ndarray,
                      batch_size: int) -> dict[str, KernelLine]:
@@ -99,6 +111,15 @@ def fit_kernel_lines(model: CostModel, shards: Sequence[Sequence[TableSpec]], fw
         mape = float(np.mean(np.abs(predicted.sum(1) - measured[mine].sum(1)) / measured[mine].sum(1)) * 100)
         lines[kernel] = KernelLine(line.slope_ms_per_gb, line.intercept_ms, line.num_shards, round(mape, 2))
     return lines
+
+
+def with_host_memory(model: CostModel) -> CostModel:
+    """`model` able to price tables in host memory where it carries fitted UVM kernel lines (`uvm_kernels`, set by
+    pretrain on a profile with caching shards), else itself."""
+    lines = getattr(model, "uvm_kernels", None)
+    if not lines or isinstance(model, HostMemoryCostModel):
+        return model
+    return HostMemoryCostModel(model, lines)
 
 
 def _shard_kernel(shard: Sequence[TableSpec]) -> str:

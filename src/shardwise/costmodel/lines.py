@@ -8,6 +8,7 @@ from collections.abc import Collection
 import numpy as np
 import pandas as pd
 
+from .caching import UVM_KERNELS, HostMemoryCostModel, KernelLine, fit_kernel_lines, in_hbm
 from .data_parallel import (
     AllReduceCost,
     DataParallelKernelCost,
@@ -17,9 +18,9 @@ from .data_parallel import (
     heldout_data_parallel_kernel_errors,
     local_batch_table,
 )
-from .evaluate import regression_metrics
+from .evaluate import regression_metrics, torchrec_estimates
 from .model import NeuralCostModel
-from .samples import all_reduce_points, dense_kernel_samples
+from .samples import all_reduce_points, compute_samples, dense_kernel_samples
 from .splits import _sources
 
 #: fewest measured dense kernels a model fits its data-parallel kernel line to (with fewer, it prices them as models
@@ -94,3 +95,46 @@ def fit_all_reduce_rows(df: pd.DataFrame, hardware_kind: str,
                              + ("one line per device count" if per_count else "one line over every device count")),
                 })
     return fitted, pd.DataFrame(rows)
+
+
+def fit_uvm_kernel_rows(df: pd.DataFrame, model: NeuralCostModel, heldout_sources: Collection[str] = (),
+                        ) -> tuple[dict[str, KernelLine], pd.DataFrame]:
+    """Per UVM kernel, the line fitted to the dataset's shards on it of the training tables (`caching.py`; none with
+    fewer than its MIN_SHARDS) and, where the held-out tables have shards on it, its error on them beside the
+    network's HBM price of the same shards and TorchRec's estimator (scaled to this machine by its median ratio on
+    the training shards)."""
+    samples = compute_samples(df, UVM_KERNELS)
+    if not len(samples):
+        return {}, pd.DataFrame()
+    held_set = set(heldout_sources)
+    held = np.array([_sources(s) <= held_set for s in samples.shards])
+    kernels = np.array(["fused_uvm_caching" if any(t.compute_kernel == "fused_uvm_caching" for t in s) else "fused_uvm"
+                        for s in samples.shards])
+    train = np.flatnonzero(~held)
+    lines = fit_kernel_lines(model, [samples.shards[i] for i in train], samples.fwd_ms[train], samples.bwd_ms[train],
+                             model.batch_size)
+    if not lines or not held.any():
+        return lines, pd.DataFrame()
+    priced = HostMemoryCostModel(model, lines)
+    measured = np.stack([samples.fwd_ms, samples.bwd_ms], axis=1)
+    ours = priced.predict_compute(samples.shards)
+    in_hbm_ms = np.asarray(model.predict_compute([[in_hbm(t) for t in s] for s in samples.shards]), dtype=np.float64)
+    torchrec = torchrec_estimates(samples.shards, model.batch_size)
+    rows = []
+    for kernel in lines:
+        test, fit = held & (kernels == kernel), ~held & (kernels == kernel)
+        if not test.any():
+            continue
+        scale = np.median(measured[fit] / np.maximum(torchrec[fit], 1e-12), axis=0)
+        for method, predicted, note in (
+            ("uvm_kernel_line", ours[test], "the network's HBM price plus the kernel's line in GB read from host"),
+            ("network_in_hbm", in_hbm_ms[test], "the network's price of the same shards in HBM"),
+            ("torchrec_estimator", scale * torchrec[test], "TorchRec's estimator, scaled by its median ratio"),
+        ):
+            truth = measured[test]
+            for j, target in enumerate(("fwd", "bwd")):
+                rows.append({"split": f"held-out {kernel} shards", "method": method, "target": target,
+                             "n": len(truth), **regression_metrics(predicted[:, j], truth[:, j]), "note": note})
+            rows.append({"split": f"held-out {kernel} shards", "method": method, "target": "total", "n": len(truth),
+                         **regression_metrics(predicted.sum(axis=1), truth.sum(axis=1)), "note": note})
+    return lines, pd.DataFrame(rows)

@@ -17,6 +17,7 @@ import torch
 from shardwise.errors import ShardwiseError
 from shardwise.workload import NUM_FEATURES, TableSpec
 
+from .caching import UVM_KERNELS, KernelLine
 from .coverage import FeatureRanges, outside_line
 from .data_parallel import RING_VOLUME, AllReduceCost, DataParallelKernelCost
 from .features import (
@@ -123,8 +124,16 @@ class NeuralCostModel:
         #: the line fitted to measured dense kernels that prices data-parallel tables' kernel on the local batch
         #: (None: profiled before, the compute network prices it, `data_parallel.local_batch_table`)
         self.data_parallel_kernel: DataParallelKernelCost | None = None
+        #: per UVM kernel, the line fitted to its profiled shards that prices tables in host memory beside the
+        #: network's HBM price (`caching.HostMemoryCostModel`; empty: profiled without them, none leave HBM)
+        self.uvm_kernels: dict[str, KernelLine] = {}
         self._compute_offset = torch.tensor(meta.compute_log_offset, dtype=torch.float32)
         self._comm_offset = torch.tensor(meta.comm_log_offset, dtype=torch.float32)
+
+    @property
+    def compute_kernels(self) -> tuple[str, ...]:
+        """The kernels this model prices: "fused", and the UVM kernels it has measured lines of."""
+        return ("fused", *[k for k in UVM_KERNELS if k in self.uvm_kernels])
 
     def to(self, device: str | torch.device) -> NeuralCostModel:
         """Move the networks to `device` (prediction inputs and outputs stay numpy)."""
@@ -257,6 +266,7 @@ class NeuralCostModel:
             "comm_normaliser": self.comm_normaliser.to_json() if self.comm_normaliser else None,
             **{c: line.to_json() if (line := getattr(self, c)) else None for c in COLLECTIVE_LINES},
             "data_parallel_kernel": self.data_parallel_kernel.to_json() if self.data_parallel_kernel else None,
+            "uvm_kernels": {k: line.to_json() for k, line in self.uvm_kernels.items()} or None,
         }
         (directory / CONFIG_FILE).write_text(json.dumps(doc, indent=1))
         tensors = {f"compute.{k}": v.detach().cpu() for k, v in self.compute_net.state_dict().items()}
@@ -305,6 +315,8 @@ class NeuralCostModel:
             lines = {c: AllReduceCost.from_json(doc[c]) if doc.get(c) else None for c in COLLECTIVE_LINES}
             dense = (DataParallelKernelCost.from_json(doc["data_parallel_kernel"])
                      if doc.get("data_parallel_kernel") else None)
+            uvm = {str(k): KernelLine.from_json(line) for k, line in (doc.get("uvm_kernels") or {}).items()
+                   if k in UVM_KERNELS}
         weights_path = directory / WEIGHTS_FILE
         try:
             tensors = torch.load(weights_path, map_location="cpu", weights_only=True)
@@ -326,6 +338,7 @@ class NeuralCostModel:
         for collective, line in lines.items():
             setattr(model, collective, line)
         model.data_parallel_kernel = dense
+        model.uvm_kernels = uvm
         return model.to(device)
 
 

@@ -75,13 +75,16 @@ def _cuda_timers(compute: pd.DataFrame, hardware_kind: str) -> list[str]:
     return sorted(map(str, timers.fillna("events").unique()))
 
 
-def compute_samples(df: pd.DataFrame) -> ComputeSamples:
-    """Compute rows of shards all in HBM -> one sample per config_id, fwd/bwd averaged over its repeats."""
+def compute_samples(df: pd.DataFrame, kernels: tuple[str, ...] = ("fused",)) -> ComputeSamples:
+    """Compute rows of shards run by one of `kernels` (default: all in HBM; rows from before the kernel was stored
+    ran "fused") -> one sample per config_id, fwd/bwd averaged over its repeats."""
     rows = df[df["kind"] == "compute"]
     if "kernel" in rows.columns:
-        # the network's table features do not say which kernel runs a table: shards in host memory stay out of its
-        # training until they do (their rows are kept for the model that prices them)
-        rows = rows[rows["kernel"].isna() | (rows["kernel"] == "fused")]
+        # the network's table features do not say which kernel runs a table: it trains on shards in HBM, and
+        # shards in host memory train the UVM kernels' lines (`lines.fit_uvm_kernel_rows`)
+        rows = rows[rows["kernel"].fillna("fused").isin(kernels)]
+    elif "fused" not in kernels:
+        rows = rows.iloc[:0]
     grouped = rows.groupby("config_id", sort=True).agg(
         tables_json=("tables_json", "first"), fwd_ms=("fwd_ms", "mean"), bwd_ms=("bwd_ms", "mean")
     )

@@ -35,7 +35,7 @@ from .features import (
     TableFeatureCache,
     network_inputs,
 )
-from .lines import fit_all_reduce_rows, fit_data_parallel_kernel_rows
+from .lines import fit_all_reduce_rows, fit_data_parallel_kernel_rows, fit_uvm_kernel_rows
 from .model import MIN_MS, ModelMeta, NetworkConfig, NeuralCostModel
 from .networks import CommNet, ComputeNet
 from .samples import (
@@ -208,6 +208,8 @@ def train_cost_model(
     comm_fit = None if comm is None else _fit_comm(comm, net_cfg, cfg, seed)
     model = _assembled_model(compute, comm_fit, net_cfg, df, hardware_kind, batch_size, seed, split)
     line_evaluations = _fit_lines(model, df, hardware_kind, cfg.holdout_sources or ())
+    model.uvm_kernels, uvm_evaluation = fit_uvm_kernel_rows(df, model, split.heldout_sources)
+    line_evaluations.append(uvm_evaluation)
     single = {s[0]: c for s, c in zip(samples.shards, samples.costs_ms) if len(s) == 1}
     evaluation = _evaluation(model, df, split, comm_fit, line_evaluations, single)
     metrics = _metrics(evaluation)
@@ -218,7 +220,8 @@ def train_cost_model(
                "size_test": len(split.size_test), "row_block_test": len(split.row_block_test),
                "comm_rows": 0 if comm is None else len(comm.layout),
                **{f"{c}_points": len(line.points) if (line := getattr(model, c)) else 0 for c in COLLECTIVE_MS_COLUMN},
-               "dense_kernels": model.data_parallel_kernel.measured if model.data_parallel_kernel else 0},
+               "dense_kernels": model.data_parallel_kernel.measured if model.data_parallel_kernel else 0,
+               "uvm_kernel_shards": sum(line.num_shards for line in model.uvm_kernels.values())},
         epochs_run=compute.epochs_run, best_epoch=compute.best_epoch, best_val_loss=compute.best_val_loss,
         evaluation=evaluation, metrics=metrics, train=split.train, test=split.test, size_test=split.size_test,
         single_table_ms=single, notes=list(split.notes),

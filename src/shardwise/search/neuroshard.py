@@ -540,7 +540,7 @@ class NeuroShardSearch:
         with single_thread():
             started = time.perf_counter()
             return place_within_memory(task, cost_model,
-                                       lambda placed: self._search(placed, cost_model, seed, task, started))
+                                       lambda placed, model: self._search(placed, model, seed, task, started))
 
     def _search(self, task: ShardingTask, cost_model: CostModel, seed: int, original: ShardingTask,
                 started: float) -> Plan:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shardwise.costmodel.caching import with_host_memory
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import (
     HOST_KERNELS,
@@ -135,17 +136,17 @@ class _Offloader:
 
 
 def place_within_memory(task: ShardingTask, cost_model: CostModel,
-                        place: Callable[[ShardingTask], Plan]) -> Plan:
-    """`place(task)` where the task's tables fit in HBM (or none may leave it); else the tables cheapest to move
-    put in host memory, more after each placement that finds no fit, and `place` given the task with their kernels
-    set (`TableSpec.compute_kernel`); PlanError in one line where no kernels fit both memories or the cost model
-    cannot price a table off HBM."""
+                        place: Callable[[ShardingTask, CostModel], Plan]) -> Plan:
+    """`place(task, cost_model)` where the task's tables fit in HBM (or none may leave it); else the tables cheapest
+    to move put in host memory, more after each placement that finds no fit, and `place` given the task with their
+    kernels set (`TableSpec.compute_kernel`) and the model that prices them (`costmodel.caching.with_host_memory`);
+    PlanError in one line where no kernels fit both memories or the cost model cannot price a table off HBM."""
     movable = [t for t in task.tables if task.may_leave_hbm(t)]
     if not movable:
-        return place(task)
+        return place(task, cost_model)
     try:
         check_memory_bounds(task, column_split=True, row_wise=True)
-        return place(task)
+        return place(task, cost_model)
     except HostMemoryError:
         raise
     except PlanError as err:
@@ -156,6 +157,7 @@ def place_within_memory(task: ShardingTask, cost_model: CostModel,
         raise PlanError(f"{in_hbm}; the task lets {len(movable)} table(s) leave HBM, and the cost model has not "
                         f"measured {' or '.join(repr(k) for k in kernels)} (profile caching shards on a GPU: "
                         "shardwise profile --device cuda --caching-shards N, then pretrain)")
+    cost_model = with_host_memory(cost_model)
     offloader = _Offloader(task, cost_model)
     capacity = task.device_memory_bytes * task.num_devices
     fill = HBM_FILL
@@ -169,7 +171,7 @@ def place_within_memory(task: ShardingTask, cost_model: CostModel,
             moved += 1
         placed = offloader.placed_task()
         try:
-            return place(placed)
+            return place(placed, cost_model)
         except HostMemoryError:
             raise
         except PlanError as err:
