@@ -101,3 +101,31 @@ def test_fused_uvm_takes_the_tables_a_cache_cannot_hold() -> None:
     plan = NeuroShardSearch().search(over, CachingCostModel(), seed=0)
     validate_plan(plan, over)
     assert "fused_uvm" in {k.kernel for k in plan.kernels.values()}
+
+
+def test_the_plan_command_puts_tables_in_host_memory_with_a_model_that_measured_them(tmp_path, monkeypatch,
+                                                                                      capsys) -> None:
+    from costmodel_synthetic import cost_frame, synthetic_tables
+
+    from shardwise.cli import main
+    from shardwise.costmodel import TrainConfig, train_cost_model
+    from shardwise.costmodel.caching import KernelLine
+    from shardwise.search import load_plan
+    from shardwise.workload import save_task
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/none.db")
+    model, _ = train_cost_model(cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), 0,
+                                TrainConfig(epochs=3, progress=False))
+    model.save(tmp_path / "hbm_only")
+    model.uvm_kernels = {"fused_uvm_caching": KernelLine((400.0, 800.0), (0.01, 0.01), 20)}
+    model.save(tmp_path / "with_uvm")
+    save_task(task(tables([0.0, 0.5, 1.0, 1.3], [10] * 4), hbm_share=0.6), "task.json")
+
+    assert main(["plan", "--task", "task.json", "--model", "hbm_only", "--out", "plan.json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has not measured 'fused_uvm_caching'" in err and len(err.splitlines()) == 1
+    assert main(["plan", "--task", "task.json", "--model", "with_uvm", "--out", "plan.json"]) == 0
+    assert "in host memory (memory GiB above is HBM, with their caches): " in capsys.readouterr().out
+    plan = load_plan("plan.json")
+    assert plan.kernels and all(k.kernel == "fused_uvm_caching" for k in plan.kernels.values())

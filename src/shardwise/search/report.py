@@ -116,6 +116,14 @@ def format_plan(plan: Plan) -> str:
                        if predicted and "row_wise_comm_ms" in predicted else "")
         lines.append(f"row-wise over every device (not counted in shards and dim; the kernel on each device's row blocks "
                      f"is in fwd/bwd ms{collectives}, in total ms): {', '.join(plan.row_wise)}")
+    if plan.kernels:
+        host = extra.get("host_memory_bytes") or []
+        cap_host = extra.get("host_memory_cap_bytes")
+        lines.append("in host memory (memory GiB above is HBM, with their caches): " + ", ".join(
+            f"{name} {k.kernel}" + (f" (cache_load_factor {k.cache_load_factor:g})" if k.cache_load_factor else "")
+            for name, k in plan.kernels.items())
+            + (f"; host memory per device {max(host) / GIB:.2f}/{cap_host / GIB:.2f} GiB at most" if host and cap_host
+               else ""))
     if predicted:
         lines.append(
             f"predicted plan cost (slowest device) {predicted['max_cost_ms']:.3f} ms, "
