@@ -68,7 +68,7 @@ class Outcome:
 
 @dataclass
 class Context:
-    """What the harness hands a run: the cost model, loaded once and named in the record."""
+    """What the harness hands a run: the cost models it loads, each named in the record."""
 
     model: str | None = None
 
@@ -80,8 +80,10 @@ class Context:
 
         mlflow = MlflowService()
         model, used = load_cost_model(mlflow, uri, device=None, required=required)
-        if used is not None:
-            self.model = model_identity(mlflow, used)
+        if used is not None:  # each model a run compares, named once
+            identity = model_identity(mlflow, used)
+            named = self.model.split("; ") if self.model else []
+            self.model = "; ".join(named if identity in named else [*named, identity])
         return model
 
 

@@ -3,8 +3,11 @@ shardwise and the harness's modules (harness, record, plan_runs), never another 
 
 from . import (  # noqa: F401
     costmodel_accuracy,
+    costmodel_predict,
+    costmodel_seeds,
     faults,
     gpu_method,
+    heavy_tables,
     measurement_noise,
     memory_property,
     plan_quality,
