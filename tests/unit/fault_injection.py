@@ -432,6 +432,162 @@ def concurrent_registration(tmp: Path, *, costs: tuple[float, float] = (5.0, 3.0
         return outcome
 
 
+# -- the plan registry: a plan's registration killed, and two at once ---------------------------------------------
+
+#: one run registering a production task's plan (`plan_registry.register_plan`, what `shardwise publish` calls after
+#: measuring) that measured `ms`; the gate's comparison with the champion takes `compare_s` and finds the champion's
+#: own measured ms. `go` "-": start at once, else wait for the start time in that file, then `offset_s` more.
+_REGISTER_PLAN = """
+import os, sys, time
+from pathlib import Path
+from mlflow import MlflowClient
+from shardwise.integrations.mlflow import MlflowService
+from shardwise.integrations.plan_registry import register_plan
+url, files, task, ms, go, offset_s, compare_s = sys.argv[1:8]
+client = MlflowClient(url)
+
+def champion_ms(uri):
+    name, version = uri.removeprefix("models:/").split("/")
+    time.sleep(float(compare_s))
+    return float(client.get_model_version(name, version).tags["gate.value"])
+
+if go != "-":
+    Path(go + f".ready-{os.getpid()}").touch()
+    while not Path(go).exists():
+        time.sleep(0.005)
+    time.sleep(max(0.0, float(Path(go).read_text()) + float(offset_s) - time.time()))
+promotion = register_plan(MlflowService(url), task, Path(files), measured_ms=float(ms), champion_ms=champion_ms,
+                          min_gain=0.0, tags={}, params={}, metrics={"plan_ms": float(ms)})
+print(promotion.version, promotion.alias, promotion.reason)
+"""
+
+
+def _plan_files(tmp: Path) -> Path:
+    """A registered plan's files (a two-table task planned table-wise on two devices)."""
+    from shardwise.integrations.plan_registry import write_plan_files
+    from shardwise.search import Plan, Shard
+    from shardwise.workload import ShardingTask, TableSpec, save_task
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    task = save_task(ShardingTask(num_devices=2, device_memory_bytes=2**30, batch_size=512, tables=(
+        TableSpec(name="a", rows=1000, dim=8, pooling_factor=1.0), TableSpec(name="b", rows=500, dim=8,
+                                                                              pooling_factor=2.0))), tmp / "task.json")
+    plan = Plan(num_devices=2, shards=(Shard(table="a", col_offset=0, dim=8, device=0),
+                                       Shard(table="b", col_offset=0, dim=8, device=1)), method="faults")
+    return write_plan_files(tmp / "files", plan, task, {"plan_ms": 1.0}, None)
+
+
+def _register_plan_argv(url: str, files: Path, task: str, ms: float, go: str = "-", offset_s: float = 0.0,
+                        compare_s: float = 0.0) -> list[str]:
+    return [sys.executable, "-c", _REGISTER_PLAN, url, str(files), task, str(ms), go, str(offset_s), str(compare_s)]
+
+
+def _registered_champion_loads(url: str, name: str, outcome: FaultOutcome) -> None:
+    """A champion whose files do not load as a registered plan counts as a wrong champion."""
+    from shardwise.integrations.mlflow import MlflowService
+    from shardwise.integrations.plan_registry import load_registered_plan
+
+    try:
+        load_registered_plan(f"models:/{name}@champion", service=MlflowService(url))
+    except Exception as err:  # noqa: BLE001 - any failure to load is a dangling champion
+        outcome.wrong_champions += 1
+        outcome.notes["champion_load"] = str(err)[:300]
+
+
+def plan_registration_server_killed(tmp: Path, *, delay_s: float = 0.0,
+                                    server: MlflowProcess | None = None) -> FaultOutcome:
+    """The MLflow tracking server SIGKILLed `delay_s` after a publish run's new plan version appears in its store
+    (the gate runs then), started again, and the registration run again. The champion (10 ms) is beaten by the new
+    plan (5 ms). Wrong champions: after the kill, `champion` on neither, or on a version without the gate's evidence;
+    after the rerun, the same, the rerun's version holding no alias, or a champion whose files do not load."""
+    from shardwise.integrations.mlflow import CHAMPION, MlflowService
+    from shardwise.integrations.plan_registry import plan_name, register_plan
+
+    outcome = FaultOutcome("tracking server killed during a plan's registration")
+    files = _plan_files(tmp)
+    with _registry_for(tmp, server) as (server, kind):
+        task = f"faults-{kind}"
+        name, url = plan_name(task), server.url
+        register_plan(MlflowService(url), task, files, measured_ms=10.0, champion_ms=lambda _: None, min_gain=0.0,
+                      tags={}, params={}, metrics={})
+        before_versions, before_aliases, _ = _registry(server.db, name)
+        champion_before = before_aliases[CHAMPION]
+        proc = subprocess.Popen(_register_plan_argv(url, files, task, 5.0), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        if not _wait_for(lambda: proc.poll() is not None or _versions(server.db, name) > before_versions, 600, 0.01) \
+                or proc.poll() is not None:
+            proc.communicate()
+            raise RuntimeError(f"the registration ended before its version appeared: exit {proc.returncode}")
+        time.sleep(delay_s)
+        killed = proc.poll() is None
+        server.kill()
+        killed_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=600)
+        failed = proc.returncode != 0
+        outcome.seconds_to_error = time.monotonic() - killed_at if killed and failed else None
+        outcome.error = _error_line(stderr) if failed else ""
+        outcome.notes.update(first_exit=proc.returncode, killed_while_running=killed)
+
+        server.start()
+        _, aliases, tags = _registry(server.db, name)
+        outcome.wrong_champions += _half_logged_aliases(aliases, tags)
+        outcome.wrong_champions += aliases.get(CHAMPION) not in (champion_before, str(before_versions + 1))
+        outcome.notes["champion_after_kill"] = aliases.get(CHAMPION)
+
+        rerun = subprocess.run(_register_plan_argv(url, files, task, 5.0), capture_output=True, text=True,
+                               timeout=600)
+        outcome.notes["rerun_exit"] = rerun.returncode
+        if rerun.returncode != 0:
+            outcome.notes["rerun_error"] = _error_line(rerun.stderr)
+        versions, aliases, tags = _registry(server.db, name)
+        outcome.wrong_champions += _half_logged_aliases(aliases, tags)
+        newest = str(versions)
+        decision = tags.get(newest, {}).get("gate.decision", "")
+        outcome.wrong_champions += rerun.returncode != 0 or aliases.get(decision) != newest
+        outcome.wrong_champions += float(tags.get(aliases.get(CHAMPION, ""), {}).get("gate.value", "nan")) != 5.0
+        outcome.notes["champion_after_rerun"] = aliases.get(CHAMPION)
+        _registered_champion_loads(url, name, outcome)
+        return outcome
+
+
+def concurrent_plan_registration(tmp: Path, *, ms: tuple[float, float] = (5.0, 3.0),
+                                 offsets_s: tuple[float, float] = (0.0, 0.0), compare_s: float = 1.0,
+                                 server: MlflowProcess | None = None) -> FaultOutcome:
+    """Two publish runs register a plan of one production task at once (champion: 10 ms), the second `offsets_s`
+    apart. Wrong champions: the champion afterwards is not the faster plan, an alias on a version without the gate's
+    decision for it, or a champion whose files do not load."""
+    from shardwise.integrations.mlflow import CHAMPION, MlflowService
+    from shardwise.integrations.plan_registry import plan_name, register_plan
+
+    outcome = FaultOutcome("two runs registering a plan of one task at once")
+    files = _plan_files(tmp)
+    with _registry_for(tmp, server) as (server, kind):
+        task = f"faults-{kind}"
+        name, url = plan_name(task), server.url
+        register_plan(MlflowService(url), task, files, measured_ms=10.0, champion_ms=lambda _: None, min_gain=0.0,
+                      tags={}, params={}, metrics={})
+        go = tmp / "go"
+        procs = [subprocess.Popen(_register_plan_argv(url, files, task, m, str(go), offset, compare_s),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for m, offset in zip(ms, offsets_s, strict=True)]
+        ready = [Path(f"{go}.ready-{p.pid}") for p in procs]
+        _wait_for(lambda: all(r.exists() for r in ready) or any(p.poll() is not None for p in procs), 600, 0.01)
+        go.with_suffix(".tmp").write_text(str(time.time() + 0.2))
+        go.with_suffix(".tmp").rename(go)
+        results = [p.communicate(timeout=600) for p in procs]
+        outcome.notes["runs"] = [(p.returncode, out.strip() or _error_line(err)) for p, (out, err) in
+                                 zip(procs, results, strict=True)]
+        if any(p.returncode != 0 for p in procs):
+            raise RuntimeError(f"a registering run failed: {outcome.notes['runs']}")
+        _, aliases, tags = _registry(server.db, name)
+        champion = aliases.get(CHAMPION, "")
+        outcome.notes["champion_ms"] = tags.get(champion, {}).get("gate.value")
+        outcome.wrong_champions = int(float(tags.get(champion, {}).get("gate.value", "nan")) != min(ms))
+        outcome.wrong_champions += _half_logged_aliases(aliases, tags)
+        _registered_champion_loads(url, name, outcome)
+        return outcome
+
+
 # -- a process SIGKILLed while it makes a new embedded MLflow store ----------------------------------------------
 
 #: a process that opens a new sqlite store and stops inside one of MLflow's migrations, the one that makes the
