@@ -74,7 +74,8 @@ def _check_shardwise(words: list[str]) -> None:
     assert verb in VERBS, f"`shardwise {verb}`: no such verb (verbs: {', '.join(VERBS)})"
     parser, rest = _verb_parser(verb), args[1:]
     actions = _subparsers(parser)
-    if actions:
+    optional = any(isinstance(a, argparse._SubParsersAction) and not a.required for a in parser._actions)
+    if actions and not (optional and (not rest or rest[0].startswith("-"))):  # `plan --task ...`, or `plan show URI`
         assert rest and rest[0] in actions, f"`shardwise {verb} {rest[:1]}`: actions are {', '.join(actions)}"
         parser, rest = actions[rest[0]], rest[1:]
     options = {s: a for a in parser._actions for s in a.option_strings}

@@ -20,13 +20,15 @@ from shardwise.extras import needs_extras
 #: verb -> (module that configures its parser, one-line help), in the order of the method
 VERBS: dict[str, tuple[str, str]] = {
     "task": ("shardwise.cli.task", "inspect sharding task files (shardwise.task/v1)"),
-    "workload": ("shardwise.cli.workload", "synthetic DLRM tables, train/holdout splits, sharding tasks"),
+    "workload": ("shardwise.cli.workload", "DLRM tables (synthetic, or yours from a file), train/holdout splits, "
+                 "sharding tasks"),
     "augment": ("shardwise.cli.workload", "NeuroShard augmentation: every dim, column halves, pooling resampling"),
     "profile": ("shardwise.cli.profile", "measure sampled shards on this machine's kernels -> cost dataset"),
     "pretrain": ("shardwise.cli.pretrain",
                  "train the cost model on cost datasets, evaluate on held-out tables, register in MLflow"),
     "train-policy": ("shardwise.cli.policy", "train a DreamShard/AutoShard placement policy on sampled tasks"),
-    "plan": ("shardwise.cli.plan", "plan a task with any registered method -> shardwise.plan/v1"),
+    "plan": ("shardwise.cli.plan", "plan a task with any registered method -> shardwise.plan/v1; `plan show URI`: a "
+             "registered plan"),
     "evaluate": ("shardwise.cli.evaluate", "measure plans' per-device cost on this machine's kernels"),
     "validate": ("shardwise.cli.evaluate", "train a TorchRec DLRM sharded by the plan(s); samples/s"),
     "benchmark": ("shardwise.cli.evaluate", "plan the papers' task sets with every method; measure all plans"),
