@@ -2,21 +2,27 @@
 shardwise and the harness's modules (harness, record, plan_runs), never another experiment (tests/unit/test_bench_harness.py checks)."""
 
 from . import (  # noqa: F401
+    cli_startup,
     costmodel_accuracy,
     costmodel_predict,
     costmodel_seeds,
+    data_parallel_accuracy,
+    data_parallel_choice,
     faults,
     gpu_method,
     heavy_tables,
     measurement_noise,
     memory_property,
     plan_quality,
+    plan_sessions,
     planning_time,
     pretrain_device,
     profile_fanout,
     profiling,
     refine,
+    rl_policies,
     search_quality,
+    shard_timing,
     torchrec_dropin,
     workload_synthetic,
 )

@@ -14,21 +14,21 @@ seconds of a timing and the shards' kernel times next to those of the largest si
 to one flush per pair (the reference, then the shard right after it): what the second flush costs and what the
 shard's times lose without it.
 
-    .venv/bin/python benchmarks/bench_shard_timing.py [--rounds 3] [--flush-mib 0,256,960 | --pairing] [--record]
+    python -m benchmarks shard_timing [--rounds 3] [--flush-mib 0,256,960 | --pairing] [--record]
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable
 from functools import partial
 
 import torch
-from plan_runs import paper_tasks
-from record import record
+from pydantic import Field
 
+from benchmarks.harness import Context, Experiment, ExperimentSettings, Outcome, register
+from benchmarks.plan_runs import paper_tasks
 from shardwise.profiling import MeasurementSettings, TimingProtocol
 from shardwise.profiling.hardware import device_name, last_level_cache_bytes
 from shardwise.profiling.kernel import (
@@ -44,34 +44,31 @@ from shardwise.profiling.kernel import (
 from shardwise.workload import ShardingTask, TableSpec
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="rounds over the task's device shards")
-    parser.add_argument("--flush-mib", help="compare these flush sizes in MiB (comma separated; 0: no flush)")
-    parser.add_argument("--pairing", action="store_true", help="compare one flush per pair with one per call")
-    parser.add_argument("--record", action="store_true", help="write benchmarks/results/shard_timing.json "
-                        "(shard_timing_flush.json with --flush-mib, shard_timing_pairing.json with --pairing)")
-    args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error("--rounds must be >= 1")
-    torch.set_num_threads(1)
+class ShardTimingSettings(ExperimentSettings):
+    """How many rounds, and which comparison (the parts of a timing by default)."""
+
+    rounds: int = Field(default=3, ge=1, description="rounds over the task's device shards")
+    flush_mib: tuple[int, ...] | None = Field(default=None, description="compare these flush sizes in MiB (comma "
+                                              "separated; 0: no flush; recorded as shard_timing_flush)",
+                                              json_schema_extra={"sep": ","})
+    pairing: bool = Field(default=False, description="compare one flush per pair with one per call (recorded as "
+                          "shard_timing_pairing)")
+
+
+def run(args: ShardTimingSettings, context: Context) -> Outcome:
+    """The parts of one shard timing, or the flush sizes, or the flush pairings, compared."""
     measurement = MeasurementSettings()
     task = next(task for name, task in paper_tasks(1, seed=0, batch_size=2048) if name.startswith("8dev"))
     devices = task.num_devices
     shards = [list(task.tables[d::devices]) for d in range(devices)]
     device, protocol = resolve_timing(measurement)
     if args.flush_mib:
-        compare_flush_sizes(task, shards, device, protocol, [int(m) for m in args.flush_mib.split(",")],
-                            args.rounds, args.record)
-        return
+        return compare_flush_sizes(task, shards, device, protocol, list(args.flush_mib), args.rounds)
     if args.pairing:
-        compare_pairing(task, shards, device, protocol, args.rounds, args.record)
-        return
+        return compare_pairing(task, shards, device, protocol, args.rounds)
     variants = {"protocol": protocol, "no flush": protocol.model_copy(update={"flush_cache": False}),
                 "no reference": protocol.model_copy(update={"reference_normalised": False})}
     seconds: dict[str, list[float]] = {"build": [], **{name: [] for name in variants}}
-    print(f"{len(task.tables)} tables over {devices} devices, batch {task.batch_size}, {args.rounds} rounds; "
-          f"protocol: {protocol.warmup_calls} warm-up + {protocol.iters} timed iterations")
     for r in range(args.rounds):
         for tables in shards:
             started = time.perf_counter()
@@ -93,18 +90,13 @@ def main() -> None:
     rows = [{"part": name, "seconds_per_timing": round(s, 4), "share": round(s / total, 3)}
             for name, s in parts.items()]
     rows.append({"part": "one timing (measure_shard)", "seconds_per_timing": round(total, 4), "share": 1.0})
-    print(f"{'part':<28} {'s per timing':>12} {'share':>6}")
-    for row in rows:
-        print(f"{row['part']:<28} {row['seconds_per_timing']:>12.4f} {row['share']:>6.1%}")
     timings = devices * measurement.timing_rounds
     once = f"{devices} device shards x {measurement.timing_rounds} timings = {total * timings:.1f} s"
-    print(f"a plan measured once: {once}")
-    if args.record:
-        record("shard_timing", "Where one timing of a device shard goes", rows,
-               notes=f"the first task of the 8-device paper set, its {len(task.tables)} tables dealt round-robin "
-                     f"over {devices} devices, batch {task.batch_size}; median over {args.rounds} rounds of each "
-                     "part; flush and reference: the protocol's timing less the same kernel's timing with either "
-                     f"turned off; a plan measured once: {once}")
+    return Outcome(rows, notes=[
+        f"the first task of the 8-device paper set, its {len(task.tables)} tables dealt round-robin over {devices} "
+        f"devices, batch {task.batch_size}; protocol: {protocol.warmup_calls} warm-up + {protocol.iters} timed "
+        f"iterations; median over {args.rounds} rounds of each part; flush and reference: the protocol's timing less "
+        f"the same kernel's timing with either turned off; a plan measured once: {once}"])
 
 
 Way = Callable[[ShardKernel], ShardTiming]
@@ -141,7 +133,7 @@ def _build(task: ShardingTask, shards: list[list[TableSpec]], device: torch.devi
 
 
 def compare_flush_sizes(task: ShardingTask, shards: list[list[TableSpec]], device: torch.device,
-                        protocol: TimingProtocol, sizes_mib: list[int], rounds: int, record_it: bool) -> None:
+                        protocol: TimingProtocol, sizes_mib: list[int], rounds: int) -> Outcome:
     """Time each device shard's kernel under each flush size in turn."""
     kernels = _build(task, shards, device)
     cache_mib = last_level_cache_bytes(device) / 2**20
@@ -149,9 +141,6 @@ def compare_flush_sizes(task: ShardingTask, shards: list[list[TableSpec]], devic
         str(mib): partial(time_kernel, device=device,
                           protocol=protocol.model_copy(update={"flush_cache": mib > 0, "flush_bytes": mib * 2**20}))
         for mib in sizes_mib}
-    print(f"{len(task.tables)} tables over {len(kernels)} devices, batch {task.batch_size}, {rounds} rounds; "
-          f"this machine's last-level cache: {cache_mib:.0f} MiB; the protocol flushes "
-          f"{protocol.flush_bytes / 2**20:.0f} MiB")
     seconds, timings = _time_in_turn(kernels, ways, rounds)
     kernel_ms = {name: [statistics.median(map(_raw_ms, ts)) for ts in per_kernel] for name, per_kernel in timings.items()}
     largest = str(max(sizes_mib))
@@ -162,17 +151,13 @@ def compare_flush_sizes(task: ShardingTask, shards: list[list[TableSpec]], devic
                      "kernel_ms_all_shards": round(sum(kernel_ms[name]), 1),
                      "kernel_vs_largest": round(sum(kernel_ms[name]) / sum(kernel_ms[largest]), 4),
                      "shard_vs_largest_min": round(min(ratios), 3), "shard_vs_largest_max": round(max(ratios), 3)})
-    print(f"{'flush MiB':>9} {'s per timing':>12} {'kernel ms':>9} {'/ largest':>9} {'per shard':>13}")
-    for row in rows:
-        print(f"{row['flush_mib']:>9} {row['seconds_per_timing']:>12.2f} {row['kernel_ms_all_shards']:>9.1f} "
-              f"{row['kernel_vs_largest']:>9.4f} {row['shard_vs_largest_min']:>6.3f}-{row['shard_vs_largest_max']:.3f}")
-    if record_it:
-        record("shard_timing_flush", "What the cache flush's size costs a shard timing and changes in it", rows,
-               notes=f"CPU: {device_name('cpu')}, last-level cache {cache_mib:.0f} MiB; the first task of the 8-device "
-                     f"paper set, its {len(task.tables)} tables dealt round-robin over {len(kernels)} devices, batch "
-                     f"{task.batch_size}; each shard's kernel timed under each flush size in turn, {rounds} rounds; "
-                     "kernel ms: fwd+bwd, unnormalised, median over rounds, summed over the shards; per shard: the "
-                     "range over shards of its kernel ms over the largest flush's")
+    return Outcome(rows, record_name="shard_timing_flush",
+                   title="What the cache flush's size costs a shard timing and changes in it", notes=[
+        f"CPU: {device_name('cpu')}, last-level cache {cache_mib:.0f} MiB, the protocol flushes "
+        f"{protocol.flush_bytes / 2**20:.0f} MiB; the first task of the 8-device paper set, its {len(task.tables)} "
+        f"tables dealt round-robin over {len(kernels)} devices, batch {task.batch_size}; each shard's kernel timed "
+        f"under each flush size in turn, {rounds} rounds; kernel ms: fwd+bwd, unnormalised, median over rounds, summed "
+        "over the shards; per shard: the range over shards of its kernel ms over the largest flush's"])
 
 
 def _time_kernel_one_flush(kernel: ShardKernel, device: torch.device, protocol: TimingProtocol) -> ShardTiming:
@@ -191,14 +176,12 @@ def _time_kernel_one_flush(kernel: ShardKernel, device: torch.device, protocol: 
 
 
 def compare_pairing(task: ShardingTask, shards: list[list[TableSpec]], device: torch.device,
-                    protocol: TimingProtocol, rounds: int, record_it: bool) -> None:
+                    protocol: TimingProtocol, rounds: int) -> Outcome:
     """Time each device shard's kernel both ways in turn."""
     kernels = _build(task, shards, device)
     protocol_way = "a flush per call (time_kernel)"
     ways: dict[str, Way] = {"one flush per pair": partial(_time_kernel_one_flush, device=device, protocol=protocol),
                             protocol_way: partial(time_kernel, device=device, protocol=protocol)}
-    print(f"{len(task.tables)} tables over {len(kernels)} devices, batch {task.batch_size}, {rounds} rounds; "
-          f"flush {protocol.flush_bytes / 2**20:.0f} MiB")
     seconds, timings = _time_in_turn(kernels, ways, rounds)
     rows = []
     for name in ways:
@@ -208,18 +191,18 @@ def compare_pairing(task: ShardingTask, shards: list[list[TableSpec]], device: t
         rows.append({"timing": name, "seconds_per_timing": round(seconds[name], 3),
                      **{f"{kind}_vs_protocol": round(statistics.median(r), 4) for kind, r in ratios.items()},
                      **{f"{kind}_vs_protocol_range": f"{min(r):.3f}-{max(r):.3f}" for kind, r in ratios.items()}})
-    print(f"{'timing':<30} {'s per timing':>12} {'raw / protocol (median, range)':>30} {'normalised / protocol':>26}")
-    for row in rows:
-        print(f"{row['timing']:<30} {row['seconds_per_timing']:>12.2f} {row['raw_vs_protocol']:>10.4f} "
-              f"{row['raw_vs_protocol_range']:>18} {row['normalised_vs_protocol']:>10.4f} "
-              f"{row['normalised_vs_protocol_range']:>15}")
-    if record_it:
-        record("shard_timing_pairing", "One cache flush per shard and reference pair, or one per call", rows,
-               notes=f"CPU: {device_name('cpu')}, flush {protocol.flush_bytes / 2**20:.0f} MiB; the first task of the "
-                     f"8-device paper set, its {len(task.tables)} tables dealt round-robin over {len(kernels)} "
-                     f"devices, batch {task.batch_size}; each shard's kernel timed both ways in turn, {rounds} rounds; "
-                     "per shard, its median over rounds over the median timed as time_kernel does; median and range "
-                     "over shards; raw: fwd+bwd ms; normalised: by the paired reference")
+    return Outcome(rows, record_name="shard_timing_pairing",
+                   title="One cache flush per shard and reference pair, or one per call", notes=[
+        f"CPU: {device_name('cpu')}, flush {protocol.flush_bytes / 2**20:.0f} MiB; the first task of the 8-device "
+        f"paper set, its {len(task.tables)} tables dealt round-robin over {len(kernels)} devices, batch "
+        f"{task.batch_size}; each shard's kernel timed both ways in turn, {rounds} rounds; per shard, its median over "
+        "rounds over the median timed as time_kernel does; median and range over shards; raw: fwd+bwd ms; "
+        "normalised: by the paired reference"])
 
-if __name__ == "__main__":
-    main()
+
+register(Experiment(
+    name="shard_timing",
+    title="Where one timing of a device shard goes",
+    settings=ShardTimingSettings,
+    run=run,
+))

@@ -1,11 +1,11 @@
-"""A finished bench_plan_quality run's plans measured again in fresh sessions: each task judged on the median.
+"""A finished plan_quality run's plans measured again in fresh sessions: each task judged on the median.
 
-bench_plan_quality measures each task's plans once, together, in one session. On a shared CPU two plans' measured
-ratio moves by 2-3% from one session to the next (its noise line; bench_measurement_noise.py), so a task where
-refinement is that close to the measured greedy can land on either side of it by chance. This benchmark re-plans
-and refines nothing: it takes the plan files of the run in --run and measures each task's plans together again,
-in --sessions fresh sessions under the run's protocol (`measure_plans`, as the run measured them). Session 1 goes
-over every task, then session 2, and so on, so drift on the machine spreads over all tasks. It prints, per task set:
+plan_quality measures each task's plans once, together, in one session. On a shared CPU two plans' measured ratio
+moves by 2-3% from one session to the next (its noise line; record measurement_noise), so a task where refinement is
+that close to the measured greedy can land on either side of it by chance. This experiment re-plans and refines
+nothing: it takes the plan files of the run in --run and measures each task's plans together again, in --sessions
+fresh sessions under the run's protocol (`measure_plans`, as the run measured them). Session 1 goes over every task,
+then session 2, and so on, so drift on the machine spreads over all tasks. Per task set:
   - per task: the refined plan over the measured greedy's, in the run and in each session, and the median;
   - on how many tasks the refined plan is at or below the greedy, in the run and on the median of the sessions;
   - the mean ratios to TorchRec's planner and to the greedy on the medians;
@@ -13,24 +13,22 @@ over every task, then session 2, and so on, so drift on the machine spreads over
   - the same verdict on each device's all-to-all as measured (its own median, kept in every measured file), when
     the run prices it by a line in width: whether the two rulers agree on fresh sessions.
 
-    python benchmarks/bench_plan_sessions.py --run runs/bench_pq_large4 --sessions 3
-    python benchmarks/bench_plan_sessions.py --run ... --sets 8dev-80to120 --resume --record --record-name NAME
+    python -m benchmarks plan_sessions --run runs/bench_pq_large4 --sessions 3
+    python -m benchmarks plan_sessions --run RUN --sets 8dev-80to120 --resume --record --record-name NAME
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from plan_runs import at_or_below, finished_run, moved
-from record import record
+from pydantic import Field
 
-from shardwise.cli import quiet_libraries
+from benchmarks.harness import Context, Experiment, ExperimentSettings, Outcome, register
+from benchmarks.plan_runs import at_or_below, finished_run, moved
 from shardwise.evaluation import PlanResult, cost_ratio, measure_plans
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import Plan, load_plan
@@ -59,31 +57,31 @@ def _median_ratio(figures: dict[str, list[float]], a: str, b: str) -> float:
     return statistics.median(x / y for x, y in zip(figures[a], figures[b], strict=True))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", required=True, help="a bench_plan_quality.py --out directory (with results.json)")
-    parser.add_argument("--sessions", type=int, default=3, help="fresh measurement sessions per task")
-    parser.add_argument("--sets", default=None, help="only these task sets (comma separated names)")
-    parser.add_argument("--out", default=None, help="where each session's figures are kept (default: <run>/sessions.json)")
-    parser.add_argument("--resume", action="store_true", help="keep the sessions already in --out and go on")
-    parser.add_argument("--record", action="store_true", help="write benchmarks/results/plan_sessions.json")
-    parser.add_argument("--record-name", default="plan_sessions", metavar="NAME",
-                        help="record as benchmarks/results/NAME.json instead")
-    args = parser.parse_args()
-    quiet_libraries(verbose=False)
+class PlanSessionsSettings(ExperimentSettings):
+    """Which run's plans, in how many sessions, kept where."""
+
+    run: str = Field(description="a plan_quality experiment's --out directory (with results.json)")
+    sessions: int = Field(default=3, ge=2, description="fresh measurement sessions per task (a ratio moves between "
+                          "sessions: at least 2)")
+    sets: tuple[str, ...] | None = Field(default=None, description="only these task sets (comma separated names)",
+                                         json_schema_extra={"sep": ","})
+    out: str | None = Field(default=None, description="where each session's figures are kept (default: "
+                            "<run>/sessions.json)")
+    resume: bool = Field(default=False, description="keep the sessions already in --out and go on")
+
+
+def run(args: PlanSessionsSettings, context: Context) -> Outcome:
+    """Every task's plans measured together in each fresh session; one row per task."""
     run, original = finished_run(args.run)
-    if args.sessions < 2:
-        parser.error(f"--sessions: at least 2 (a ratio moves between sessions), got {args.sessions}")
-    # the run's protocol, its reference pinned; runs before 2026-11-26 priced each device's all-to-all as measured
+    # the run's protocol, its reference pinned; a run that names no pricing priced each device's all-to-all as measured
     measurement = MeasurementSettings(**{"comm_pricing": "measured", **original["measurement"]})
-    tasks = _tasks(run, args.sets.split(",") if args.sets else None)
+    tasks = _tasks(run, list(args.sets) if args.sets else None)
     if not tasks:
-        parser.error(f"--run: no task in {run} has plan files for {', '.join(METHODS)}")
+        raise ValueError(f"--run {run}: no task there has plan files for {', '.join(METHODS)}")
     out = Path(args.out) if args.out else run / "sessions.json"
     # (session, task set, task index) -> method -> (plan cost ms, slowest device's kernels ms, plan cost ms with each
-    # device's all-to-all its own median; absent in files from before 2026-11-26)
+    # device's all-to-all its own median; absent in older files)
     done: dict[str, dict[str, list[float]]] = json.loads(out.read_text()) if args.resume and out.is_file() else {}
-    torch.set_num_threads(1)
     started = time.perf_counter()
     for session in range(args.sessions):
         for name, index, task, plans in tasks:
@@ -105,7 +103,6 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     headlines: list[str] = []
     for name in dict.fromkeys(t[0] for t in tasks):
-        print(f"\n{name}: {REFINED} / {GREEDY}, plan cost (the run, then each fresh session, then their median)")
         run_set = [r for r in in_run if r.task_set == name]
         run_ms = {(r.task_index, r.method): r.measured_ms for r in run_set}
         per_task, at_median = [], []
@@ -130,8 +127,6 @@ def main() -> None:
             # each plan's cost as its median over the sessions, for the mean-cost ratios the run prints
             at_median += [r.model_copy(update={"measured_ms": statistics.median(figures[r.method])})
                           for r in run_set if r.task_index == index]
-            print(f"  task {index}: run {row['run']:.3f}; sessions " + " ".join(f"{r:.3f}" for r in ratios)
-                  + f"; median {row['median']:.3f} (kernels alone {row['kernels_median']:.3f})")
         medians = [r["median"] for r in per_task]
         # the verdict on each task's paired median (the same sessions' ratios), not on the ratio of two medians
         headlines += [f"{name}: {at_or_below(run_set, REFINED, GREEDY, lambda r: r.measured_ms)} in the run",
@@ -150,18 +145,17 @@ def main() -> None:
                 f"{a} / {b} {cost_ratio(at_median, a, b):.3f} ({cost_ratio(run_set, a, b):.3f})" for a, b in pairs)
             + f"; {REFINED} / {GREEDY} moved {statistics.median(spread):.1f}% between two sessions (median, at most "
             f"{max(spread):.1f}%)")
-    print()
-    for line in headlines:
-        print(line)
-    print(f"total {time.perf_counter() - started:.0f} s")
-    if args.record:
-        record(args.record_name, "A plan-quality run's plans measured again in fresh sessions: each task on the median",
-               rows, notes=f"plans of {run} ({len(tasks)} tasks), {args.sessions} fresh sessions each, measured as "
-                           f"the run measured them ({measurement.timing_rounds} kernel timings, "
-                           f"{measurement.comm_rounds} x {measurement.comm_iters} all-to-alls priced "
-                           f"{measurement.comm_pricing!r}, reference "
-                           f"{measurement.reference_ms:.4f} ms); " + "; ".join(headlines))
+    return Outcome(rows, notes=[
+        f"plans of {run} ({len(tasks)} tasks), {args.sessions} fresh sessions each, measured as the run measured them "
+        f"({measurement.timing_rounds} kernel timings, {measurement.comm_rounds} x {measurement.comm_iters} "
+        f"all-to-alls priced {measurement.comm_pricing!r}, reference {measurement.reference_ms:.4f} ms); rows: "
+        f"{REFINED} / {GREEDY}, plan cost, in the run, each fresh session and their median "
+        f"({time.perf_counter() - started:.0f} s)", *headlines])
 
 
-if __name__ == "__main__":
-    main()
+register(Experiment(
+    name="plan_sessions",
+    title="A plan-quality run's plans measured again in fresh sessions: each task on the median",
+    settings=PlanSessionsSettings,
+    run=run,
+))

@@ -7,7 +7,7 @@ should import nothing else heavy: the alias is read from the sqlite store with t
 Cold: an empty cache each run, so MLflow downloads the version. The task has 100 tables on 8 devices; the
 champion is a small cost model trained on synthetic costs (tests/unit/costmodel_synthetic.py) and registered in a
 temporary sqlite store. The drop-in: `ShardwisePlanner(tracking_uri=store, adapt=0).plan(module)` of the
-26-table MLPerf DLRM-DCNv2 model (benchmarks/bench_torchrec_dropin.py), champion resolved from the cache, next to
+26-table MLPerf DLRM-DCNv2 model (benchmarks/dropin.py), champion resolved from the cache, next to
 TorchRec's `EmbeddingShardingPlanner` on the same tables, both the first call in a fresh process (adapt=0: that
 small champion never saw dim-128 tables, and adapting it, kernels timed for up to 120 s, is not planning).
 
@@ -21,12 +21,11 @@ Timed with a CPU-bound process beside the benchmark, as on a laptop with a brows
 run by run; the figures to read are the ratio to `python -c pass` and the seconds over `python -c "import torch"`,
 in wall time and in CPU time (user + system of the process, which moves less when others share the machine).
 
-    python benchmarks/bench_cli_startup.py [--repeats 15] [--plan-repeats 5] [--no-load] [--record]
+    python -m benchmarks cli_startup [--repeats 15] [--plan-repeats 5] [--no-load] [--record]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -40,16 +39,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from record import record
+from pydantic import Field
 
+from benchmarks.harness import TEST_HELPERS, Context, Experiment, ExperimentSettings, Outcome, register
 from shardwise.workload import ShardingTask, TableSpec, save_task
 
-BENCHMARKS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
 #: the drop-in timed in a fresh process: first plan with the registered champion, then TorchRec's planner
 _DROPIN = """
 import json, sys
 sys.path.insert(0, sys.argv[2])
-from bench_torchrec_dropin import dcnv2_module, plan_both
+from benchmarks.dropin import dcnv2_module, plan_both
 from shardwise.integrations.torchrec import ShardwisePlanner
 from shardwise.search import make_searcher
 from shardwise.workload import mlperf_dcnv2_tables, shard_memory_bytes
@@ -58,7 +58,7 @@ module, constraints = dcnv2_module(0.001)  # a step of 2048 samples: 512 per ran
 memory = int(1.5 * shard_memory_bytes(list(mlperf_dcnv2_tables(0.001)), 2048) / 4)
 planner = ShardwisePlanner(world_size=4, batch_size=2048 // 4, constraints=constraints, device_type="cpu",
                            device_memory_bytes=memory, storage_reservation=0.0, tracking_uri=sys.argv[1], adapt=0)
-_, _, theirs, ours_s, theirs_s, _ = plan_both(planner, module, make_searcher("torchrec"))
+_, _, theirs, ours_s, theirs_s, _, _ = plan_both(planner, module, make_searcher("torchrec"))
 print(json.dumps({"ours_s": ours_s, "theirs_s": theirs_s, "mlflow": "mlflow" in sys.modules}))
 """
 
@@ -78,7 +78,7 @@ def _run_s(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, f
     seconds = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed: {done.stderr.decode()[-2000:]}")
+        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.decode()[-2000:]}")
     return seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
@@ -97,7 +97,7 @@ def _medians_s(commands: dict[str, list[str]], repeats: int, env: dict[str, str]
 
 def _register_champion(tmp: Path) -> str:
     """A small cost model for this machine's hardware kind, registered as champion in a sqlite store in `tmp`."""
-    sys.path.insert(0, str(BENCHMARKS.parent / "tests" / "unit"))  # the synthetic cost data
+    sys.path.insert(0, str(TEST_HELPERS))  # the synthetic cost data
     import pandas as pd
     from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
 
@@ -123,22 +123,26 @@ def _dropin_s(store: str, env: dict[str, str], repeats: int) -> tuple[float, flo
     """Medians of the drop-in's and TorchRec's planner's first plan in a fresh process (warm cache)."""
     runs = []
     for _ in range(repeats):
-        done = subprocess.run([sys.executable, "-c", _DROPIN, store, str(BENCHMARKS)], capture_output=True,
+        done = subprocess.run([sys.executable, "-c", _DROPIN, store, str(ROOT)], capture_output=True,
                               text=True, env=env)
         if done.returncode != 0:
-            raise SystemExit(f"drop-in timing failed: {done.stderr[-2000:]}")
+            raise RuntimeError(f"drop-in timing failed: {done.stderr[-2000:]}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    assert not any(r["mlflow"] for r in runs[1:]), "the drop-in imported MLflow with the champion in the cache"
+    if any(r["mlflow"] for r in runs[1:]):
+        raise RuntimeError("the drop-in imported MLflow with the champion in the cache")
     return statistics.median(r["ours_s"] for r in runs), statistics.median(r["theirs_s"] for r in runs)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--plan-repeats", type=int, default=5, help="runs of each torch-loading command")
-    parser.add_argument("--no-load", action="store_true", help="no CPU-bound process beside the benchmark")
-    parser.add_argument("--record", action="store_true", help="write benchmarks/results/cli_startup.json")
-    args = parser.parse_args()
+class CliStartupSettings(ExperimentSettings):
+    """How many runs of each command, and whether a busy process runs beside them."""
+
+    repeats: int = Field(default=15, ge=1)
+    plan_repeats: int = Field(default=5, ge=1, description="runs of each torch-loading command")
+    no_load: bool = Field(default=False, description="no CPU-bound process beside the benchmark")
+
+
+def run(args: CliStartupSettings, context: Context) -> Outcome:
+    """Each command's median wall and CPU seconds, the drop-in's first plan beside TorchRec's planner's."""
 
     load_before = os.getloadavg()[0]  # the machine's 1-minute load: others' work shares it
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -150,7 +154,6 @@ def main() -> None:
                for i in range(100)]
         task100 = save_task(ShardingTask(num_devices=8, device_memory_bytes=2**30, batch_size=512, tables=big),
                             tmp / "task100.json")
-        print("registering a champion in a temporary sqlite store ...", flush=True)
         store = _register_champion(tmp)
         cache = tmp / "cache"
         env = {**os.environ, "SHARDWISE_CACHE": str(cache)}
@@ -190,26 +193,24 @@ def main() -> None:
              "over_import_torch_s": round(s - torch_s, 3) if "plan" in name else None,
              "over_import_torch_cpu_s": round(cpu - torch_cpu_s, 3) if "plan" in name else None,
              "ratio_to_torchrec_planner": None} for name, (s, cpu) in medians.items()]
-    print(f"{'command':<50} {'median s':>9} {'cpu s':>7} {'/ python -c pass':>17} {'- import torch: s, cpu s':>25}")
-    for row in rows:
-        over = (f"{row['over_import_torch_s']:>16.3f} {row['over_import_torch_cpu_s']:>8.3f}"
-                if row["over_import_torch_s"] is not None else "")
-        print(f"{row['command']:<50} {row['median_s']:>9.3f} {row['cpu_s']:>7.3f} {row['ratio_to_python']:>17.2f}{over}")
-    print(f"drop-in (26-table DLRM-DCNv2, 4 ranks, champion from the cache): ShardwisePlanner.plan {ours_s:.3f} s, "
-          f"TorchRec's planner {theirs_s:.3f} s, ratio {ours_s / theirs_s:.2f} (first call in a fresh process)")
     empty = {"cpu_s": None, "ratio_to_python": None, "over_import_torch_s": None, "over_import_torch_cpu_s": None}
     rows.append({"command": "ShardwisePlanner.plan, DLRM-DCNv2, champion, warm cache", "median_s": round(ours_s, 3),
                  **empty, "ratio_to_torchrec_planner": round(ours_s / theirs_s, 2)})
     rows.append({"command": "TorchRec EmbeddingShardingPlanner.plan, DLRM-DCNv2", "median_s": round(theirs_s, 3),
                  **empty, "ratio_to_torchrec_planner": 1.0})
-    if args.record:
-        load_note = "no other load" if args.no_load else "one CPU-bound process beside it"
-        load_note += "; bytecode cached (PYTHONDONTWRITEBYTECODE unset for the timed commands)"
-        load_note += f"; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (2 cores: others' jobs too)"
-        record("cli_startup", "CLI start-up and `plan` with the registered champion", rows,
-               notes=f"median of {args.repeats} runs each ({args.plan_repeats} for the commands that load torch and "
-                     f"the drop-in), {load_note}")
+    load_note = "no other load" if args.no_load else "one CPU-bound process beside it"
+    load_note += "; bytecode cached (PYTHONDONTWRITEBYTECODE unset for the timed commands)"
+    load_note += f"; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after (others' jobs too)"
+    return Outcome(rows, notes=[
+        f"median of {args.repeats} runs each ({args.plan_repeats} for the commands that load torch and the drop-in), "
+        f"{load_note}; the drop-in: 26-table DLRM-DCNv2, 4 ranks, champion from the cache, first call in a fresh "
+        "process"])
 
 
-if __name__ == "__main__":
-    main()
+register(Experiment(
+    name="cli_startup",
+    title="CLI start-up and `plan` with the registered champion",
+    settings=CliStartupSettings,
+    run=run,
+    threads=None,
+))

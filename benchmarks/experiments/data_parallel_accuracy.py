@@ -46,22 +46,25 @@ whole batch.
    the dense kernels (memory-bound: the whole table's gradient and optimizer step) drift more than the fused ones,
    it does not normalise what slows them, and lines fitted to them are off by that much.
 
-    python benchmarks/bench_data_parallel_accuracy.py [--model DIR [--row-scale 0.01] [--skip-collectives]] [--devices 2 4]
+    python -m benchmarks data_parallel_accuracy [--model DIR [--row-scale 0.01] [--skip-collectives]] [--devices 2 4]
         [--iters 20]
-    python benchmarks/bench_data_parallel_accuracy.py --model DIR --per-type [--preset local] [--shards 24] [--record]
-    python benchmarks/bench_data_parallel_accuracy.py --model DIR --row-blocks [--compare-model DIR] [--devices 2 4 8]
-    python benchmarks/bench_data_parallel_accuracy.py --retime DATASET [--retime-kernels 24]
+    python -m benchmarks data_parallel_accuracy --model DIR --per-type [--preset local] [--shards 24] [--record]
+    python -m benchmarks data_parallel_accuracy --model DIR --row-blocks [--compare-model DIR] [--devices 2 4 8]
+    python -m benchmarks data_parallel_accuracy --retime DATASET [--retime-kernels 24]
+
+Recorded as sharding_type_accuracy (--per-type), row_block_accuracy (--row-blocks), collective_accuracy (the
+collectives' lines) and machine_drift (--retime).
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from typing import Any
 
 import numpy as np
-from record import record
+from pydantic import Field, model_validator
 
+from benchmarks.harness import Context, Experiment, ExperimentSettings, Outcome, register
 from shardwise.costmodel.data_parallel import (
     data_parallel_cost,
     fit_all_reduce,
@@ -197,7 +200,7 @@ def row_block_rows(model_dirs: list[str], shards: list[list[Any]], devices: list
     models = [NeuralCostModel.load(d) for d in model_dirs]
     first = models[0]
     if any(m.batch_size != first.batch_size for m in models):
-        raise SystemExit("--row-blocks: the models were trained at different batches: "
+        raise ValueError("--row-blocks: the models were trained at different batches: "
                          f"{[m.batch_size for m in models]}")
     device, protocol = resolve_timing(MeasurementSettings(reference_ms=first.reference_ms,
                                                           batch_size=first.batch_size))
@@ -246,7 +249,7 @@ def per_type_rows(model_dir: str, shards: list[list[Any]], devices: list[int], i
 
     model = NeuralCostModel.load(model_dir)
     if model.all_reduce is None or getattr(model, "reduce_scatter", None) is None:
-        raise SystemExit(f"{model_dir}: the model has no measured all-reduce or reduce-scatter (profile with "
+        raise ValueError(f"--model {model_dir}: the model has no measured all-reduce or reduce-scatter (profile with "
                          "--comm-layouts): data-parallel and row-wise tables cannot be priced")
     passes = [_one_pass(model, shards, devices, iters) for _ in range(2)]
     rows = []
@@ -284,9 +287,9 @@ def per_type_rows(model_dir: str, shards: list[list[Any]], devices: list[int], i
     return rows
 
 
-def retime(dataset: str, kernels: int) -> None:
-    """Print now / stored of `kernels` of the dataset's dense kernels and as many of its fused shards, timed again
-    with the profile's reference (`--retime`)."""
+def retime(dataset: str, kernels: int) -> list[dict[str, Any]]:
+    """Now / stored of `kernels` of the dataset's dense kernels and as many of its fused shards, timed again with the
+    profile's reference (`--retime`)."""
     from shardwise.costmodel.train import compute_samples, dense_kernel_samples
     from shardwise.profiling import load_costs
 
@@ -296,10 +299,12 @@ def retime(dataset: str, kernels: int) -> None:
     device, protocol = resolve_timing(MeasurementSettings(reference_ms=reference_ms, batch_size=batch))
     dense = dense_kernel_samples(df)
     if not dense:
-        raise SystemExit(f"{dataset}: no dense kernels (kind 'data_parallel'): profile with --data-parallel-shards")
+        raise ValueError(f"--retime {dataset}: no dense kernels (kind 'data_parallel'): profile with "
+                         "--data-parallel-shards")
     dense = dense[:: max(1, len(dense) // kernels)][:kernels]
     fused = compute_samples(df)
     picked = list(range(0, len(fused.shards), max(1, len(fused.shards) // kernels)))[:kernels]
+    rows = []
     for label, now, stored in (
         ("dense kernels", [kernel_ms(list(tables), local_batch(batch, d), device, protocol, "dense")
                            for tables, d, _, _ in dense], [fwd + bwd for *_, fwd, bwd in dense]),
@@ -307,8 +312,9 @@ def retime(dataset: str, kernels: int) -> None:
          fused.costs_ms[picked].sum(axis=1)),
     ):
         ratio = np.asarray(now) / np.asarray(stored)
-        print(f"{label}: now / profiled median {np.median(ratio):.3f} (quartiles {np.quantile(ratio, 0.25):.3f}-"
-              f"{np.quantile(ratio, 0.75):.3f}), {len(ratio)} timed again")
+        rows.append({"kernels": label, "timed_again": len(ratio), "now_over_profiled_median": round(float(
+            np.median(ratio)), 3), "quartiles": f"{np.quantile(ratio, 0.25):.3f}-{np.quantile(ratio, 0.75):.3f}"})
+    return rows
 
 
 def mape_by_count(errors: list[tuple[int, int, float, float]], devices: list[int]) -> str:
@@ -318,86 +324,94 @@ def mape_by_count(errors: list[tuple[int, int, float, float]], devices: list[int
             + f"; all {100 * float(np.mean([abs(p - ms) / ms for *_, ms, p in errors])):.1f}%")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--model", help="a saved cost model directory: also price tables' kernels at the local batch")
-    parser.add_argument("--tables", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--row-scale", type=float, default=0.01, help="scale of the synthetic tables' rows (as "
-                        "bench_plan_quality's; 1.0 is far outside a CPU-profiled model's tables)")
-    parser.add_argument("--skip-collectives", action="store_true", help="with --model: the kernels only")
-    parser.add_argument("--preset", default="local", help="with --per-type: the pipeline preset whose held-out "
-                        "tables (those its run keeps out of the cost model's training) make the shards")
-    parser.add_argument("--shards", type=int, default=24, help="with --per-type: held-out shards")
-    parser.add_argument("--max-tables", type=int, default=8, help="with --per-type: tables a shard at most")
-    parser.add_argument("--per-type", action="store_true", help="with --model: the held-out accuracy per sharding type "
-                        "only (table-wise, data-parallel, row-wise)")
-    parser.add_argument("--row-blocks", action="store_true", help="with --model: the compute network's held-out error "
-                        "on row blocks (row-wise tables' kernels) and whole shards, one measurement for every model")
-    parser.add_argument("--compare-model", action="append", default=[], metavar="DIR", help="with --row-blocks: "
-                        "another model to price the same measurements (repeatable)")
-    parser.add_argument("--retime", metavar="DATASET", help="a cost dataset: time some of its dense kernels and fused "
-                        "shards again and print now / profiled (the machine's drift since)")
-    parser.add_argument("--retime-kernels", type=int, default=24, help="with --retime: kernels of each kind")
-    parser.add_argument("--record", action="store_true", help="with --per-type: write benchmarks/results/"
-                        "sharding_type_accuracy.json; with --row-blocks: row_block_accuracy.json")
-    args = parser.parse_args()
+class DataParallelAccuracySettings(ExperimentSettings):
+    """Which mode (the collectives' lines by default), which model, which shards."""
+
+    devices: tuple[int, ...] = Field(default=(2, 4), json_schema_extra={"nargs": "+"})
+    iters: int = Field(default=20, ge=1)
+    model: str | None = Field(default=None, description="a saved cost model directory: also price tables' kernels "
+                              "at the local batch")
+    tables: int = Field(default=20, ge=1)
+    seed: int = 0
+    row_scale: float = Field(default=0.01, gt=0, description="scale of the synthetic tables' rows (as "
+                             "plan_quality's; 1.0 is far outside a CPU-profiled model's tables)")
+    skip_collectives: bool = Field(default=False, description="with --model: the kernels only")
+    preset: str = Field(default="local", description="with --per-type: the pipeline preset whose held-out tables "
+                        "(those its run keeps out of the cost model's training) make the shards")
+    shards: int = Field(default=24, ge=1, description="with --per-type: held-out shards")
+    max_tables: int = Field(default=8, ge=1, description="with --per-type: tables a shard at most")
+    per_type: bool = Field(default=False, description="with --model: the held-out accuracy per sharding type only "
+                           "(table-wise, data-parallel, row-wise)")
+    row_blocks: bool = Field(default=False, description="with --model: the compute network's held-out error on row "
+                             "blocks (row-wise tables' kernels) and whole shards, one measurement for every model")
+    compare_model: tuple[str, ...] = Field(default=(), description="with --row-blocks: another model to price the "
+                                           "same measurements (repeatable)")
+    retime: str | None = Field(default=None, description="a cost dataset: time some of its dense kernels and fused "
+                               "shards again, now / profiled (the machine's drift since)")
+    retime_kernels: int = Field(default=24, ge=1, description="with --retime: kernels of each kind")
+
+    @model_validator(mode="after")
+    def _model_where_needed(self) -> DataParallelAccuracySettings:
+        if (self.per_type or self.row_blocks) and not self.model:
+            raise ValueError(f"{'--per-type' if self.per_type else '--row-blocks'} needs --model")
+        return self
+
+
+def run(args: DataParallelAccuracySettings, context: Context) -> Outcome:
+    """One of the modes above; its rows, recorded under the mode's name."""
+    devices = list(args.devices)
     if args.retime:
-        retime(args.retime, args.retime_kernels)
-        return
+        return Outcome(retime(args.retime, args.retime_kernels), record_name="machine_drift",
+                       title=f"How far this machine drifted since a profile ({args.retime})")
     if args.row_blocks:
-        if not args.model:
-            parser.error("--row-blocks needs --model")
         shards = held_out_shards(args.preset, args.shards, args.max_tables, args.seed)
-        rows = row_block_rows([args.model, *args.compare_model], shards, args.devices)
-        if args.record:
-            record("row_block_accuracy", f"The compute network on row blocks ({args.shards} shards of 1-"
-                   f"{args.max_tables} of preset {args.preset}'s held-out tables, seed {args.seed})", rows)
-        return
+        rows = row_block_rows([str(args.model), *args.compare_model], shards, devices)
+        return Outcome(rows, record_name="row_block_accuracy", title=f"The compute network on row blocks ({args.shards} "
+                       f"shards of 1-{args.max_tables} of preset {args.preset}'s held-out tables, seed {args.seed})")
     if args.per_type:
-        if not args.model:
-            parser.error("--per-type needs --model")
         shards = held_out_shards(args.preset, args.shards, args.max_tables, args.seed)
-        rows = per_type_rows(args.model, shards, args.devices, args.iters)
+        rows = per_type_rows(str(args.model), shards, devices, args.iters)
         table_wise = rows[0]["shardwise_mape_pct"]
         gaps = ", ".join(f"{r['sharding_type']} on {r['devices']} {r['shardwise_mape_pct'] - table_wise:+.1f}"
                          for r in rows[1:])
-        summary = f"held-out MAPE against table-wise's {table_wise}%, in points: {gaps}"
-        print(summary)
-        if args.record:
-            record("sharding_type_accuracy", f"Held-out accuracy per sharding type ({args.shards} shards of 1-"
-                   f"{args.max_tables} of preset {args.preset}'s held-out tables, seed {args.seed}, model "
-                   f"{args.model})", rows, notes=summary)
-        return
+        return Outcome(rows, notes=[f"held-out MAPE against table-wise's {table_wise}%, in points: {gaps}"],
+                       record_name="sharding_type_accuracy", title=f"Held-out accuracy per sharding type ({args.shards} "
+                       f"shards of 1-{args.max_tables} of preset {args.preset}'s held-out tables, seed {args.seed}, "
+                       f"model {args.model})")
 
-    measured = {op: [] for op in COLLECTIVES} if args.skip_collectives else collective_points(args.devices, args.iters)
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    measured = {op: [] for op in COLLECTIVES} if args.skip_collectives else collective_points(devices, args.iters)
     for op in COLLECTIVES if measured["all_reduce"] else ():  # the collectives `pretrain` fits a line to
         points = measured[op]
-        for count, size, ms in points:
-            print(f"{op} {count} devices {size / 2**20:8.3f} MiB: {ms:8.3f} ms")
         fitted = fit_all_reduce(points, collective=op)
-        volume = "2 (D-1)/D" if op == "all_reduce" else "(D-1)/D"  # RING_VOLUME
-        print(f"{op} line over every device count: {fitted.latency_ms:.4f} ms + {fitted.hop_ms:.4f} ms x (D - 1) + "
-              f"{fitted.ms_per_mib:.4f} ms/MiB x {volume} x MiB")
-        for count, latency_ms, ms_per_mib in fitted.by_devices:
-            print(f"{op} line of {count} devices: {latency_ms:.4f} ms + {ms_per_mib:.4f} ms/MiB x {volume} x MiB")
+        rows.append({"collective": op, "devices": "every count", "latency_ms": round(fitted.latency_ms, 4),
+                     "hop_ms": round(fitted.hop_ms, 4), "ms_per_mib": round(fitted.ms_per_mib, 4)})
+        rows += [{"collective": op, "devices": count, "latency_ms": round(latency_ms, 4), "hop_ms": None,
+                  "ms_per_mib": round(ms_per_mib, 4)} for count, latency_ms, ms_per_mib in fitted.by_devices]
         # held out (each size left out): what the model stores (one line per device count) and one line over all
         for label, per_count in (("per device count", True), ("one line over every count", False)):
             errors = heldout_all_reduce_errors(points, per_device_count=per_count, collective=op)
-            print(f"{op} held-out MAPE, {label}: {mape_by_count(errors, args.devices)}")
+            notes.append(f"{op} held-out MAPE, {label}: {mape_by_count(errors, devices)}")
     for op in ("all_gather", "all_to_all") if measured["all_reduce"] else ():  # how a model without them prices them
         scatter = fit_all_reduce(measured["reduce_scatter"], collective="reduce_scatter")
         errors = [(d, b, ms, float(scatter.predict_ms(b, d))) for d, b, ms in measured[op]]
-        print(f"{op} priced by the reduce-scatter lines, MAPE: {mape_by_count(errors, args.devices)}")
+        notes.append(f"{op} priced by the reduce-scatter lines, MAPE: {mape_by_count(errors, devices)}")
     if args.model:
-        for count in args.devices:
+        for count in devices:
             local, naive, block, whole = kernel_errors(args.model, args.tables, count, args.seed, args.row_scale)
-            print(f"kernel at the local batch, {count} devices, {args.tables} tables (row scale {args.row_scale}): MAPE "
-                  f"{local:.1f}% (full batch / devices: {naive:.1f}%); a row block of 1/{count} at the batch: MAPE "
-                  f"{block:.1f}%; the whole tables at the batch: MAPE {whole:.1f}%")
+            notes.append(f"kernel at the local batch, {count} devices, {args.tables} tables (row scale "
+                         f"{args.row_scale}): MAPE {local:.1f}% (full batch / devices: {naive:.1f}%); a row block of "
+                         f"1/{count} at the batch: MAPE {block:.1f}%; the whole tables at the batch: MAPE {whole:.1f}%")
+    notes.insert(0, "lines: latency_ms + hop_ms x (D - 1) + ms_per_mib x volume x MiB (volume 2 (D-1)/D for the "
+                 f"all-reduce, (D-1)/D for the others); sizes 4 KiB-16 MiB, the median of {args.iters} each")
+    return Outcome(rows, notes, record_name="collective_accuracy",
+                   title="The collectives' lines on this machine, and their held-out error")
 
 
-if __name__ == "__main__":
-    main()
+register(Experiment(
+    name="data_parallel_accuracy",
+    title="How well data-parallel and row-wise tables are priced",
+    settings=DataParallelAccuracySettings,
+    run=run,
+))
