@@ -115,8 +115,11 @@ def test_the_plan_command_puts_tables_in_host_memory_with_a_model_that_measured_
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/none.db")
-    model, _ = train_cost_model(cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), 0,
-                                TrainConfig(epochs=3, progress=False))
+    from shardwise.profiling import hardware_kind
+
+    # this machine's hardware, so that --refine may measure here
+    model, _ = train_cost_model(cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0,
+                                           hardware_kind=hardware_kind("cpu")), 0, TrainConfig(epochs=3, progress=False))
     model.save(tmp_path / "hbm_only")
     model.uvm_kernels = {"fused_uvm_caching": KernelLine((400.0, 800.0), (0.01, 0.01), 20)}
     model.save(tmp_path / "with_uvm")
@@ -129,3 +132,7 @@ def test_the_plan_command_puts_tables_in_host_memory_with_a_model_that_measured_
     assert "in host memory (memory GiB above is HBM, with their caches): " in capsys.readouterr().out
     plan = load_plan("plan.json")
     assert plan.kernels and all(k.kernel == "fused_uvm_caching" for k in plan.kernels.values())
+    # refinement moves and measures tables in HBM: refused in one line before anything is measured
+    assert main(["plan", "--task", "task.json", "--model", "with_uvm", "--out", "refined.json", "--refine", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "refinement keeps tables in HBM" in err and len(err.splitlines()) == 1

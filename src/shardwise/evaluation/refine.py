@@ -144,6 +144,11 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     for candidate in (plan, *starts):
         validate_plan(candidate, task)
+        if candidate.kernels:
+            # its moves and measurements are of tables in HBM: they would move a cache's table as the whole table
+            raise PlanError(f"refinement keeps tables in HBM, and {candidate.method}'s plan puts "
+                            f"{len(candidate.kernels)} in host memory ({', '.join(sorted(candidate.kernels)[:3])}"
+                            f"{', ...' if len(candidate.kernels) > 3 else ''}): plan without --refine")
         if candidate.row_wise or candidate.data_parallel:
             simulate(candidate, task, cost_model)  # the refined plan is priced so: a model that cannot fails first
     started = time.perf_counter()
