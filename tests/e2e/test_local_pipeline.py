@@ -1,7 +1,7 @@
 """The local pipeline end to end (`shardwise pipeline run --local`, what `make run` does) with the `smoke`
 preset: every step, fewer tables and shards, on 2 devices. Then what a user does next: plan their own task
 with the model the run registered (no --model), read the report, plug the plan into TorchRec. The full
-`make run` is timed by benchmarks/bench_newcomer.py, not here: no test fails a correct run because the machine
+`make run` is timed by scripts/newcomer.py, not here: no test fails a correct run because the machine
 is slow."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ three methods. Prints each time next to its promise: `make test` green within 6 
 `make run` within 8 min and under 200 lines, then `shardwise plan --method neuroshard|dreamshard|autoshard` each
 working with no further step; and the 15 slowest tests of each test tier (pytest --durations=15).
 
-    python benchmarks/bench_newcomer.py [--repo .] [--skip-test] [--keep DIR] [--dry-run] [--record]
+    python scripts/newcomer.py [--repo .] [--skip-test] [--keep DIR] [--dry-run] [--record]
 
 The clone installs its own .venv (pip, as on a fresh machine); the set-up time is printed apart.
 """
@@ -16,11 +16,13 @@ import multiprocessing as mp
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from record import record
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks' record.py
+from benchmarks.record import record  # noqa: E402
 
 TEST_BUDGET_S = 6 * 60
 TEST_ALL_BUDGET_S = 20 * 60
@@ -87,7 +89,7 @@ def main() -> None:
     parser.add_argument("--skip-test", action="store_true", help="time only set-up, `make run` and the plans")
     parser.add_argument("--keep", default=None, help="clone here and keep it (default: a temporary directory)")
     parser.add_argument("--dry-run", action="store_true", help="print the steps and their budgets, run nothing")
-    parser.add_argument("--record", action="store_true", help="write benchmarks/results/newcomer.json")
+    parser.add_argument("--record", action="store_true", help="write a new record under benchmarks/results/newcomer/")
     args = parser.parse_args()
 
     planned = steps(args.skip_test)

@@ -1,13 +1,13 @@
 """The main job's figures: what `make run` (the local pipeline) measured, read from its work directory.
 
-    make run && python benchmarks/bench_make_run.py [--workdir runs/local] [--record]
+    make run && python scripts/make_run_figures.py [--workdir runs/local] [--record]
 
 Measures nothing itself: it reads the latest finished run under WORKDIR/pipeline_root (the pretrain step's
 held-out accuracy next to TorchRec's estimator and the noise floor, and the held-out tables' kernels as other
 sharding types next to the whole shards' and the compute network's; the evaluate step's measured plan cost and DLRM
 throughput next to TorchRec's planner, the refined plan next to the plan it refined in both sessions) and prints each
 figure beside its comparison. `make run`'s time on a
-busy machine is `bench_newcomer.py`'s figure. A run whose evaluate step has not finished is refused.
+busy machine is scripts/newcomer.py's figure. A run whose evaluate step has not finished is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from record import record
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks' record.py
+from benchmarks.record import record  # noqa: E402
 
 from shardwise.pipelines.run import run_figures
 
@@ -86,7 +87,7 @@ def figures(run: Path) -> tuple[list[dict[str, Any]], str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="runs/local", help="the local pipeline's work directory")
-    parser.add_argument("--record", action="store_true", help="write benchmarks/results/make_run.json")
+    parser.add_argument("--record", action="store_true", help="write a new record under benchmarks/results/make_run/")
     args = parser.parse_args()
     run = latest_run(Path(args.workdir))
     rows, where = figures(run)
