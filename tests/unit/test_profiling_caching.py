@@ -177,3 +177,12 @@ def test_the_compute_network_trains_on_shards_in_hbm_only() -> None:
     samples = compute_samples(pd.concat([frame.assign(kernel="fused"), cached], ignore_index=True))
     assert "cached" not in samples.config_ids and len(samples.config_ids) == frame["config_id"].nunique()
     assert len(compute_samples(frame).config_ids) == frame["config_id"].nunique()  # older rows: no kernel, all in
+
+
+def test_the_hit_rate_reads_fbgemms_cache_stats_where_it_keeps_them() -> None:
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import UVMCacheStatsIndex
+
+    from shardwise.profiling.caching import UNIQUE_INDICES, UNIQUE_MISSES
+
+    fbgemms = (UVMCacheStatsIndex.num_unique_indices, UVMCacheStatsIndex.num_unique_misses)
+    assert fbgemms == (UNIQUE_INDICES, UNIQUE_MISSES)

@@ -31,6 +31,8 @@ ROTATION_BATCHES = 8
 HIT_RATE_TOLERANCE = 0.005
 #: the most cycles of warm-up (a cache that never settles is timed after these, its last hit rate recorded)
 MAX_WARM_CYCLES = 16
+#: positions in fbgemm's UVM cache stats (its UVMCacheStatsIndex: calls, requested ids, distinct ids, distinct misses)
+UNIQUE_INDICES, UNIQUE_MISSES = 2, 3
 #: the load factors a profile times caching shards at (`--cache-load-factors`): TorchRec's default 0.2 and either side
 DEFAULT_CACHE_LOAD_FACTORS: tuple[float, ...] = (0.1, 0.2, 0.5)
 
@@ -107,15 +109,13 @@ def rotation_batches(tables: Sequence[TableSpec], batch_size: int, device: torch
 def _cycle_hit_rate(kernel: _CyclingKernel) -> float:
     """Run one cycle of the kernel's batches (forward and backward, as training does) and return its caches' hit rate
     over the distinct ids it looked up (fbgemm's UVM cache stats)."""
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import UVMCacheStatsIndex  # fbgemm_gpu: heavy
-
     tbe: Any = kernel.tbe
     tbe.reset_uvm_cache_stats()
     for _ in range(len(kernel.rotation)):
         kernel.forward().backward(kernel.grad_output)
     stats = tbe.get_uvm_cache_stats().tolist()
-    unique = stats[UVMCacheStatsIndex.num_unique_indices]
-    return 1.0 - stats[UVMCacheStatsIndex.num_unique_misses] / unique if unique else 1.0
+    unique = stats[UNIQUE_INDICES]
+    return 1.0 - stats[UNIQUE_MISSES] / unique if unique else 1.0
 
 
 def warm_cache(kernel: _CyclingKernel) -> float:
