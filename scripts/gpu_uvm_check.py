@@ -1,7 +1,10 @@
 """The GPU check of tables larger than HBM, in one command on a machine with one CUDA GPU and fbgemm-gpu's CUDA
 build (after `.gpu/on-device.sh`), from the repository root:
 
-    PYTHONPATH=src python scripts/gpu_uvm_check.py OUT
+    source .gpu/on-device.sh && python3 scripts/gpu_uvm_check.py OUT
+
+sized for a few minutes on one GPU (not yet run on one: the UVM shards, each warmed on 8 batches until its cache
+settles, are most of it; `--caching-shards` scales them).
 
 Four steps, each printing one line, then the verdict; OUT/uvm_check.json holds every figure:
   1. profile: shards of training tables and, apart, of held-out tables (Zipf 0 to 1.3, pooling 1 to 30) in HBM, and
@@ -15,7 +18,7 @@ Four steps, each printing one line, then the verdict; OUT/uvm_check.json holds e
   4. measure: both plans' device kernels timed in one session (one GPU: each device's shards in turn, compute
      alone), interleaved rounds; the slowest device's ms of each and shardwise's over TorchRec's.
 
-On a CPU (`--device cpu`, what tests/unit/test_gpu_uvm_check.py runs) every step that has a CPU path runs: the
+On a CPU (`--device cpu`, what tests/integration/test_gpu_uvm_check.py runs) every step that has a CPU path runs: the
 profile without UVM shards (fbgemm's CPU build has none), the pricing on the rows it is given, the plans, and the
 plans measured with their tables moved back to HBM. The calls only a GPU runs are the UVM profile and measurement
 (`cuda_only`).
@@ -72,7 +75,7 @@ def profile_step(train: list[TableSpec], heldout: list[TableSpec], out: Path, de
     """The training tables' shards, then apart the held-out tables', each with its first `caching_shards` again on
     UVM where this is a GPU; the dataset's rows."""
     uvm = caching_shards if cuda_only(device, "shards on UVM") else 0
-    settings = ProfileSettings(num_shards=shards, max_tables=6, seed=seed, device=str(device), batch_size=batch_size,
+    settings = ProfileSettings(num_shards=shards, max_tables=4, seed=seed, device=str(device), batch_size=batch_size,
                                caching_shards=uvm, cache_load_factors=DEFAULT_CACHE_LOAD_FACTORS,
                                protocol=TimingProtocol(iters=timing_iters))
     profile(train, out, settings, progress=False)
@@ -229,18 +232,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--device", default=None, help="cuda (default where present) or cpu")
     parser.add_argument("--batch-size", type=int, default=16384)
-    parser.add_argument("--tables", type=int, default=40, help="training tables")
-    parser.add_argument("--max-rows", type=int, default=4_000_000)
-    parser.add_argument("--shards", type=int, default=160, help="training shards in HBM")
-    parser.add_argument("--heldout-shards", type=int, default=40)
-    parser.add_argument("--caching-shards", type=int, default=40,
-                        help="of the training shards, again on UVM (7 variants each at 3 load factors)")
+    parser.add_argument("--tables", type=int, default=24, help="training tables")
+    parser.add_argument("--max-rows", type=int, default=1_000_000)
+    parser.add_argument("--shards", type=int, default=120, help="training shards in HBM")
+    parser.add_argument("--heldout-shards", type=int, default=30)
+    parser.add_argument("--caching-shards", type=int, default=12,
+                        help="of the training shards, again on UVM (7 variants each at 3 load factors; the held-out "
+                             "shards in the same proportion)")
     parser.add_argument("--task-tables", type=int, default=16)
     parser.add_argument("--num-devices", type=int, default=4)
     parser.add_argument("--hbm-share", type=float, default=0.5, help="the devices' HBM over the tables' state")
     parser.add_argument("--timing-iters", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=None, help="pretrain epochs (default: TrainConfig's)")
+    parser.add_argument("--epochs", type=int, default=200, help="most pretrain epochs")
     args = parser.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     doc = run_check(args.out, device, batch_size=args.batch_size, tables=args.tables, max_rows=args.max_rows,
