@@ -224,7 +224,7 @@ def run_local(
     # config-map/secret settings): point them at the store the next command will look in.
     # the store the CLI and the TorchRec planner read by default: the next `shardwise plan` finds the model
     uri = store_uri(tracking_uri)
-    remote = bool(params.dataset_uri) or params.workload_tables.startswith("s3://")
+    remote = bool(params.dataset_uri) or params.workload_tables.startswith("s3://") or "s3://" in params.production_tasks
     runner = (containers.docker_runner(workdir, uri, image=image, remote_data=remote) if image
               else local.SubprocessRunner(use_venv=False))
     saved = os.environ.get("MLFLOW_TRACKING_URI")
