@@ -389,7 +389,7 @@ def _page(header: str, groups: Mapping[str, tuple[tuple[str, str], ...]], docs: 
 def _record_anchors(groups: Mapping[str, tuple[tuple[str, str], ...]], docs: dict[str, dict[str, Any]],
                     before: list[str]) -> dict[str, str]:
     """Each record's heading anchor on a page whose headings are `before`, then each family and its records."""
-    headings, names = list(before), []
+    headings, names = list(before), list[str | None]()
     for family, entries in groups.items():
         headings.append(family)
         names.append(None)

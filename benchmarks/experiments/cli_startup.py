@@ -38,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
@@ -63,7 +64,7 @@ print(json.dumps({"ours_s": ours_s, "theirs_s": theirs_s, "mlflow": "mlflow" in 
 """
 
 
-def _busy(stop: mp.Event) -> None:  # type: ignore[valid-type]
+def _busy(stop: Any) -> None:  # a multiprocessing Event
     x = 0
     while not stop.is_set():
         x = (x * 31 + 7) % 1_000_003

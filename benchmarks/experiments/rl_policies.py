@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from pydantic import Field
@@ -145,7 +146,7 @@ def run(args: RlPoliciesSettings, context: Context) -> Outcome:
                           f"{'ok' if worst_greedy < 1.0 else 'MISSED'} / every greedy < 1, "
                           f"{'ok' if timing[name] < 1.0 else 'MISSED'} 100x8 planning < 1 s")
 
-    def figure(value: float) -> float | None:  # NaN (no plan) is no figure
+    def figure(value: Any) -> float | None:  # NaN (no plan) is no figure
         return round(float(value), 3) if np.isfinite(value) else None
 
     rows = []
