@@ -144,3 +144,35 @@ def test_records_of_one_second_keep_their_order(tmp_path):
     assert [p.stem for p in record.record_files(folder)] == [
         "2026-11-28-no-commit", "2026-11-29T100000Z-abc1234", "2026-11-29T100000Z-abc1234-2",
         "2026-11-29T100000Z-abc1234-10"]
+
+
+def test_the_faults_experiment_runs_every_scenario_fault_injection_defines(monkeypatch):
+    """A scenario added to tests/unit/fault_injection.py is run and recorded without editing the experiment."""
+    import types
+
+    from benchmarks.experiments import faults
+
+    found = faults.scenarios()
+    assert {"profile_store_stopped", "registration_server_killed", "concurrent_registration",
+            "pipeline_killed"} <= set(found)
+    assert list(found) == sorted(found, key=lambda name: found[name].__code__.co_firstlineno)  # the module's order
+    added = types.ModuleType("fault_injection")
+    exec("from __future__ import annotations\n"
+         "class FaultOutcome:\n    pass\n"
+         "def _helper(tmp) -> FaultOutcome: ...\n"
+         "def not_a_scenario(path) -> FaultOutcome: ...\n"
+         "def new_fault(tmp, *, delay_s: float = 0.5) -> FaultOutcome:\n    return FaultOutcome()\n",
+         added.__dict__)
+    monkeypatch.setattr(faults, "test_helpers", lambda name: added)
+    assert list(faults.scenarios()) == ["new_fault"]
+    assert isinstance(faults.one_try("new_fault", added.new_fault, ROOT, 0), added.FaultOutcome)  # its defaults
+
+
+def test_plan_quality_and_shardwise_benchmark_plan_with_one_default_method_list():
+    import inspect
+
+    from benchmarks.experiments import plan_quality
+
+    source = inspect.getsource(plan_quality)
+    assert "from shardwise.jobs.benchmark import default_methods" in source
+    assert "def default_methods" not in source
