@@ -308,7 +308,7 @@ def _rounds(refiner: _Refiner, layout: _Layout, measured: list[float], comm: np.
             # the layout keeps its earlier figures, so the next round starts from the same slowest device. Taking the
             # refused round's fresh figures instead (they replace a figure biased high by being the largest) mixes
             # sessions minutes apart on a drifting machine: measured, no gain and two 8-device tasks above the
-            # greedy (benchmarks/results/plan_quality_fresh_after_refusal.json against plan_quality_width)
+            # greedy (record plan_quality_fresh_after_refusal against plan_quality_width)
             refused.add(changes[0].move)
     return layout, measured, comm, stopped
 
