@@ -80,6 +80,9 @@ def test_a_plan_over_host_memory_is_refused_naming_the_device_and_the_tier() -> 
     assert str(err.value).startswith("device 0 needs") and "of host memory, over its host_memory_bytes" in str(err.value)
     with pytest.raises(HostMemoryError, match="sets no host_memory_bytes"):
         validate_plan(cached_plan(), two_tables(host=None))
+    over_hbm = two_tables().model_copy(update={"device_memory_bytes": 2**20})
+    with pytest.raises(PlanError, match=r"^device 0 needs .* GiB, over its cap of 0.001 GiB of device memory by"):
+        validate_plan(cached_plan(), over_hbm)
 
 
 def test_a_kernel_its_plan_space_forbids_is_refused() -> None:

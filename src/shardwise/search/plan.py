@@ -292,7 +292,7 @@ def validate_plan(plan: Plan, task: ShardingTask) -> None:
     for device, used in enumerate(plan_memory_bytes(plan, task)):
         if used > cap:
             raise PlanError(
-                f"device {device} needs {used / GIB:.3f} GiB, over its cap of {cap / GIB:.3f} GiB "
+                f"device {device} needs {used / GIB:.3f} GiB, over its cap of {cap / GIB:.3f} GiB of device memory "
                 f"by {(used - cap) / GIB:.3f} GiB"
             )
     host = plan_host_memory_bytes(plan, task)
