@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 def test_a_session_times_the_collectives_of_row_wise_and_data_parallel_tables() -> None:
     """All-reduces, reduce-scatters, all-gathers and even all-to-alls of fp32, each size `iters` times (the time of a
-    size is a benchmark's to judge: bench_data_parallel_accuracy.py); an unknown collective is refused before any rank
+    size is a benchmark's to judge: data_parallel_accuracy); an unknown collective is refused before any rank
     is asked."""
     with AllToAllSession(3, backend="gloo") as session:
         timed = {op: session.measure_collective(op, [4096, 2**20], warmup_iters=1, iters=5) for op in COLLECTIVES}

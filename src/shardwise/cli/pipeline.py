@@ -73,7 +73,7 @@ class LocalRun(JobResult):
             lines.append(f"  refinement's own paired session: {c['refinement_before_ms']:.3f} -> "
                          f"{c['refinement_after_ms']:.3f} ms ({c['refinement_after_ms'] / c['refinement_before_ms']:.3f}"
                          "x; two plans' ratio moves between sessions by up to 8.7% at 3 timings a device, 3.5% at 9: "
-                         "bench_measurement_noise.py)")
+                         "record measurement_noise)")
         if "throughput_ratio_to_torchrec" in c:
             lines.append(
                 f"DLRM training throughput vs TorchRec's planner: {c['method_samples_per_s']:,.0f} vs "

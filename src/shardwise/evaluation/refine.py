@@ -139,7 +139,7 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
     (a cost dataset directory or s3:// prefix), every device shard it times is appended there (`provenance`
     "refine"), so the next pre-training learns from the shards plans actually produce. `exchange=False` refines on
     the kernels alone, no all-to-all measured: where this machine cannot host the task's ranks (one GPU for a
-    task of several devices: bench_gpu_method.py)."""
+    task of several devices: the gpu_method benchmark)."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     for candidate in (plan, *starts):
@@ -164,7 +164,7 @@ def measure_side_by_side(task: ShardingTask, plans: Sequence[Plan], cost_model: 
     """Each plan's measured slowest device, kernels + all-to-all and kernels alone (ms), measured as refinement
     measures the plans it can start from: one session, its all-to-all process group open while the kernels are
     timed, fwd + bwd per timing. For comparing refinement's measurements with `measure_plans`'
-    (bench_measurement_noise.py)."""
+    (record measurement_noise)."""
     for plan in plans:
         validate_plan(plan, task)
     with _open_refiner(task, cost_model, measurement, progress, None) as refiner:
