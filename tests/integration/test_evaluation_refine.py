@@ -266,7 +266,7 @@ def test_a_refused_move_is_not_proposed_first_again_with_another_partner():
 
 @pytest.mark.slow
 def test_plans_measured_as_refinement_measures_its_starts():
-    """`measure_side_by_side` (what bench_measurement_noise compares with `measure_plans`): each plan's slowest
+    """`measure_side_by_side` (what the measurement_noise benchmark compares with `measure_plans`): each plan's slowest
     device with and without the all-to-all, from one session; both heavy tables on one device is the slower plan.
     A plan that does not fit is refused before anything runs."""
     task = _task()
