@@ -136,3 +136,27 @@ def test_the_plan_command_puts_tables_in_host_memory_with_a_model_that_measured_
     assert main(["plan", "--task", "task.json", "--model", "with_uvm", "--out", "refined.json", "--refine", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert "refinement keeps tables in HBM" in err and len(err.splitlines()) == 1
+
+
+def test_a_placement_that_finds_no_fit_moves_more_tables_and_places_again(monkeypatch) -> None:
+    from shardwise.search import offload
+
+    # fill HBM to the brim before placing: the buffers the state leaves out then overflow it, and a round more moves
+    monkeypatch.setattr(offload, "HBM_FILL", 1.0)
+    specs = [TableSpec(name=f"t{i}", rows=20_000, dim=64, pooling_factor=4.0, zipf_alpha=1.0, compute_kernels=UVM)
+             for i in range(6)]
+    need = shard_memory_bytes(specs, 65536)
+    over = ShardingTask(num_devices=2, device_memory_bytes=int(0.45 * need), batch_size=65536, tables=tuple(specs),
+                        host_memory_bytes=2**34)
+    attempts: list[int] = []
+    search = NeuroShardSearch()
+    inner = search._search
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        attempts.append(len(args[0].tables))
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(search, "_search", counted)
+    plan = search.search(over, CachingCostModel(), seed=0)
+    validate_plan(plan, over)
+    assert len(attempts) >= 3  # as the task is, with the first moves, with more

@@ -33,7 +33,7 @@ CACHE_LOAD_FACTORS: tuple[float, ...] = (0.5, 0.2, 0.1)
 #: the share of the devices' HBM the tables' state may fill before placement: the greedy packs shards of unequal
 #: sizes, and a fill near 1 leaves it no room to balance
 HBM_FILL = 0.85
-#: each round after a placement found no fit frees this much more of the devices' HBM
+#: each round after a placement found no fit frees this much more of the devices' HBM (a share of all of it)
 HBM_FILL_STEP = 0.1
 
 
@@ -180,4 +180,5 @@ def place_within_memory(task: ShardingTask, cost_model: CostModel,
                 raise PlanError(f"no plan fits in HBM and host memory: with {moved} table move(s) off HBM, {err} "
                                 f"({task.num_devices} device(s) x {task.device_memory_bytes / GIB:.3f} GiB of HBM, "
                                 f"{host / GIB:.3f} GiB of host memory)") from None
-            fill = max(0.0, fill - HBM_FILL_STEP)
+            # below what the tables hold now, so that the next round moves at least one more
+            fill = max(0.0, min(fill, offloader.hbm_bytes() / capacity) - HBM_FILL_STEP)
