@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness import BenchmarkError
 from shardwise.evaluation import PAPER_TASK_SETS, MeasuredPlanCost, PlanResult, make_task_set
 from shardwise.evaluation.measured import price_comm
 from shardwise.workload import ShardingTask
@@ -42,7 +43,7 @@ def finished_run(run: str | Path) -> tuple[Path, dict[str, Any]]:
     """A finished plan_quality run's --out directory and its results.json (its protocol, `measurement`)."""
     path = Path(run)
     if not (path / "results.json").is_file():
-        raise ValueError(f"--run {path}: no results.json there (a plan_quality experiment's --out directory)")
+        raise BenchmarkError(f"--run {path}: no results.json there (a plan_quality experiment's --out directory)")
     return path, json.loads((path / "results.json").read_text())
 
 

@@ -64,7 +64,15 @@ from typing import Any
 import numpy as np
 from pydantic import Field, model_validator
 
-from benchmarks.harness import Context, Experiment, ExperimentSettings, Outcome, SuiteRun, register
+from benchmarks.harness import (
+    BenchmarkError,
+    Context,
+    Experiment,
+    ExperimentSettings,
+    Outcome,
+    SuiteRun,
+    register,
+)
 from shardwise.costmodel.data_parallel import (
     data_parallel_cost,
     fit_all_reduce,
@@ -200,7 +208,7 @@ def row_block_rows(model_dirs: list[str], shards: list[list[Any]], devices: list
     models = [NeuralCostModel.load(d) for d in model_dirs]
     first = models[0]
     if any(m.batch_size != first.batch_size for m in models):
-        raise ValueError("--row-blocks: the models were trained at different batches: "
+        raise BenchmarkError("--row-blocks: the models were trained at different batches: "
                          f"{[m.batch_size for m in models]}")
     device, protocol = resolve_timing(MeasurementSettings(reference_ms=first.reference_ms,
                                                           batch_size=first.batch_size))
@@ -249,7 +257,7 @@ def per_type_rows(model_dir: str, shards: list[list[Any]], devices: list[int], i
 
     model = NeuralCostModel.load(model_dir)
     if model.all_reduce is None or getattr(model, "reduce_scatter", None) is None:
-        raise ValueError(f"--model {model_dir}: the model has no measured all-reduce or reduce-scatter (profile with "
+        raise BenchmarkError(f"--model {model_dir}: the model has no measured all-reduce or reduce-scatter (profile with "
                          "--comm-layouts): data-parallel and row-wise tables cannot be priced")
     passes = [_one_pass(model, shards, devices, iters) for _ in range(2)]
     rows = []
@@ -299,7 +307,7 @@ def retime(dataset: str, kernels: int) -> list[dict[str, Any]]:
     device, protocol = resolve_timing(MeasurementSettings(reference_ms=reference_ms, batch_size=batch))
     dense = dense_kernel_samples(df)
     if not dense:
-        raise ValueError(f"--retime {dataset}: no dense kernels (kind 'data_parallel'): profile with "
+        raise BenchmarkError(f"--retime {dataset}: no dense kernels (kind 'data_parallel'): profile with "
                          "--data-parallel-shards")
     dense = dense[:: max(1, len(dense) // kernels)][:kernels]
     fused = compute_samples(df)

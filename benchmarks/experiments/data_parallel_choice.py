@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import Field
 
-from benchmarks.harness import Context, Experiment, ExperimentSettings, Outcome, register
+from benchmarks.harness import BenchmarkError, Context, Experiment, ExperimentSettings, Outcome, register
 from benchmarks.plan_runs import REFINED, finished_run
 
 
@@ -61,7 +61,7 @@ def run(settings: DataParallelChoiceSettings, context: Context) -> Outcome:
     from shardwise.workload import load_task
 
     if any(c < 1 for c in settings.counts):
-        raise ValueError(f"--counts {','.join(map(str, settings.counts))}: each at least 1")
+        raise BenchmarkError(f"--counts {','.join(map(str, settings.counts))}: each at least 1")
     run_dir, original = finished_run(settings.run)
     model = context.cost_model(settings.model, required=True)
     measurement = MeasurementSettings(**original["measurement"])  # the run's protocol, its reference pinned
@@ -90,7 +90,7 @@ def run(settings: DataParallelChoiceSettings, context: Context) -> Outcome:
                   "predicted_ratio": round(ms / predicted[0], 4)}
                  for (count, p), cost, ms in zip(plans, measured, predicted, strict=True)]
     if not rows:
-        raise ValueError(f"--run {run_dir}: no task there has a {REFINED} plan")
+        raise BenchmarkError(f"--run {run_dir}: no task there has a {REFINED} plan")
     headlines = []
     for name in sorted({r["task_set"] for r in rows}):
         for count in settings.counts:

@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import Field
 
 from benchmarks.harness import (
+    BenchmarkError,
     Context,
     Experiment,
     ExperimentSettings,
@@ -143,7 +144,7 @@ def run(settings: FaultsSettings, context: Context) -> Outcome:
     found = scenarios()
     wanted = settings.faults or tuple(found)
     if unknown := sorted(set(wanted) - set(found)):
-        raise ValueError(f"--faults: no scenario {', '.join(unknown)} in tests/unit/fault_injection.py; there are "
+        raise BenchmarkError(f"--faults: no scenario {', '.join(unknown)} in tests/unit/fault_injection.py; there are "
                          f"{', '.join(found)}")
     rows = []
     for name in wanted:

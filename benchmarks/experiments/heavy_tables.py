@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from benchmarks.harness import Context, Experiment, ExperimentSettings, Outcome, register
+from benchmarks.harness import BenchmarkError, Context, Experiment, ExperimentSettings, Outcome, register
 
 
 class HeavyTablesSettings(ExperimentSettings):
@@ -57,7 +57,7 @@ def run(settings: HeavyTablesSettings, context: Context) -> Outcome:
     models = {uri: context.cost_model(uri, required=True) for uri in settings.models}
     first = next(iter(models.values()))
     if len({m.batch_size for m in models.values()}) > 1:
-        raise ValueError(f"--models {','.join(settings.models)}: profiled at different batch sizes; compare like "
+        raise BenchmarkError(f"--models {','.join(settings.models)}: profiled at different batch sizes; compare like "
                          "with like")
     population = synthesize_tables(settings.num_tables, seed=settings.seed, row_scale=settings.row_scale,
                                    batch_size=first.batch_size, progress=False)

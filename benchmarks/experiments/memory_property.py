@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import Field
 
 from benchmarks.harness import (
+    BenchmarkError,
     Context,
     Experiment,
     ExperimentSettings,
@@ -80,7 +81,7 @@ def merged_chunks(seed: int) -> tuple[dict[str, Any], int, list[str]]:
             continue
         span = set(range(doc["start"], doc["start"] + doc["tasks"]))
         if span & covered:
-            raise ValueError(f"{path}: its tasks overlap another saved range's; remove one of them")
+            raise BenchmarkError(f"{path}: its tasks overlap another saved range's; remove one of them")
         covered |= span
         ranges.append(f"{doc['start']}-{doc['start'] + doc['tasks'] - 1}")
         for name, counts in doc["methods"].items():

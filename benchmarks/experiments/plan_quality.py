@@ -26,7 +26,15 @@ from typing import Any
 
 from pydantic import Field
 
-from benchmarks.harness import Context, Experiment, ExperimentSettings, Outcome, SuiteRun, register
+from benchmarks.harness import (
+    BenchmarkError,
+    Context,
+    Experiment,
+    ExperimentSettings,
+    Outcome,
+    SuiteRun,
+    register,
+)
 from benchmarks.plan_runs import MEASURED_GREEDY, REFINED, at_or_below, held_out_pool
 from shardwise.evaluation import PlanResult
 from shardwise.profiling import CommPricing
@@ -214,7 +222,7 @@ def run(settings: PlanQualitySettings, context: Context) -> Outcome:
         **({"warmup_iters": 2, "timing_iters": 5, "timing_rounds": 3, "comm_iters": 3} if settings.small else {}))
     if settings.sets:
         if unknown := sorted(set(settings.sets) - {s.name for s in specs}):
-            raise ValueError(f"--sets: no task set {', '.join(unknown)}; there are {', '.join(s.name for s in specs)}")
+            raise BenchmarkError(f"--sets: no task set {', '.join(unknown)}; there are {', '.join(s.name for s in specs)}")
         specs = tuple(s for s in specs if s.name in settings.sets)
     if settings.num_tasks:
         specs = tuple(s.model_copy(update={"num_tasks": settings.num_tasks}) for s in specs)
@@ -227,7 +235,7 @@ def run(settings: PlanQualitySettings, context: Context) -> Outcome:
     for name in settings.methods or default_methods():
         spec = get_method(name)
         if spec.policy is not None:
-            raise ValueError(f"--methods {name}: plans with a trained policy; benchmark it with "
+            raise BenchmarkError(f"--methods {name}: plans with a trained policy; benchmark it with "
                              f"`shardwise benchmark --methods {name}`")
         if spec.needs_cost_model and cost_model is None:
             print(f"no cost model: skipping {name}")

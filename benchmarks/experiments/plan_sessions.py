@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import Field
 
-from benchmarks.harness import Context, Experiment, ExperimentSettings, Outcome, register
+from benchmarks.harness import BenchmarkError, Context, Experiment, ExperimentSettings, Outcome, register
 from benchmarks.plan_runs import at_or_below, finished_run, moved
 from shardwise.evaluation import PlanResult, cost_ratio, measure_plans
 from shardwise.profiling import MeasurementSettings
@@ -77,7 +77,7 @@ def run(args: PlanSessionsSettings, context: Context) -> Outcome:
     measurement = MeasurementSettings(**{"comm_pricing": "measured", **original["measurement"]})
     tasks = _tasks(run, list(args.sets) if args.sets else None)
     if not tasks:
-        raise ValueError(f"--run {run}: no task there has plan files for {', '.join(METHODS)}")
+        raise BenchmarkError(f"--run {run}: no task there has plan files for {', '.join(METHODS)}")
     out = Path(args.out) if args.out else run / "sessions.json"
     # (session, task set, task index) -> method -> (plan cost ms, slowest device's kernels ms, plan cost ms with each
     # device's all-to-all its own median; absent in older files)

@@ -21,7 +21,15 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from benchmarks.harness import Context, Experiment, ExperimentSettings, Outcome, SuiteRun, register
+from benchmarks.harness import (
+    BenchmarkError,
+    Context,
+    Experiment,
+    ExperimentSettings,
+    Outcome,
+    SuiteRun,
+    register,
+)
 
 TARGET_S = {(100, 8): 2.0, (1000, 64): 5.0, (5000, 1024): 60.0}
 GIB = 2**30
@@ -91,7 +99,7 @@ def run(settings: PlanningTimeSettings, context: Context) -> Outcome:
     try:
         sizes = [tuple(int(x) for x in s.split("x")) for s in settings.sizes]
     except ValueError:
-        raise ValueError(f"--sizes {','.join(settings.sizes)}: give TABLESxDEVICES, e.g. 100x8,1000x64") from None
+        raise BenchmarkError(f"--sizes {','.join(settings.sizes)}: give TABLESxDEVICES, e.g. 100x8,1000x64") from None
     tableset = synthesize_tables(max(n for n, _ in sizes), seed=settings.seed, batch_size=settings.batch_size)
     devices = list(settings.devices)
     models = {}

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from benchmarks.harness import Context, Experiment, ExperimentSettings, Outcome, register
+from benchmarks.harness import BenchmarkError, Context, Experiment, ExperimentSettings, Outcome, register
 from shardwise.costmodel.types import CostModel
 from shardwise.search import (
     GREEDY_KEYS,
@@ -83,14 +83,14 @@ def run(args: RlPoliciesSettings, context: Context) -> Outcome:
     cost_model = context.cost_model(args.model, required=True)
     if args.tables:
         if not args.holdout:
-            raise ValueError(f"--tables {args.tables}: give the held-out tables too (--holdout)")
+            raise BenchmarkError(f"--tables {args.tables}: give the held-out tables too (--holdout)")
         train_tables, holdout_tables = load_tables(args.tables), load_tables(args.holdout)
     else:
         tables = synthesize_tables(num_tables=400, seed=args.seed, row_scale=0.01, batch_size=2048, progress=False)
         train_tables, holdout_tables = split_tables(tables, holdout_fraction=0.3, seed=args.seed)
     held = {t.source or t.name for t in holdout_tables.tables}
     if leaked := held & {t.source or t.name for t in train_tables.tables}:
-        raise ValueError(f"--holdout: {len(leaked)} held-out source tables are also training tables")
+        raise BenchmarkError(f"--holdout: {len(leaked)} held-out source tables are also training tables")
 
     train_tasks = sample_training_tasks(train_tables, args.num_tasks, args.seed, min_tables=20, max_tables=60,
                                         num_devices=4)

@@ -176,3 +176,9 @@ def test_plan_quality_and_shardwise_benchmark_plan_with_one_default_method_list(
     source = inspect.getsource(plan_quality)
     assert "from shardwise.jobs.benchmark import default_methods" in source
     assert "def default_methods" not in source
+
+
+def test_an_experiment_refusing_its_input_says_so_in_one_line_naming_the_flag(tmp_path, capsys):
+    assert harness.main(["data_parallel_choice", "--run", str(tmp_path), "--model", "m"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --run ") and "results.json" in err and len(err.strip().splitlines()) == 1
