@@ -138,8 +138,10 @@ def build_shard_kernel(
         where, compute = locations(tables), ComputeDevice.CUDA
     else:
         where, compute = [EmbeddingLocation.HOST] * len(tables), ComputeDevice.CPU
-    # fbgemm sizes one cache over its cached tables' rows; its stats say when the cache has settled
-    cache = {"cache_load_factor": shard_cache_load_factor(tables), "gather_uvm_cache_stats": True} if uvm else {}
+    # fbgemm sizes one cache over its cached tables' rows; its stats say when the cache has settled (a shard in host
+    # memory without a cache has nothing to warm)
+    load_factor = shard_cache_load_factor(tables)
+    cache = {"cache_load_factor": load_factor, "gather_uvm_cache_stats": True} if load_factor is not None else {}
 
     torch.manual_seed(seed)
     with _tbe_configuration_logs_hidden():
@@ -165,7 +167,7 @@ def build_shard_kernel(
             tbe(indices, offsets)
     kernel = ShardKernel(tbe=tbe, indices=indices, offsets=offsets, grad_output=grad, num_tables=len(tables),
                          rotation=rotation)
-    if uvm:
+    if load_factor is not None:
         kernel = dataclasses.replace(kernel, cache_hit_rate=warm_cache(kernel))
     return kernel
 
