@@ -186,3 +186,15 @@ def test_the_hit_rate_reads_fbgemms_cache_stats_where_it_keeps_them() -> None:
 
     fbgemms = (UVMCacheStatsIndex.num_unique_indices, UVMCacheStatsIndex.num_unique_misses)
     assert fbgemms == (UNIQUE_INDICES, UNIQUE_MISSES)
+
+
+def test_each_table_gets_its_fbgemm_location_and_a_cached_shard_its_cache() -> None:
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+
+    from shardwise.profiling.caching import cache_arguments, locations
+
+    shard = [TABLES[0].on_kernel("fused_uvm_caching", 0.2), TABLES[1].on_kernel("fused_uvm"), TABLES[2]]
+    assert locations(shard) == [EmbeddingLocation.MANAGED_CACHING, EmbeddingLocation.MANAGED,
+                                EmbeddingLocation.DEVICE]
+    assert cache_arguments(shard) == {"cache_load_factor": 0.2, "gather_uvm_cache_stats": True}
+    assert cache_arguments(shard[1:]) == {} and cache_arguments(TABLES) == {}

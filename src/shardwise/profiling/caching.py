@@ -96,6 +96,13 @@ def locations(tables: Sequence[TableSpec]) -> list[Any]:
     return [where.get(t.compute_kernel or "fused", EmbeddingLocation.DEVICE) for t in tables]
 
 
+def cache_arguments(tables: Sequence[TableSpec]) -> dict[str, Any]:
+    """fbgemm's TBE arguments for the shard's one cache: its load factor, and the stats that say when it has settled
+    (none for a shard without cached tables: in HBM, or in host memory with nothing to warm)."""
+    load_factor = shard_cache_load_factor(tables)
+    return {} if load_factor is None else {"cache_load_factor": load_factor, "gather_uvm_cache_stats": True}
+
+
 def rotation_batches(tables: Sequence[TableSpec], batch_size: int, device: torch.device,
                      count: int = ROTATION_BATCHES) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
     """`count` batches of the shard's sampled distribution (each table's Zipf skew and pooling), each from its own

@@ -19,14 +19,7 @@ import torch
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision
 
 from .batches import IndexData, shard_batch, split_batch
-from .caching import (
-    in_host_memory,
-    locations,
-    require_uvm,
-    rotation_batches,
-    shard_cache_load_factor,
-    warm_cache,
-)
+from .caching import cache_arguments, in_host_memory, locations, require_uvm, rotation_batches, warm_cache
 from .hardware import import_fbgemm, resolve_device
 
 _OPTIMIZERS = {"sgd": "EXACT_SGD", "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD", "adam": "ADAM"}
@@ -138,10 +131,7 @@ def build_shard_kernel(
         where, compute = locations(tables), ComputeDevice.CUDA
     else:
         where, compute = [EmbeddingLocation.HOST] * len(tables), ComputeDevice.CPU
-    # fbgemm sizes one cache over its cached tables' rows; its stats say when the cache has settled (a shard in host
-    # memory without a cache has nothing to warm)
-    load_factor = shard_cache_load_factor(tables)
-    cache = {"cache_load_factor": load_factor, "gather_uvm_cache_stats": True} if load_factor is not None else {}
+    cache = cache_arguments(tables)  # fbgemm sizes one cache over its cached tables' rows
 
     torch.manual_seed(seed)
     with _tbe_configuration_logs_hidden():
@@ -167,7 +157,7 @@ def build_shard_kernel(
             tbe(indices, offsets)
     kernel = ShardKernel(tbe=tbe, indices=indices, offsets=offsets, grad_output=grad, num_tables=len(tables),
                          rotation=rotation)
-    if load_factor is not None:
+    if cache:
         kernel = dataclasses.replace(kernel, cache_hit_rate=warm_cache(kernel))
     return kernel
 
