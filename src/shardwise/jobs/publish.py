@@ -30,8 +30,9 @@ from shardwise.profiling import MeasurementSettings
 from shardwise.search import Plan
 from shardwise.workload import ShardingTask
 
-from .base import JobResult, JobSettings
+from .base import JobResult, JobSettings, SettingsError
 from .models import load_cost_model
+from .workload import fetch_object
 
 #: measures named plans of a task in one session (evaluation.evaluate_plans's signature, less its options)
 Measure = Callable[..., tuple[list[MeasuredPlanCost], Any, list[Path]]]
@@ -40,9 +41,9 @@ Measure = Callable[..., tuple[list[MeasuredPlanCost], Any, list[Path]]]
 class PublishSettings(JobSettings):
     """Which production tasks to plan, with which cost model, and where to register their plans."""
 
-    task: tuple[str, ...] = Field(min_length=1, description="production task file (a shardwise.task/v1 file with "
-                                  "a 'torchrec' section: shardwise.integrations.torchrec.export_task); repeat for "
-                                  "several")
+    task: tuple[str, ...] = Field(min_length=1, description="production task file, a path or s3://bucket/key (a "
+                                  "shardwise.task/v1 file with a 'torchrec' section: "
+                                  "shardwise.integrations.torchrec.export_task); repeat for several")
     model: str | None = Field(default=None, description="cost model URI or directory (default: this hardware's "
                               "champion)")
     tracking_uri: str | None = Field(default=None, description="MLflow tracking URI (else $MLFLOW_TRACKING_URI, "
@@ -91,6 +92,19 @@ class PublishResult(JobResult):
         lines.append(f"files: {', '.join(t.directory for t in self.tasks)}")
         return "\n".join(lines)
 
+    def markdown(self) -> str:
+        """The same, as a Markdown table (the Kubeflow UI's step summary)."""
+        lines = ["# Your models' plans (measured on this node)", "",
+                 "| task | plan ms | TorchRec's planner ms | champion ms | noise | registered | why |",
+                 "|---|---|---|---|---|---|---|"]
+        for t in self.tasks:
+            champion = f"{t.champion_ms:.3f}" if t.champion_ms is not None else "-"
+            noise = f"{t.noise:.1%}" if t.noise is not None else "-"
+            where = f"`{t.registered_name}` v{t.version} @{t.alias}" if t.version else "not registered"
+            lines.append(f"| {t.task} | {t.plan_ms:.3f} | {t.torchrec_ms:.3f} | {champion} | {noise} | {where} | "
+                         f"{t.reason} |")
+        return "\n".join(lines) + "\n"
+
 
 def run(settings: PublishSettings, *, mlflow: MlflowService | None = None,
         measure: Measure = evaluate_plans, progress: bool = True) -> PublishResult:
@@ -101,11 +115,13 @@ def run(settings: PublishSettings, *, mlflow: MlflowService | None = None,
     from shardwise.integrations.torchrec.production import plan_production_task, torchrec_planner_plan
 
     service = mlflow or MlflowService(settings.tracking_uri)
-    productions = [load_production_task(path) for path in settings.task]  # every file refused before minutes of work
+    paths = _local_copies(settings.task, Path(settings.out) / "tasks")
+    productions = [load_production_task(path) for path in paths]  # every file refused before minutes of work
+    _check_ranks(settings.task, productions, settings.measurement.device or "cpu")
     cost_model, model_uri = load_cost_model(service, settings.model, device=None, required=True)
     assert cost_model is not None  # required
     published = []
-    for path, production in zip(settings.task, productions):
+    for path, production in zip(paths, productions):
         planned = plan_production_task(production, cost_model, refine_s=settings.refine_s, seed=settings.seed)
         torchrec = torchrec_planner_plan(production)
         name = plan_name(production.name)
@@ -134,6 +150,27 @@ def run(settings: PublishSettings, *, mlflow: MlflowService | None = None,
                                                "reason": promotion.reason})
         published.append(result)
     return PublishResult(tasks=published)
+
+
+def _local_copies(tasks: Sequence[str], folder: Path) -> list[str]:
+    """Each task file's path: an object in the object store copied under `folder` first (one folder each, so two
+    tasks of one file name stay apart)."""
+    return [str(fetch_object(task, folder / str(i) / task.rsplit("/", 1)[-1], what="production task"))
+            if task.startswith("s3://") else task for i, task in enumerate(tasks)]
+
+
+def _check_ranks(given: Sequence[str], productions: Sequence[Any], device: str) -> None:
+    """A task measured on GPUs has a rank per GPU here: one with more is refused before minutes of planning, not by
+    NCCL mid-measurement (on a CPU, ranks are processes: any count)."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    gpus = torch.cuda.device_count()
+    for location, production in zip(given, productions):
+        if production.task.num_devices > gpus:
+            raise SettingsError(f"production task {location}: {production.task.num_devices} ranks, more than the "
+                                f"{gpus} GPUs here")
 
 
 class _Session:

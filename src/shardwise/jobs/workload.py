@@ -132,8 +132,9 @@ class GivenResult(JobResult):
         return line
 
 
-def _fetch(uri: str, dest: Path) -> Path:
-    """The object at `uri` (s3://bucket/key) copied to `dest`; refused past the largest file the readers take."""
+def fetch_object(uri: str, dest: Path, *, what: str = "tables") -> Path:
+    """The object at `uri` (s3://bucket/key) copied to `dest`; refused past the largest file the readers take
+    (`what` names the file in the error: "tables", "production task")."""
     # pyarrow's S3 client and the object store's one-line errors, as the cost dataset reaches it: loaded for a URI only
     import pyarrow as pa
     from pyarrow import fs
@@ -142,7 +143,7 @@ def _fetch(uri: str, dest: Path) -> Path:
 
     bucket, _, key = uri.split("://", 1)[1].partition("/")
     if not uri.startswith("s3://") or not bucket or not key.strip("/"):
-        raise TableSetError(f"tables {uri!r}: an object in the object store is s3://bucket/key")
+        raise TableSetError(f"{what} {uri!r}: an object in the object store is s3://bucket/key")
     store, path = _object_store(uri)
     try:
         info = store.get_file_info(path)
@@ -151,8 +152,8 @@ def _fetch(uri: str, dest: Path) -> Path:
                                 + (" (it is a prefix: name one file under it)" if info.type == fs.FileType.Directory
                                    else ""))
         if info.size > MAX_INDEX_DATA_BYTES:
-            raise TableSetError(f"{uri}: {info.size} bytes, over the {MAX_INDEX_DATA_BYTES} a tables or dataset "
-                                "file may hold")
+            raise TableSetError(f"{uri}: {info.size} bytes, over the {MAX_INDEX_DATA_BYTES} a {what} file may "
+                                "hold")
         dest.parent.mkdir(parents=True, exist_ok=True)
         # the bytes as stored: pyarrow would inflate a .gz name, past the reader's guard against gzip bombs
         with store.open_input_stream(path, compression=None) as src, dest.open("wb") as dst:
@@ -168,7 +169,7 @@ def given(settings: GivenSettings) -> GivenResult:
     out = Path(settings.out)
     if "://" not in settings.tables:
         return _given_from(settings, Path(settings.tables), keep=True)
-    fetched = _fetch(settings.tables, out / FETCHED_NAME)
+    fetched = fetch_object(settings.tables, out / FETCHED_NAME)
     try:
         return _given_from(settings, fetched, keep=False)
     except ShardwiseError as err:

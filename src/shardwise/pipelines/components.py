@@ -324,40 +324,28 @@ def publish_plans(
 ):
     """Plan each production task (`production_tasks`: comma-separated export_task files, paths or s3://bucket/key)
     with the cost model the plan step used, measure the plan beside the task's champion plan and TorchRec's
-    planner's on this node (`num_devices` GPUs: a task on CUDA has at most that many ranks), register it as
-    `shardwise-plan-<task>` (the gate decides on `champion`). `published` holds each task's files and publish.json
-    (the job's result); `summary` its table."""
+    planner's on this node, register it as `shardwise-plan-<task>` (the gate decides on `champion`): `shardwise
+    publish`. `num_devices` is the step's GPU count (an input so that the compiler hands it to the step's condition
+    group; the job refuses a task with more ranks than GPUs). `published` holds each task's files and publish.json
+    (the job's result); `summary` its Markdown table."""
     import json
     import os
-    import tempfile
-    from pathlib import Path
 
     from shardwise.jobs import publish as job
     from shardwise.jobs.models import registered_model_uri
-    from shardwise.jobs.workload import _fetch as fetch  # the workload step's object-store reader
     from shardwise.profiling import MeasurementSettings
-    from shardwise.workload import load_task
 
     uri = registered_model_uri(hardware_kind, model_alias) if model_alias else model.path
-    with tempfile.TemporaryDirectory() as fetched:
-        # an object is read from a local copy; its own folder each, so two tasks of one file name stay apart
-        given = [location.strip() for location in production_tasks.split(",")]
-        tasks = tuple(str(fetch(location, Path(fetched) / str(i) / location.rsplit("/", 1)[-1]))
-                      if location.startswith("s3://") else location for i, location in enumerate(given))
-        for location, path in zip(given, tasks):  # refused before minutes of planning, not by NCCL mid-measurement
-            ranks = load_task(path).num_devices
-            if device.startswith("cuda") and ranks > num_devices:
-                raise ValueError(f"production task {location}: {ranks} ranks, more than the {num_devices} GPUs of "
-                                 "this step (num_devices)")
-        # refine_rounds 0 turns refinement off here as in the evaluate step; else the drop-in's own time budget
-        result = job.run(job.PublishSettings(
-            task=tasks, model=uri, out=published.path, seed=seed, refine_s=0.0 if refine_rounds == 0 else None,
-            measurement=MeasurementSettings(device=device, timing_rounds=timing_rounds),
-        ), progress=False)
+    # refine_rounds 0 turns refinement off here as in the evaluate step; else the drop-in's own time budget
+    result = job.run(job.PublishSettings(
+        task=tuple(location.strip() for location in production_tasks.split(",")), model=uri, out=published.path,
+        seed=seed, refine_s=0.0 if refine_rounds == 0 else None,
+        measurement=MeasurementSettings(device=device, timing_rounds=timing_rounds),
+    ), progress=False)
     print(result.summary())
     os.makedirs(published.path, exist_ok=True)
     with open(os.path.join(published.path, "publish.json"), "w") as out:
         json.dump(result.to_json(), out, indent=1)
     published.metadata["plans"] = ",".join(f"{t.registered_name}/{t.version}" for t in result.tasks if t.version)
     with open(summary.path, "w") as out:
-        out.write(f"```\n{result.summary()}\n```\n")
+        out.write(result.markdown())
