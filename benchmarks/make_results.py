@@ -165,9 +165,16 @@ def _gpu(doc: dict[str, Any]) -> str:
             f"{figure('batch 65536: shards/s')} shards/s profiled")
 
 
-#: a finished investigation's script, deleted once its decision was in the code
-_RETIRED = "the script, benchmarks/bench_{}.py, is in git at 357f9c1"
+#: where a finished investigation's code is, deleted once its decision was in the code
+_SCRIPT = "the script, benchmarks/bench_{}.py, is in git at 357f9c1"
+_EXPERIMENT = "the experiment, benchmarks/experiments/{}.py, is in git at 8962c5e"
 _REPLACED_PQ = "superseded by plan_quality_types_4dev/_8dev (a later cost model, every sharding type offered)"
+
+
+def _family(*entries: str) -> tuple[tuple[str, str], ...]:
+    """(record, line) pairs from "record: line" strings: the placement reads as a list."""
+    return tuple((name, line) for name, line in (entry.split(": ", 1) for entry in entries))
+
 
 PLACEMENT = Placement(
     headlines=(
@@ -190,122 +197,122 @@ PLACEMENT = Placement(
                  _gpu),
     ),
     current={
-        "Plan cost": (
-            ("plan_quality_types_4dev", "measured plan cost of every method on 4 devices, a quiet machine"),
-            ("plan_quality_types_8dev", "measured plan cost of every method on 8 devices, a quiet machine"),
-            ("torchrec_dropin", "shardwise in TorchRec's planner's place on DLRM-DCNv2 and paper tasks"),
-            ("make_run", "the main job end to end: cost-model error and plan cost against TorchRec in one run"),
-            ("data_parallel_choice", "replicating the smallest tables costs 2.2x or more on this CPU: none chosen"),
-            ("search_quality", "predicted plan cost of every search method, ratios to NeuroShard"),
-            ("refine_readme_example", "README's example task refined on the hardware"),
-        ),
-        "Cost-model accuracy": (
-            ("costmodel_seeds_all_sizes", "held-out error over 12 training seeds, TorchRec's estimator beside it"),
-            ("sharding_type_accuracy", "held-out error per sharding type, TorchRec's estimator beside it"),
-            ("row_block_accuracy", "row blocks priced by the network trained on them against the one before"),
-            ("heavy_tables", "new heavy tables: the heaviest under-predicted by a quarter, the rest near typical"),
-        ),
-        "Planning time": (
-            ("planning_time", "NeuroShard's planning time up to 5,000 tables on 1,024 devices, TorchRec's beside it"),
-        ),
-        "Safety and operations": (
-            ("memory_property", "10,000 random tasks: no plan over memory or mis-tiled, every refusal says why"),
-            ("faults", "injected faults: no row lost or duplicated, no wrong champion"),
-            ("newcomer", "a fresh clone's first hour: setup, tests and `make run` within their budgets"),
-        ),
-        "On a GPU": (
-            ("gpu_method_queued", "the whole method on one H100 with the queued CUDA timer, targets met or not"),
-        ),
+        "Plan cost": _family(
+            "plan_quality_types_4dev: measured plan cost of every method on 4 devices, a quiet machine",
+            "plan_quality_types_8dev: measured plan cost of every method on 8 devices, a quiet machine",
+            "torchrec_dropin: shardwise in TorchRec's planner's place on DLRM-DCNv2 and paper tasks",
+            "make_run: the main job end to end: cost-model error and plan cost against TorchRec in one run",
+            "data_parallel_choice: replicating the smallest tables costs 2.2x or more on this CPU: none chosen",
+            "search_quality: predicted plan cost of every search method, ratios to NeuroShard",
+            "refine_readme_example: README's example task refined on the hardware"),
+        "Cost-model accuracy": _family(
+            "costmodel_seeds_all_sizes: held-out error over 12 training seeds, TorchRec's estimator beside it",
+            "sharding_type_accuracy: held-out error per sharding type, TorchRec's estimator beside it",
+            "row_block_accuracy: row blocks priced by the network trained on them against the one before",
+            "heavy_tables: new heavy tables: the heaviest under-predicted by a quarter, the rest near typical"),
+        "Planning time": _family(
+            "planning_time: NeuroShard's planning time up to 5,000 tables on 1,024 devices, TorchRec's beside it"),
+        "Safety and operations": _family(
+            "memory_property: 10,000 random tasks: no plan over memory or mis-tiled, every refusal says why",
+            "faults: injected faults: no row lost or duplicated, no wrong champion",
+            "newcomer: a fresh clone's first hour: setup, tests and `make run` within their budgets"),
+        "On a GPU": _family(
+            "gpu_method_queued: the whole method on one H100 with the queued CUDA timer, targets met or not"),
     },
     archived={
-        "Plan cost": (
-            ("plan_quality_types", "same tasks and protocol on a busy machine with an earlier make-run model; "
-             "superseded by plan_quality_types_4dev/_8dev (a quiet machine, model_s28)"),
-            ("plan_quality", "9 methods with the first make-run model (v1); " + _REPLACED_PQ),
-            ("plan_quality_small", "--small smoke run: proves the pipeline, its figures are rough"),
-            ("plan_quality_9rounds", "protocol run with model v2, 5 tasks a set; " + _REPLACED_PQ),
-            ("plan_quality_exchange_turns", "all-to-alls timed exchange by exchange in turns, model v2; "
-             + _REPLACED_PQ),
-            ("plan_quality_width", "each device's all-to-all priced by a line in its width, model v2: the rule kept; "
-             + _REPLACED_PQ),
-            ("plan_quality_fresh_after_refusal", "a refinement rule tried and reverted (compare plan_quality_width)"),
-            ("plan_quality_large", "model v4 before width pricing; " + _REPLACED_PQ),
-            ("plan_quality_large_width", "model v4 with width pricing; " + _REPLACED_PQ),
-            ("plan_sessions_large", "plan_quality_large's plans in fresh sessions: refined at or below the greedy "
-             "on the median; superseded with that run"),
-            ("plan_sessions_large_width", "plan_quality_large_width's plans in fresh sessions; superseded with "
-             "that run"),
-            ("plan_sessions_width", "plan_quality_width's plans in fresh sessions; superseded with that run"),
-            ("refine", "refinement on 4 tasks a set with the 2026-11-25 champion; superseded by "
-             "plan_quality_types_4dev/_8dev, which refine 10 tasks a set"),
-            ("refine_torchrec_rw", "refinement from TorchRec's row-wise plans gains at most 4% and stays 1.6x or more the "
-             "greedy: refinement starts from the faster of NeuroShard's and the greedy's plans"),
-            ("data_parallel_choice_8dev", "the 8-device companion of data_parallel_choice, same verdict; not "
-             "superseded, moved here for results.md's line budget"),
-            ("rl_policies", "learned policies on larger unseen tasks, 2026-11-22 figures transcribed; "
-             "search_quality compares the methods' predicted cost with a later model"),
-        ),
-        "Cost model": (
-            ("costmodel_accuracy", "2026-11-22 figures transcribed from printed output; superseded by "
-             "costmodel_seeds_all_sizes and make_run"),
-            ("costmodel_accuracy_profile_size", "older study: more profile rows of the same tables did not lower "
-             "held-out error"),
-            ("costmodel_accuracy_small", "--small smoke run: proves the path, its figures are rough"),
-            ("costmodel_seeds", "patience 40, one table count held out: 4.92-9.30% over seeds; superseded by "
-             "costmodel_seeds_all_sizes"),
-            ("costmodel_seeds_patience", "800 epochs, patience 200, one table count held out; superseded by "
-             "costmodel_seeds_all_sizes (every table count trained on)"),
-            ("pretrain_device", "older study: pre-training on an H200 took 0.54x the CPU's time at a similar error"),
-            ("costmodel_predict", "batched prediction is 100x a per-shard loop: the search predicts in batches"),
-        ),
-        "Planning time": (
-            ("planning_time_cuda", "the cost model on CUDA planned slower than on the CPU: planning runs it on the "
-             "CPU; superseded for times by planning_time"),
-            ("cli_startup", "CLI start-up and `plan` times; not superseded, moved here for results.md's line budget"),
-        ),
-        "Measurement protocol": (
-            ("measurement_noise", "session-to-session noise per protocol: 9 kernel timings and 5 x 20 all-to-alls "
-             "kept"),
-            ("measurement_noise_refinement", "the same noise inside refinement's session"),
-            ("measurement_noise_width", "pricing all-to-alls by a width line halves how far ratios move: kept"),
-            ("shard_timing", "where one shard timing's seconds go"),
-            ("shard_timing_flush", "the cache flush's size: 256 MiB within 0.5% of 960 MiB at half the time"),
-            ("shard_timing_pairing", "one flush per shard and reference pair against one per call"),
-            ("profiling", "older CPU study: thread clock against wall clock, throughput and noise floor"),
-            ("profile_fanout", "older study: profiling split over 2 workers, 1.63x, no row lost or measured twice"),
-            ("workload_synthetic", "synthetic tables against the DLRM 2021 statistics; not superseded, moved here "
-             "for results.md's line budget"),
-        ),
-        "Finished investigations": (
-            ("subnormals", f"decided: shardwise zeroes subnormal weights (they made the search 15-19x slower on an "
-             f"Intel CPU); {_RETIRED.format('subnormals')}"),
-            ("batch_build", f"decided: the profiler builds a shard's batch with tensor ops on the timing device (on 2 "
-             f"CPU cores 0.8x the host path, on the GPU batch_build_cuda); {_RETIRED.format('batch_build')}"),
-            ("batch_build_cuda", "decided with batch_build: tensor ops on the GPU build sampled batches at 73x the "
-             "host path"),
-            ("comm_estimator", "decided: each device's all-to-all is priced by a line in its width (measurement's "
-             "comm_pricing 'width'), the part of its figure that repeats between sessions; "
-             + _RETIRED.format("comm_estimator")),
-            ("comm_estimator_make_run", "decided with comm_estimator: the same analysis on the exchange-in-turns run"),
-            ("comm_estimator_make_run_width", "decided with comm_estimator: the same analysis on the width-priced "
-             "exchange-in-turns run"),
-            ("comm_estimator_width_run", "decided with comm_estimator: the same analysis on the width-priced large run"),
-            ("eval_comm_consistency", "decided: the layouts measured together take turns exchange by exchange "
-             "(5-9% apart within a session against 7-11% timed in blocks); "
-             + _RETIRED.format("eval_comm_consistency")),
-            ("collective_repeat", "decided: data-parallel and row-wise collectives are priced only where they repeat "
-             "between process groups (gloo on 2 cores moves 6-93%: NCCL on GPUs); "
-             + _RETIRED.format("collective_repeat")),
-            ("device_accuracy", "decided: accuracy is judged on held-out tables (costmodel_seeds_all_sizes, "
-             "sharding_type_accuracy): more shards of the same tables stopped lowering the error on plans' device "
-             "shards; " + _RETIRED.format("device_accuracy")),
-            ("dlrm_validate", "decided: `validate --compare` starts the ranks once for several plans (0.52x one start "
-             "per plan); " + _RETIRED.format("dlrm_validate")),
-        ),
-        "On a GPU": (
-            ("gpu_method", "the first GPU run (H200, held timer); superseded by gpu_method_queued (queued timer, "
-             "refinement)"),
-        ),
+        "Plan cost": _family(
+            "plan_quality_types: same tasks and protocol on a busy machine with an earlier make-run model; superseded "
+            "by plan_quality_types_4dev/_8dev (a quiet machine, model_s28)",
+            "plan_quality: 9 methods with the first make-run model (v1); " + _REPLACED_PQ,
+            "plan_quality_small: --small smoke run: proves the pipeline, its figures are rough",
+            "plan_quality_9rounds: protocol run with model v2, 5 tasks a set; " + _REPLACED_PQ,
+            "plan_quality_exchange_turns: all-to-alls timed exchange by exchange in turns, model v2; " + _REPLACED_PQ,
+            "plan_quality_width: each device's all-to-all priced by a line in its width, model v2: the rule kept; "
+            + _REPLACED_PQ,
+            "plan_quality_fresh_after_refusal: a refinement rule tried and reverted (compare plan_quality_width)",
+            "plan_quality_large: model v4 before width pricing; " + _REPLACED_PQ,
+            "plan_quality_large_width: model v4 with width pricing; " + _REPLACED_PQ,
+            "refine: refinement on 4 tasks a set with the 2026-11-25 champion; superseded by "
+            "plan_quality_types_4dev/_8dev, which refine 10 tasks a set",
+            "refine_torchrec_rw: refinement from TorchRec's row-wise plans gains at most 4% and stays 1.6x or more the "
+            "greedy: refinement starts from the faster of NeuroShard's and the greedy's plans",
+            "data_parallel_choice_8dev: the 8-device companion of data_parallel_choice, same verdict; not superseded, "
+            "moved here for results.md's line budget"),
+        "Cost model": _family(
+            "costmodel_seeds: patience 40, one table count held out: 4.92-9.30% over seeds; superseded by "
+            "costmodel_seeds_all_sizes",
+            "costmodel_seeds_patience: 800 epochs, patience 200, one table count held out; superseded by "
+            "costmodel_seeds_all_sizes (every table count trained on)",
+            "costmodel_predict: batched prediction is 100x a per-shard loop: the search predicts in batches"),
+        "Planning time": _family(
+            "planning_time_cuda: the cost model on CUDA planned slower than on the CPU: planning runs it on the CPU; "
+            "superseded for times by planning_time"),
+        "Measurement protocol": _family(
+            "profiling: older CPU study: thread clock against wall clock, throughput and noise floor",
+            "workload_synthetic: synthetic tables against the DLRM 2021 statistics; not superseded, moved here for "
+            "results.md's line budget"),
+        "Finished investigations": _family(
+            "subnormals: decided: shardwise zeroes subnormal weights (they made the search 15-19x slower on an Intel "
+            "CPU); " + _SCRIPT.format("subnormals"),
+            "batch_build: decided: the profiler builds a shard's batch with tensor ops on the timing device (on 2 CPU "
+            "cores 0.8x the host path, on the GPU batch_build_cuda); " + _SCRIPT.format("batch_build"),
+            "batch_build_cuda: decided with batch_build: tensor ops on the GPU build sampled batches at 73x the host "
+            "path",
+            "comm_estimator: decided: each device's all-to-all is priced by a line in its width (measurement's "
+            "comm_pricing 'width'), the part of its figure that repeats between sessions; "
+            + _SCRIPT.format("comm_estimator"),
+            "comm_estimator_make_run: decided with comm_estimator: the same analysis on the exchange-in-turns run",
+            "comm_estimator_make_run_width: decided with comm_estimator: the same analysis on the width-priced "
+            "exchange-in-turns run",
+            "comm_estimator_width_run: decided with comm_estimator: the same analysis on the width-priced large run",
+            "eval_comm_consistency: decided: the layouts measured together take turns exchange by exchange (5-9% "
+            "apart within a session against 7-11% timed in blocks); " + _SCRIPT.format("eval_comm_consistency"),
+            "collective_repeat: decided: data-parallel and row-wise collectives are priced only where they repeat "
+            "between process groups (gloo on 2 cores moves 6-93%: NCCL on GPUs); "
+            + _SCRIPT.format("collective_repeat"),
+            "device_accuracy: decided: accuracy is judged on held-out tables (costmodel_seeds_all_sizes, "
+            "sharding_type_accuracy): more shards of the same tables stopped lowering the error on plans' device "
+            "shards; " + _SCRIPT.format("device_accuracy"),
+            "dlrm_validate: decided: `validate --compare` starts the ranks once for several plans (0.52x one start "
+            "per plan); " + _SCRIPT.format("dlrm_validate"),
+            "measurement_noise: decided: a plan is measured with 9 kernel timings and 5 x 20 all-to-alls "
+            "(protocol.COMPUTE_ROUNDS, COMM_ROUNDS, COMM_ITERS): 3 timings let two plans' ratio move; "
+            + _EXPERIMENT.format("measurement_noise"),
+            "measurement_noise_refinement: decided with measurement_noise: refinement's own session moves as little",
+            "measurement_noise_width: decided: all-to-alls priced by a width line (comm_pricing 'width') move half as "
+            "far between sessions as each device's own median",
+            "plan_sessions_width: decided: a plan-quality run is judged in its one session (the refined plan stayed "
+            "at or below the greedy on the median of 2-3 fresh sessions, width line and own medians agreeing); "
+            + _EXPERIMENT.format("plan_sessions"),
+            "plan_sessions_large: decided with plan_sessions_width: plan_quality_large's plans, refined at or below "
+            "the greedy on the median of fresh sessions",
+            "plan_sessions_large_width: decided with plan_sessions_width: plan_quality_large_width's plans",
+            "shard_timing: decided: a shard timing keeps its cache flush and paired reference (a quarter and a fifth "
+            "of its seconds); " + _EXPERIMENT.format("shard_timing"),
+            "shard_timing_flush: decided: a CPU's flush is capped (protocol.MAX_CPU_FLUSH_BYTES, 64 MiB): the "
+            "shards' kernels within 2% of a 960 MiB flush's in all, at under a third of its time",
+            "shard_timing_pairing: decided: `time_kernel` flushes before the shard and before its reference (one "
+            "flush per pair read shards up to 10% fast)",
+            "cli_startup: decided: `--help` and `task check` import neither torch, MLflow nor kfp, a warm-cache "
+            "`plan` reads the champion without MLflow (tests/unit/test_cli.py, tests/integration/"
+            "test_registry_cache.py check both); " + _EXPERIMENT.format("cli_startup"),
+            "profile_fanout: decided: profiling pods split one run by --worker/--workers into one dataset (2 workers "
+            "1.63x, no shard lost or measured twice; tests/unit/test_pipeline_compile.py checks the split); "
+            + _EXPERIMENT.format("profile_fanout"),
+            "pretrain_device: decided: `shardwise pretrain --device cuda` trains on a GPU (an H200 in 0.54x the CPU's "
+            "time, at a similar error); " + _EXPERIMENT.format("pretrain_device"),
+            "rl_policies: learned policies on larger unseen tasks within 2.3% of NeuroShard, 2026-11-22 figures "
+            "transcribed; search_quality compares the other methods' predicted cost with a later model; "
+            + _EXPERIMENT.format("rl_policies"),
+            "costmodel_accuracy: 2026-11-22 figures transcribed from printed output; superseded by "
+            "costmodel_seeds_all_sizes and make_run; " + _EXPERIMENT.format("costmodel_accuracy"),
+            "costmodel_accuracy_profile_size: older study: more profile rows of the same tables did not lower "
+            "held-out error",
+            "costmodel_accuracy_small: --small smoke run of costmodel_accuracy: proves the path, its figures are "
+            "rough"),
+        "On a GPU": _family(
+            "gpu_method: the first GPU run (H200, held timer); superseded by gpu_method_queued (queued timer, "
+            "refinement)"),
     },
 )
 

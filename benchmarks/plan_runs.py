@@ -1,19 +1,17 @@
 """What the plan experiments share: the task sets they draw from held-out synthetic tables, a finished plan_quality
-run's files, and how two plans' measurements compare (task by task, and between sessions). Imported as
+run's files, and how two plans' measurements compare task by task. Imported as
 `benchmarks.plan_runs` by experiments and as `plan_runs` by the scripts run from benchmarks/."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import BenchmarkError
-from shardwise.evaluation import PAPER_TASK_SETS, MeasuredPlanCost, PlanResult, make_task_set
-from shardwise.evaluation.measured import price_comm
+from shardwise.evaluation import PAPER_TASK_SETS, PlanResult, make_task_set
 from shardwise.workload import ShardingTask
 from shardwise.workload.synthetic import synthesize_tables
 from shardwise.workload.tableset import TableSet, split_tables
@@ -57,19 +55,3 @@ def at_or_below(results: list[PlanResult], method: str, reference: str, value: C
     ratios = [mine[k] / theirs[k] for k in tasks]
     return (f"{method} at or below {reference} on {sum(r <= 1 for r in ratios)} of {len(tasks)} tasks (worst ratio "
             f"{max(ratios):.3f}, mean {statistics.fmean(ratios):.3f})")
-
-
-def priced_by_width(costs: Sequence[MeasuredPlanCost]) -> list[float]:
-    """Each plan's slowest device (kernels + all-to-all), every device's all-to-all priced as measurement prices it
-    by default (`price_comm`, "width") from each device's own medians, over every device of `costs` (plans measured
-    together)."""
-    widths = [[d.width for d in c.devices] for c in costs]
-    raw = [[d.own_comm_fwd_bwd_ms for d in c.devices] for c in costs]
-    priced = price_comm(widths, raw, "width")
-    return [max(d.compute_ms + fwd + bwd for d, (fwd, bwd) in zip(c.devices, p, strict=True))
-            for c, p in zip(costs, priced, strict=True)]
-
-
-def moved(ratios: list[float]) -> list[float]:
-    """|r_i / r_j - 1| for every pair of sessions (in %)."""
-    return [abs(a / b - 1) * 100 for a, b in itertools.combinations(ratios, 2)]

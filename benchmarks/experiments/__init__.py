@@ -3,8 +3,6 @@ and the modules kept beside the harness (harness, record, plan_runs, profiles, d
 (tests/unit/test_bench_harness.py checks)."""
 
 from . import (  # noqa: F401
-    cli_startup,
-    costmodel_accuracy,
     costmodel_predict,
     costmodel_seeds,
     data_parallel_accuracy,
@@ -12,18 +10,12 @@ from . import (  # noqa: F401
     faults,
     gpu_method,
     heavy_tables,
-    measurement_noise,
     memory_property,
     plan_quality,
-    plan_sessions,
     planning_time,
-    pretrain_device,
-    profile_fanout,
     profiling,
     refine,
-    rl_policies,
     search_quality,
-    shard_timing,
     torchrec_dropin,
     workload_synthetic,
 )

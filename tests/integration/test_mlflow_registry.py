@@ -4,7 +4,7 @@ fresh process).
 
 The cost data follows a known sub-additive law (tests/unit/costmodel_synthetic.py) so that a trained model is
 reliably better than a barely trained one and the file runs in well under a minute; accuracy on real fbgemm
-measurements is what the costmodel_accuracy experiment (python -m benchmarks costmodel_accuracy) reports."""
+measurements is what the costmodel_seeds experiment (python -m benchmarks costmodel_seeds) reports."""
 
 from __future__ import annotations
 
