@@ -242,8 +242,7 @@ PLACEMENT = Placement(
             "costmodel_seeds: patience 40, one table count held out: 4.92-9.30% over seeds; superseded by "
             "costmodel_seeds_all_sizes",
             "costmodel_seeds_patience: 800 epochs, patience 200, one table count held out; superseded by "
-            "costmodel_seeds_all_sizes (every table count trained on)",
-            "costmodel_predict: batched prediction is 100x a per-shard loop: the search predicts in batches"),
+            "costmodel_seeds_all_sizes (every table count trained on)"),
         "Planning time": _family(
             "planning_time_cuda: the cost model on CUDA planned slower than on the CPU: planning runs it on the CPU; "
             "superseded for times by planning_time"),
@@ -309,7 +308,9 @@ PLACEMENT = Placement(
             "costmodel_accuracy_profile_size: older study: more profile rows of the same tables did not lower "
             "held-out error",
             "costmodel_accuracy_small: --small smoke run of costmodel_accuracy: proves the path, its figures are "
-            "rough"),
+            "rough",
+            "costmodel_predict: decided: the search predicts in batches (one call 100x a per-shard loop; planning_time "
+            "in the quick suite times it end to end); " + _EXPERIMENT.format("costmodel_predict")),
         "On a GPU": _family(
             "gpu_method: the first GPU run (H200, held timer); superseded by gpu_method_queued (queued timer, "
             "refinement)"),

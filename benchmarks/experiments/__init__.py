@@ -3,7 +3,6 @@ and the modules kept beside the harness (harness, record, plan_runs, profiles, d
 (tests/unit/test_bench_harness.py checks)."""
 
 from . import (  # noqa: F401
-    costmodel_predict,
     costmodel_seeds,
     data_parallel_accuracy,
     data_parallel_choice,
