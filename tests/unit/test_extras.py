@@ -1,17 +1,31 @@
 """A missing optional extra is one line naming what to install (exit 2), never a traceback: the pipeline (kfp),
-the registry (mlflow), the reports (matplotlib). `sys.modules[name] = None` makes `import name` fail as if the
-package were not installed."""
+the registry (mlflow), the reports (matplotlib), TorchRec, and fbgemm's build of this torch for its kernels.
+`sys.modules[name] = None` makes `import name` fail as if the package were not installed."""
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 from search_doubles import random_task
 
 from shardwise.cli import main
 from shardwise.errors import ShardwiseError
-from shardwise.extras import MissingExtraError, import_extra, missing_extra, require
+from shardwise.extras import (
+    FBGEMM_FOR_TORCH,
+    TORCHREC_DEPENDENCIES,
+    TORCHREC_FOR_FBGEMM,
+    MissingExtraError,
+    fbgemm_requirement,
+    import_extra,
+    missing_extra,
+    missing_fbgemm,
+    require,
+    torchrec_install,
+)
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.workload import save_task
 
@@ -102,3 +116,73 @@ def test_a_module_no_extra_brings_is_left_as_python_raised_it():
     # a database driver MLflow needs is its own message (mlflow_process.open_client), not an extra
     assert missing_extra(ModuleNotFoundError("No module named 'psycopg2'", name="psycopg2")) is None
     assert missing_extra(ModuleNotFoundError("No module named 'kfpx'", name="kfpx")) is None
+
+
+#: every optional package at once: what `pip install shardwise` leaves out
+_OPTIONAL = ("kfp", "mlflow", "boto3", "botocore", "matplotlib", "torchrec", "fbgemm_gpu")
+REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements"
+
+
+def test_plan_with_a_model_directory_needs_no_extra(fitted_cost_model, tmp_path, monkeypatch, capsys):
+    """`pip install shardwise` then `shardwise plan --model DIR`: nothing optional is imported."""
+    monkeypatch.chdir(tmp_path)
+    model = fitted_cost_model[0].save(tmp_path / "model")
+    save_task(random_task(0, 8, 4), "task.json")
+    _uninstalled(monkeypatch, *_OPTIONAL)
+    assert main(["plan", "--task", "task.json", "--model", str(model), "--out", "plan.json"]) == 0, \
+        capsys.readouterr().err
+    assert (tmp_path / "plan.json").exists()
+
+
+def test_profile_without_fbgemm_names_the_build_of_this_torch(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["workload", "synth", "--num-tables", "6", "--row-scale", "0.001", "--batch-size", "64",
+                 "--no-index-data", "--out", "w"]) == 0
+    capsys.readouterr()
+    _uninstalled(monkeypatch, "fbgemm_gpu")
+    assert main(["profile", "--tables", "w/tables.json", "--num-shards", "1", "--device", "cpu", "--out", "p"]) == 2
+    cuda = torch.version.cuda is not None
+    assert _one_line(capsys) == f"shardwise profile: error: {missing_fbgemm(torch.__version__, cuda)}"
+    assert not (tmp_path / "p").exists()
+
+
+def test_fbgemms_build_is_the_cuda_or_the_cpu_package_at_the_release_of_this_torch():
+    assert str(missing_fbgemm("2.13.0+cpu", cuda=False)) == (
+        "needs fbgemm_gpu for fbgemm's embedding kernels, which is not installed: pip install fbgemm-gpu-cpu==1.8.0 "
+        "(fbgemm's CPU build, for this CPU torch 2.13.0+cpu)")
+    assert fbgemm_requirement("2.13.0", cuda=True) == "fbgemm-gpu==1.8.0"
+    assert fbgemm_requirement("2.13.1+cu128", cuda=True) == "fbgemm-gpu==1.8.0"
+    assert fbgemm_requirement("2.99.0", cuda=False) == "fbgemm-gpu-cpu (the release built for torch 2.99)"
+    # a missing fbgemm_gpu anywhere (torchrec's imports, the DLRM trainer) is the same line
+    missing = missing_extra(ModuleNotFoundError("No module named 'fbgemm_gpu'", name="fbgemm_gpu.sparse_ops"))
+    assert missing is not None and missing.package == "fbgemm_gpu" and missing.extra is None
+
+
+def _pins(name: str) -> dict[str, str]:
+    lines = (REQUIREMENTS / name).read_text().splitlines()
+    return dict(m.groups() for line in lines if (m := re.fullmatch(r"([\w.-]+)==([\w.+-]+)", line.strip())))
+
+
+def test_the_releases_named_are_the_ones_the_requirements_pin():
+    cpu, cuda, torchrec = _pins("cpu.txt"), _pins("cuda.txt"), _pins("torchrec.txt")
+    minor = ".".join(cpu["torch"].split(".")[:2])
+    assert FBGEMM_FOR_TORCH[minor] == cpu["fbgemm-gpu-cpu"] == cuda["fbgemm-gpu"]
+    assert TORCHREC_FOR_FBGEMM[cpu["fbgemm-gpu-cpu"]] == torchrec["torchrec"]
+    pinned = dict(d.split("==") for d in TORCHREC_DEPENDENCIES if "==" in d)
+    assert pinned == {name: cpu[name] for name in pinned}
+
+
+def test_torchrec_beside_a_cpu_torch_is_installed_without_its_cuda_fbgemm(tmp_path, monkeypatch, capsys):
+    assert torchrec_install("2.13.0", cuda=True) == 'pip install "shardwise[torchrec]"'
+    cpu = torchrec_install("2.13.0+cpu", cuda=False)
+    assert cpu.startswith("pip install fbgemm-gpu-cpu==1.8.0 tensordict==0.15.3 ")
+    assert "then pip install --no-deps torchrec==1.8.0" in cpu
+    monkeypatch.chdir(tmp_path)
+    save_task(random_task(0, 8, 4), "task.json")
+    _uninstalled(monkeypatch, "torchrec")
+    assert main(["plan", "--task", "task.json", "--method", "torchrec", "--out", "plan.json"]) == 2
+    line = _one_line(capsys)
+    assert line.startswith("shardwise plan: error: needs torchrec for TorchRec's planner and sharded models, "
+                           "which is not installed: pip install ")
+    assert line.endswith(torchrec_install(torch.__version__, torch.version.cuda is not None))
+    assert not (tmp_path / "plan.json").exists()

@@ -10,14 +10,16 @@ import json
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from shardwise.cli import main
+from shardwise.cli import build_parser, main
+from shardwise.cli.pipeline import _params
 from shardwise.errors import ShardwiseError
 from shardwise.pipelines import run as kubeflow
-from shardwise.pipelines.params import DEFAULTS
+from shardwise.pipelines.params import DEFAULTS, PipelineParams, pipeline_params
 
 
 class FakeKubeflow(BaseHTTPRequestHandler):
@@ -184,7 +186,7 @@ def test_the_runs_page_is_printed_without_the_credentials_of_the_host(kfp_api, c
 def test_schedule_creates_recurring_run_with_cron(kfp_api, capsys):
     host, requests = kfp_api
     status = main(["pipeline", "schedule", "--host", host, "--cron", "0 3 * * 1", "--name", "weekly-retrain",
-                   "--arg", "profile_num_shards=2000"])
+                   "--profile-num-shards", "2000"])
     assert status == 0
     assert "recurring run rr-1" in capsys.readouterr().out
     (job,) = _posts(requests, "/apis/v2beta1/recurringruns")
@@ -200,13 +202,56 @@ def test_schedule_creates_recurring_run_with_cron(kfp_api, capsys):
     assert not _posts(requests, "/apis/v2beta1/runs")
 
 
-def test_unknown_or_mistyped_arguments_are_refused_before_any_request(kfp_api, capsys):
+def _exit_code(argv: list[str]) -> int | str | None:
+    """main's exit code, argparse's usage errors (which exit from inside parse_args) included."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+def test_unknown_mistyped_or_out_of_range_parameters_are_refused_before_any_request(kfp_api, capsys):
     host, requests = kfp_api
-    assert main(["pipeline", "submit", "--host", host, "--arg", "num_tabels=10"]) == 2
-    assert "pipeline argument 'num_tabels' is unknown" in capsys.readouterr().err
-    assert main(["pipeline", "submit", "--host", host, "--arg", "num_devices=four"]) == 2
-    assert "'num_devices': Input should be a valid integer" in capsys.readouterr().err
+    assert _exit_code(["pipeline", "submit", "--host", host, "--num-tabels", "10"]) == 2
+    assert "unrecognized arguments: --num-tabels 10" in capsys.readouterr().err
+    assert _exit_code(["pipeline", "submit", "--host", host, "--num-devices", "four"]) == 2
+    assert "argument --num-devices: invalid int value: 'four'" in capsys.readouterr().err
+    assert _exit_code(["pipeline", "submit", "--host", host, "--num-devices", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'num_devices': Input should be greater than or equal to 2" in err
     assert requests == []
+
+
+VERBS = (["run", "--local"], ["submit", "--host", "http://127.0.0.1:9"],
+         ["schedule", "--host", "http://127.0.0.1:9", "--cron", "0 3 * * *"])
+
+
+@pytest.mark.parametrize("verb", VERBS, ids=lambda v: v[0])
+def test_each_verb_takes_the_preset_then_one_flag_per_parameter_and_no_other_way(verb, tmp_path):
+    """`run --local`, `submit` and `schedule` set a parameter the same two ways: the preset, then its flag; no
+    `--arg NAME=VALUE`, no config file."""
+    parser = build_parser("pipeline")
+    args = parser.parse_args(["pipeline", *verb, "--preset", "smoke", "--num-devices", "8",
+                              "--production-tasks", "ranking.task.json"])
+    params = _params(args)
+    smoke = pipeline_params(preset_name="smoke")
+    assert params.num_devices == 8 and params.production_tasks == str(Path("ranking.task.json").resolve())
+    assert params.model_dump(exclude={"num_devices", "production_tasks"}) == \
+        smoke.model_dump(exclude={"num_devices", "production_tasks"})
+    for other_way in (["--arg", "num_devices=8"], ["--config", str(tmp_path / "c.yaml")]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["pipeline", *verb, *other_way])
+
+
+def test_the_parameters_help_is_one_group_with_the_presets_values(capsys):
+    with pytest.raises(SystemExit):
+        main(["pipeline", "submit", "--help"])
+    usage, _, rest = capsys.readouterr().out.partition("\n\n")
+    assert "--num-devices" not in usage and usage.rstrip().endswith("[--PARAMETER VALUE ...]")
+    group = rest.split("pipeline parameters (override the preset):\n", 1)[1]
+    for name in PipelineParams.model_fields:
+        assert "--" + name.replace("_", "-") in group
+    assert f"devices of the evaluation task (preset cluster: {DEFAULTS.num_devices})" in " ".join(group.split())
 
 
 def test_bad_cron_is_refused():
@@ -218,8 +263,8 @@ def test_bad_cron_is_refused():
 def test_run_needs_local_and_refuses_unknown_arguments_before_running(tmp_path, capsys):
     assert main(["pipeline", "run", "--workdir", str(tmp_path)]) == 2
     assert "only --local runs here" in capsys.readouterr().err
-    assert main(["pipeline", "run", "--local", "--workdir", str(tmp_path), "--arg", "gpus=2"]) == 2
-    assert "pipeline argument 'gpus' is unknown" in capsys.readouterr().err
+    assert _exit_code(["pipeline", "run", "--local", "--workdir", str(tmp_path), "--gpus", "2"]) == 2
+    assert "unrecognized arguments: --gpus 2" in capsys.readouterr().err
     assert not (tmp_path / "pipeline_root").exists()
 
 

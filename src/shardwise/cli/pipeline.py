@@ -1,29 +1,24 @@
-"""`shardwise pipeline compile|run|submit|schedule`: every pipeline parameter is a flag (from PipelineParams);
-values come from a preset of presets.yaml, then `--config FILE.yaml`, then `--arg NAME=VALUE`, then flags."""
+"""`shardwise pipeline compile|run|submit|schedule`: a pipeline parameter's value comes from the preset (presets.yaml,
+`--preset`), or from its flag (one per PipelineParams field, typed, in `--help` with its description): the same
+two places for `run --local`, `submit` and `schedule`."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import time
-from typing import Any
 
 from shardwise.jobs.base import JobResult
-from shardwise.pipelines.params import PipelineParams, pipeline_params, preset_names
+from shardwise.pipelines.params import PipelineParams, pipeline_params, preset, preset_names
 from shardwise.search import format_plan, load_plan
 
-from .options import UsageError, add_config_option, add_settings_options, read_config
+from .options import UsageError, add_settings_options
 
 
 def _params(args: argparse.Namespace) -> PipelineParams:
-    values: dict[str, Any] = read_config(args.config) if getattr(args, "config", None) else {}
-    for item in args.arg or []:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise UsageError(f"--arg {item!r}: expected NAME=VALUE")
-        values[name.strip().replace("-", "_")] = value
-    values |= {name: value for name, value in vars(args).items() if name in PipelineParams.model_fields}
-    return pipeline_params(values, preset_name=args.preset)
+    """The preset's values with the flags given over them (a flag not given is absent from `args`)."""
+    given = {name: value for name, value in vars(args).items() if name in PipelineParams.model_fields}
+    return pipeline_params(given, preset_name=args.preset)
 
 
 #: the pretrain step's figures for the kernels of each sharding type beyond table-wise, on held-out tables, and the
@@ -156,12 +151,17 @@ TOKEN_ENV = "KFP_TOKEN"
 
 
 def _parameters(parser: argparse.ArgumentParser, default_preset: str) -> None:
-    group = parser.add_argument_group("pipeline parameters (default: the preset's)")
-    add_settings_options(group, PipelineParams)
+    """`--preset`, then one flag per pipeline parameter, each overriding the preset's value (no config file: a set
+    of values worth keeping is a preset, beside the others in presets.yaml)."""
     parser.add_argument("--preset", default=default_preset, choices=preset_names(),
-                        help=f"named sizes from presets.yaml (default: {default_preset})")
-    add_config_option(parser)
-    parser.add_argument("--arg", action="append", metavar="NAME=VALUE", help="any pipeline parameter")
+                        help=f"named values of every pipeline parameter, from presets.yaml (default: {default_preset})")
+    # the usage line without the parameters (three dozen): --help lists them in their group
+    parser.usage = parser.format_usage().removeprefix("usage: ").rstrip().replace("%", "%%") + " [--PARAMETER VALUE ...]"
+    values = preset(default_preset)
+    group = parser.add_argument_group("pipeline parameters (override the preset)")
+    add_settings_options(group, PipelineParams, overrides={
+        name: {"help": f"{field.description} (preset {default_preset}: {values.get(name, field.default)!r})"}
+        for name, field in PipelineParams.model_fields.items()})
 
 
 def configure(verb: str, parser: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ import torch
 from pydantic import AfterValidator
 
 from shardwise.errors import ShardwiseError
+from shardwise.extras import fbgemm_requirement, missing_fbgemm
 
 _DEVICE_NAME = re.compile(r"(cpu|cuda(:\d+)?)")
 
@@ -106,11 +107,13 @@ def import_fbgemm() -> ModuleType:
     try:
         import fbgemm_gpu  # heavy (registers its operators with torch): only when kernels are built or recorded
     except (ImportError, OSError) as err:
+        if isinstance(err, ModuleNotFoundError) and err.name == "fbgemm_gpu":  # not installed: which build to install
+            raise missing_fbgemm(str(torch.__version__), torch.version.cuda is not None) from None
         cause = err.__cause__ or err
         raise KernelUnavailableError(
             f"fbgemm_gpu cannot load here ({str(cause).splitlines()[0][:160]}): its CUDA build needs an NVIDIA driver "
-            "(a GPU node; in a container, the NVIDIA container runtime), CPU-only machines need fbgemm-gpu-cpu "
-            "(requirements/cpu.txt)"
+            "(a GPU node; in a container, the NVIDIA container runtime), CPU-only machines need "
+            f"{fbgemm_requirement(str(torch.__version__), cuda=False)} (requirements/cpu.txt)"
         ) from None
     finally:
         logging.disable(logging.NOTSET)
