@@ -68,9 +68,14 @@ class Outcome:
 
 @dataclass
 class Context:
-    """What the harness hands a run: the cost models it loads, each named in the record."""
+    """What the harness hands a run: the cost models it loads or makes, each named in the record."""
 
     model: str | None = None
+
+    def name_model(self, identity: str) -> None:
+        """Name a cost model the run used (loaded, trained in the run, a stand-in) in its record, once."""
+        named = self.model.split("; ") if self.model else []
+        self.model = "; ".join(named if identity in named else [*named, identity])
 
     def cost_model(self, uri: str | None, *, required: bool = False) -> Any:
         """The cost model at `uri` (a directory, models:/ or runs:/), else this hardware's champion; None when
@@ -80,10 +85,8 @@ class Context:
 
         mlflow = MlflowService()
         model, used = load_cost_model(mlflow, uri, device=None, required=required)
-        if used is not None:  # each model a run compares, named once
-            identity = model_identity(mlflow, used)
-            named = self.model.split("; ") if self.model else []
-            self.model = "; ".join(named if identity in named else [*named, identity])
+        if used is not None:
+            self.name_model(model_identity(mlflow, used))
         return model
 
 

@@ -98,6 +98,7 @@ def main() -> None:
               f"{'-' if r['ratio'] is None else format(r['ratio'], '.3f'):>6}")
     if args.record:
         record("make_run", "The main job: `make run`", rows,
+               model=f"{run.name}/pretrain-cost-model/model, trained in the run",
                notes=(f"{where}. One run of the local pipeline on CPU (gloo, fbgemm's CPU kernels): the plan and "
                       "throughput ratios move by a few percent between runs (read measurement_noise); DLRM "
                       "training is 10 iterations. `make run`'s wall time on a busy machine: the newcomer record."))

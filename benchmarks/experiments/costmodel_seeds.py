@@ -89,6 +89,7 @@ def run(settings: CostModelSeedsSettings, context: Context) -> Outcome:
             row["train_s"] = round(time.perf_counter() - began, 1)
             rows.append(row)
             print(", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+    context.name_model(f"trained in this run, seeds 0-{settings.seeds - 1}")
     mape = [r["neural_mape_pct"] for r in rows]
     summary = (f"neural held-out MAPE over {len(rows)} seeds: min {min(mape):.2f}%, median "
                f"{statistics.median(mape):.2f}%, max {max(mape):.2f}%; {sum(m <= settings.bar for m in mape)} of "

@@ -371,6 +371,7 @@ def run(args: GpuMethodSettings, context: Context) -> Outcome:
                                               "patience": preset.pretrain_patience}.items() if v})
     model, report = train_cost_model(load_costs(costs), seed, config)
     model.save(out / "model")
+    context.name_model(f"{out / 'model'}, trained in this run")
     m = report.metrics
     accuracy = {name: {"mape_pct": _round(m.get(f"{stem}_mape_pct"), 2), "spearman": _round(m.get(f"{stem}_spearman"))}
                 for name, stem in (("neural", "neural_heldout_tables_total"),

@@ -106,7 +106,8 @@ def run(settings: PlanningTimeSettings, context: Context) -> Outcome:
     for device in devices:
         loaded = context.cost_model(settings.model)
         models[device] = (loaded or stand_in(tableset.tables, settings.batch_size)).to(device)
-    source = context.model or "untrained network of the default size (timing only: no registered champion)"
+    if context.model is None:
+        context.name_model("untrained network of the default size (timing only: no registered champion)")
     model, first = models[devices[0]], devices[0]
     baselines = ["torchrec", "torchrec_cw"] if settings.with_cw else ["torchrec"]
     rows: list[dict[str, Any]] = []
@@ -161,7 +162,7 @@ def run(settings: PlanningTimeSettings, context: Context) -> Outcome:
     if len(devices) > 1:
         title = f"Planning time: NeuroShard with the cost model on {' and on '.join(devices)}"
     return Outcome(rows, title=title, notes=[
-        f"cost model: {source}, on {' and '.join(devices)} (neuroshard_s: on {first}); synthetic DLRM tables at full "
+        f"cost model: {context.model}, on {' and '.join(devices)} (neuroshard_s: on {first}); synthetic DLRM tables at full "
         f"size, batch {settings.batch_size}, memory per device 1.5x an even share; *_over_neuroshard = TorchRec's "
         "time / NeuroShard's on the same task; neuroshard_cpu_s = NeuroShard's process CPU time (far below wall time "
         "where the machine is busy with others); peak_gib = the process's peak resident memory after the search; "

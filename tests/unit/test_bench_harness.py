@@ -39,6 +39,7 @@ class ToySettings(ExperimentSettings):
 
 def _toy_run(settings: ToySettings, context: harness.Context) -> Outcome:
     rows = [{"i": i, "name": (settings.names or ("x",))[0]} for i in range(settings.count)]
+    context.name_model("toy model")  # a model the run made: named as a loaded one is
     return Outcome(rows, notes=[f"{settings.count} rows"], failed="it broke" if settings.broken else None)
 
 
@@ -53,7 +54,7 @@ def toy(monkeypatch, tmp_path):
     return experiment
 
 
-def test_an_experiment_runs_by_name_with_flags_from_its_settings_and_records_a_new_file(toy, tmp_path, monkeypatch,
+def test_an_experiment_runs_by_name_with_flags_from_its_settings_and_records_a_new_file_naming_its_makers(toy, tmp_path, monkeypatch,
                                                                                       capsys):
     written = []
     real = record.record
@@ -65,7 +66,8 @@ def test_an_experiment_runs_by_name_with_flags_from_its_settings_and_records_a_n
     assert len(written) == 2 and written[0] != written[1] and all(p.parent == tmp_path / "toy" for p in written)
     first = json.loads(written[0].read_text())
     assert first["command"] == "python -m benchmarks toy --count 3 --names p,q --record"
-    assert first["format"] == record.FORMAT and first["experiment"] == "toy" and first["commit"]
+    assert first["format"] == record.FORMAT and first["experiment"] == "toy"
+    assert first["commit"] and first["model"] == "toy model" and first["machine"]  # what made the figures
     assert record.newest_records(tmp_path) == {"toy": written[1]}
 
 
