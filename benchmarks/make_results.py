@@ -246,8 +246,7 @@ PLACEMENT = Placement(
         "Planning time": _family(
             "planning_time_cuda: the cost model on CUDA planned slower than on the CPU: planning runs it on the CPU; "
             "superseded for times by planning_time"),
-        "Measurement protocol": _family(
-            "profiling: older CPU study: thread clock against wall clock, throughput and noise floor",
+        "Workload": _family(
             "workload_synthetic: synthetic tables against the DLRM 2021 statistics; not superseded, moved here for "
             "results.md's line budget"),
         "Finished investigations": _family(
@@ -309,6 +308,9 @@ PLACEMENT = Placement(
             "held-out error",
             "costmodel_accuracy_small: --small smoke run of costmodel_accuracy: proves the path, its figures are "
             "rough",
+            "profiling: decided: a CPU pairs each timed call with the reference kernel (TimingProtocol's "
+            "reference_normalised: the raw spread 2.4-3x the normalised one) and times one thread by its thread "
+            "clock; " + _EXPERIMENT.format("profiling"),
             "costmodel_predict: decided: the search predicts in batches (one call 100x a per-shard loop; planning_time "
             "in the quick suite times it end to end); " + _EXPERIMENT.format("costmodel_predict")),
         "On a GPU": _family(

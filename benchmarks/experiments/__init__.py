@@ -12,7 +12,6 @@ from . import (  # noqa: F401
     memory_property,
     plan_quality,
     planning_time,
-    profiling,
     refine,
     search_quality,
     torchrec_dropin,
