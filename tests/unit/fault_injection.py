@@ -1,4 +1,4 @@
-"""Faults injected into real runs, for tests/faults and benchmarks/bench_faults.py: each function runs one try of
+"""Faults injected into real runs, for tests/faults and `python -m benchmarks faults`: each function runs one try of
 one fault (real processes: `shardwise` verbs, an `mlflow server`, moto's S3 server on loopback) and returns what
 it cost: rows lost, rows stored twice, champions that are wrong or point at a half-logged version, and the seconds
 from the fault to the tool's error."""
