@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
@@ -33,6 +33,9 @@ from shardwise.workload import ShardingTask
 from .base import JobResult, JobSettings, SettingsError
 from .models import load_cost_model
 from .workload import fetch_object
+
+if TYPE_CHECKING:
+    from shardwise.integrations.torchrec.context import ProductionTask
 
 #: measures named plans of a task in one session (evaluation.evaluate_plans's signature, less its options)
 Measure = Callable[..., tuple[list[MeasuredPlanCost], Any, list[Path]]]
@@ -112,7 +115,6 @@ def run(settings: PublishSettings, *, mlflow: MlflowService | None = None,
     if not settings.dry_run:
         require("mlflow")
     from shardwise.integrations.torchrec.context import load_production_task  # torchrec: heavy, optional
-    from shardwise.integrations.torchrec.production import plan_production_task, torchrec_planner_plan
 
     service = mlflow or MlflowService(settings.tracking_uri)
     paths = _local_copies(settings.task, Path(settings.out) / "tasks")
@@ -120,36 +122,41 @@ def run(settings: PublishSettings, *, mlflow: MlflowService | None = None,
     _check_ranks(settings.task, productions, settings.measurement.device or "cpu")
     cost_model, model_uri = load_cost_model(service, settings.model, device=None, required=True)
     assert cost_model is not None  # required
-    published = []
-    for path, production in zip(paths, productions):
-        planned = plan_production_task(production, cost_model, refine_s=settings.refine_s, seed=settings.seed)
-        torchrec = torchrec_planner_plan(production)
-        name = plan_name(production.name)
-        champion = _champion(service, name, planned.torchrec.fingerprint) if not settings.dry_run else None
-        out = Path(settings.out) / production.name
-        session = _Session(production.task, cost_model, settings.measurement, measure, out / "measured", progress)
-        figures = session.first(planned.plan, torchrec, champion.plan if champion else None)
-        gain = settings.min_gain if settings.min_gain is not None else figures.get("noise", 0.0)
-        files = write_plan_files(out / "files", planned.plan, Path(path), figures, planned.torchrec.model_dump(mode="json"))
-        result = PublishedTask(task=production.name, registered_name=name, version=None, alias=None, reason="",
-                               plan_ms=figures["plan_ms"], torchrec_ms=figures["torchrec_ms"],
-                               champion_version=champion.version if champion else None,
-                               champion_ms=figures.get("champion_ms"), noise=figures.get("noise"), directory=str(out))
-        if not settings.dry_run:
-            promotion = register_plan(
-                service, production.name, files, measured_ms=figures["plan_ms"],
-                champion_ms=partial(_champion_ms, service, measured=champion, session=session, plan=planned.plan,
-                                    fingerprint=planned.torchrec.fingerprint),
-                min_gain=gain,
-                tags={"task_digest": task_digest(Path(path)), "cost_model": model_uri or "",
-                      **{f"figures.{k}": repr(v) for k, v in figures.items()}},
-                params={"task": production.name, "cost_model": model_uri or "", "num_devices": production.task.num_devices,
-                        "tables": len(production.task.tables)},
-                metrics={k: v for k, v in figures.items() if isinstance(v, float) and math.isfinite(v)})
-            result = result.model_copy(update={"version": promotion.version, "alias": promotion.alias,
-                                               "reason": promotion.reason})
-        published.append(result)
-    return PublishResult(tasks=published)
+    return PublishResult(tasks=[_publish(settings, service, cost_model, model_uri or "", Path(path), production,
+                                         measure, progress) for path, production in zip(paths, productions)])
+
+
+def _publish(settings: PublishSettings, service: MlflowService, cost_model: CostModel, model_uri: str, path: Path,
+             production: ProductionTask, measure: Measure, progress: bool) -> PublishedTask:
+    """One task: planned, measured beside TorchRec's planner's plan and its champion, registered and gated."""
+    from shardwise.integrations.torchrec.production import plan_production_task, torchrec_planner_plan
+
+    planned = plan_production_task(production, cost_model, refine_s=settings.refine_s, seed=settings.seed)
+    torchrec = torchrec_planner_plan(production)
+    name = plan_name(production.name)
+    champion = _champion(service, name, planned.torchrec.fingerprint) if not settings.dry_run else None
+    out = Path(settings.out) / production.name
+    session = _Session(production.task, cost_model, settings.measurement, measure, out / "measured", progress)
+    figures = session.first(planned.plan, torchrec, champion.plan if champion else None)
+    files = write_plan_files(out / "files", planned.plan, path, figures, planned.torchrec.model_dump(mode="json"))
+    result = PublishedTask(task=production.name, registered_name=name, version=None, alias=None, reason="",
+                           plan_ms=figures["plan_ms"], torchrec_ms=figures["torchrec_ms"],
+                           champion_version=champion.version if champion else None,
+                           champion_ms=figures.get("champion_ms"), noise=figures.get("noise"), directory=str(out))
+    if settings.dry_run:
+        return result
+    promotion = register_plan(
+        service, production.name, files, measured_ms=figures["plan_ms"],
+        champion_ms=partial(_champion_ms, service, measured=champion, session=session, plan=planned.plan,
+                            fingerprint=planned.torchrec.fingerprint),
+        min_gain=settings.min_gain if settings.min_gain is not None else figures.get("noise", 0.0),
+        tags={"task_digest": task_digest(path), "cost_model": model_uri,
+              **{f"figures.{k}": repr(v) for k, v in figures.items()}},
+        params={"task": production.name, "cost_model": model_uri, "num_devices": production.task.num_devices,
+                "tables": len(production.task.tables)},
+        metrics={k: v for k, v in figures.items() if isinstance(v, float) and math.isfinite(v)})
+    return result.model_copy(update={"version": promotion.version, "alias": promotion.alias,
+                                     "reason": promotion.reason})
 
 
 def _local_copies(tasks: Sequence[str], folder: Path) -> list[str]:
