@@ -1,5 +1,5 @@
 """`shardwise profile`: real measurements into a Parquet dataset, resumed after an interruption (an exception,
-SIGTERM, SIGINT during the all-to-alls), appended to a dataset in the single-file format from before."""
+SIGTERM, SIGINT during the all-to-alls), appended to an earlier run's dataset; a single file refused as one."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from timing_settings import FLUSH_MIB
 from shardwise.cli import main
 from shardwise.profiling import runner
 from shardwise.profiling.comm import CommTiming
-from shardwise.profiling.dataset import load_costs, noise_floor, rows_to_table
+from shardwise.profiling.dataset import append_rows, load_costs, noise_floor, rows_to_table
 from shardwise.profiling.kernel import TimingProtocol
 from shardwise.profiling.runner import ProfileSettings, profile
 from shardwise.workload import TableSpec
@@ -117,6 +117,19 @@ def test_cli_profile_refuses_a_bad_table_file(tmp_path: Path, capsys: pytest.Cap
     assert "dim" in capsys.readouterr().err
 
 
+def test_cli_profile_refuses_a_single_file_as_its_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps({"format": "shardwise.tables/v1", "batch_size": 64,
+                                  "tables": [t.model_dump(mode="json") for t in TABLES[:2]]}))
+    single = tmp_path / "costs.parquet"
+    pq.write_table(rows_to_table([{"kind": "compute", "config_id": "old", "repeat": 0, "fwd_ms": 1.0,
+                                   "bwd_ms": 1.0, "batch_size": 64, "hardware_kind": "cpu-old"}]), single)
+    assert main(["profile", "--tables", str(tables), "--out", str(single), "--num-shards", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{single}: a single file, not a cost dataset" in err and len(err.strip().splitlines()) == 1
+    assert single.is_file()
+
+
 def test_interrupted_all_to_alls_keep_every_measured_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "costs.parquet"
     settings = ProfileSettings(num_shards=2, comm_layouts=6, max_tables=3, batch_size=64, seed=3, protocol=FAST,
@@ -194,9 +207,9 @@ def test_sigint_during_the_all_to_alls_keeps_rows_and_says_so(tmp_path: Path) ->
     tables.write_text(json.dumps({"format": "shardwise.tables/v1", "batch_size": 64,
                                   "tables": [t.model_dump(mode="json") for t in TABLES[:4]]}))
     out = tmp_path / "costs.parquet"
-    # the dataset starts in the single-file format from before: the run converts it and appends parts
-    pq.write_table(rows_to_table([{"kind": "compute", "config_id": "old", "repeat": 0, "fwd_ms": 1.0,
-                                   "bwd_ms": 1.0, "batch_size": 64, "hardware_kind": "cpu-old"}]), out)
+    # the dataset holds an earlier run's part: the run adds its own beside it
+    append_rows(out, [{"kind": "compute", "config_id": "old", "repeat": 0, "fwd_ms": 1.0, "bwd_ms": 1.0,
+                       "batch_size": 64, "hardware_kind": "cpu-old"}])
     argv = ["profile", "--tables", str(tables), "--out", str(out), "--num-shards", "2", "--comm-layouts", "2",
             "--max-devices", "2", "--max-tables", "2", "--timing-iters", "2", "--warmup-iters", "1",
             "--seed", "1", "--device", "cpu"]
@@ -221,12 +234,11 @@ def test_sigint_during_the_all_to_alls_keeps_rows_and_says_so(tmp_path: Path) ->
         # listed): nothing was interrupted, so there is nothing to check here
         pytest.skip("the signal arrived after the all-to-alls had finished (machine too slow for the window)")
     assert proc.returncode == 130, err
-    assert "converted the single-file cost dataset" in err
     # cutting a group short would leave spawned ranks waiting for a peer: the group in flight finishes first
     assert "waiting for the 2 all-to-all layout(s) and 28 collective(s)" in err
     assert f"interrupted; what was measured is stored in {out}" in err
     df = load_costs(out)
-    assert df["config_id"].iloc[0] == "old"  # the old file is the first part
+    assert df["config_id"].iloc[0] == "old"  # the earlier run's part sorts first
     # the shards measured before were pending (chunk of 25): flushed with the group's rows
     assert (df["kind"] == "compute").sum() == 1 + 2 and (df["kind"] == "comm").sum() == 2 * 2
     assert (df["kind"] == "all_reduce").sum() == 7  # measured in the same group, kept with it

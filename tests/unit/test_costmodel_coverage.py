@@ -3,7 +3,6 @@ with it, and a task outside them is named in one line, with how far out it lies.
 
 import json
 
-import numpy as np
 import pytest
 import torch
 from costmodel_synthetic import cost_frame, synthetic_tables
@@ -43,21 +42,27 @@ def test_training_records_the_ranges_of_what_the_model_saw(trained):
     assert model.outside_training(seen, 512, [1, int(ranges.tables_per_shard[1])]) is None
 
 
-def test_the_ranges_are_saved_and_a_model_saved_before_them_still_loads(trained, tmp_path):
-    model, _, tables = trained
+def test_the_ranges_are_saved_and_a_v2_model_or_one_without_them_is_refused(trained, tmp_path):
+    model, _, _ = trained
     directory = model.save(tmp_path / "m")
     doc = json.loads((directory / "cost_model.json").read_text())
     assert doc["format"] == "shardwise.costmodel/v3"
     assert NeuralCostModel.load(directory).meta.feature_ranges == model.meta.feature_ranges
 
-    doc["format"] = "shardwise.costmodel/v2"  # as written before the ranges were recorded
-    del doc["meta"]["feature_ranges"]
-    (directory / "cost_model.json").write_text(json.dumps(doc))
-    older = NeuralCostModel.load(directory)
-    assert older.meta.feature_ranges is None
-    far = [t.model_copy(update={"dim": 512}) for t in tables]
-    assert older.outside_training(far, 64) is None  # nothing to compare with: it plans as before
-    np.testing.assert_allclose(older.predict_compute([tables[:3]]), model.predict_compute([tables[:3]]), rtol=1e-6)
+    older = {**doc, "format": "shardwise.costmodel/v2", "meta": {**doc["meta"]}}
+    del older["meta"]["feature_ranges"]
+    (directory / "cost_model.json").write_text(json.dumps(older))
+    with pytest.raises(ModelFileError, match=r"cost_model.json: a shardwise.costmodel/v2 model, made by an older "
+                                             r"shardwise: pretrain again"):
+        NeuralCostModel.load(directory)
+
+    (directory / "cost_model.json").write_text(json.dumps({**older, "format": "shardwise.costmodel/v3"}))
+    with pytest.raises(ModelFileError, match="missing field 'feature_ranges'"):
+        NeuralCostModel.load(directory)
+
+    (directory / "cost_model.json").write_text(json.dumps({**doc, "meta": {**doc["meta"], "feature_ranges": None}}))
+    with pytest.raises(ModelFileError, match="field 'feature_ranges' must be an object"):
+        NeuralCostModel.load(directory)
 
     doc["format"] = "shardwise.costmodel/v3"
     doc["meta"]["feature_ranges"] = {**model.meta.feature_ranges.to_json(), "dim": [64, 4]}

@@ -176,7 +176,7 @@ def test_the_compute_network_trains_on_shards_in_hbm_only() -> None:
     cached = frame.iloc[[0]].assign(config_id="cached", kernel="fused_uvm_caching", cache_load_factor=0.2)
     samples = compute_samples(pd.concat([frame.assign(kernel="fused"), cached], ignore_index=True))
     assert "cached" not in samples.config_ids and len(samples.config_ids) == frame["config_id"].nunique()
-    assert len(compute_samples(frame).config_ids) == frame["config_id"].nunique()  # older rows: no kernel, all in
+    assert len(compute_samples(frame).config_ids) == frame["config_id"].nunique()  # no kernel: in HBM (COMPUTE_DEFAULTS)
 
 
 def test_the_hit_rate_reads_fbgemms_cache_stats_where_it_keeps_them() -> None:

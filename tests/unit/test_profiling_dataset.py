@@ -1,5 +1,5 @@
-"""The cost dataset: appends as part files (concurrent writers, a SIGKILL, the single-file format from before),
-loading files and directories, and the noise floor."""
+"""The cost dataset: appends as part files (concurrent writers, a SIGKILL), loading directories (a single file
+refused), parts without the newer columns, and the noise floor."""
 
 from __future__ import annotations
 
@@ -70,11 +70,11 @@ def test_a_failed_write_leaves_the_existing_file_intact(tmp_path: Path, monkeypa
     assert len(list(path.iterdir())) == 1  # no temp file left behind
 
 
-def test_load_costs_reads_several_files_and_directories(tmp_path: Path) -> None:
+def test_load_costs_reads_several_datasets(tmp_path: Path) -> None:
     append_rows(tmp_path / "parts" / "p1.parquet", [row("a", 0, 1.0)])
     append_rows(tmp_path / "parts" / "p2.parquet", [row("b", 0, 1.0)])
-    append_rows(tmp_path / "other.parquet", [row("c", 0, 1.0)])
-    df = load_costs([tmp_path / "parts", tmp_path / "other.parquet"])
+    append_rows(tmp_path / "other", [row("c", 0, 1.0)])
+    df = load_costs([tmp_path / "parts", tmp_path / "other"])
     assert sorted(df["config_id"]) == ["a", "b", "c"]
     with pytest.raises(FileNotFoundError, match="missing.parquet") as missing:
         load_costs(tmp_path / "missing.parquet")
@@ -87,9 +87,10 @@ def test_load_costs_reads_several_files_and_directories(tmp_path: Path) -> None:
 def test_unknown_or_missing_columns_are_refused(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="not_a_column"):
         append_rows(tmp_path / "x.parquet", [{**row("a", 0, 1.0), "not_a_column": 1}])
-    pd.DataFrame({"fwd_ms": [1.0]}).to_parquet(tmp_path / "foreign.parquet")
+    (tmp_path / "foreign").mkdir()
+    pd.DataFrame({"fwd_ms": [1.0]}).to_parquet(tmp_path / "foreign" / "part-0.parquet")
     with pytest.raises(DatasetError, match="missing columns"):
-        load_costs(tmp_path / "foreign.parquet")
+        load_costs(tmp_path / "foreign")
 
 
 def test_noise_floor_of_repeated_measurements() -> None:
@@ -108,47 +109,31 @@ def test_noise_floor_of_repeated_measurements() -> None:
     assert noise_floor(df[df.config_id == "c"])["configs"] == 0
 
 
-def _write_single_file(path: Path, rows: list[dict]) -> None:
-    """A dataset as written before part files: one Parquet file."""
-    pq.write_table(rows_to_table(rows), path)
-
-
-def test_a_single_file_dataset_still_loads_and_appending_converts_it(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_single_file_is_refused_in_one_line_and_left_as_it_is(tmp_path: Path) -> None:
     path = tmp_path / "costs.parquet"
-    _write_single_file(path, [row("old", 0, 1.0), row("old", 1, 1.1)])
-    assert list(load_costs(path)["config_id"]) == ["old", "old"] and count_rows(path) == 2
-    assert stored_keys(path) == {("old", 0), ("old", 1)}
-    inode = path.stat().st_ino
-
-    assert append_rows(path, [row("new", 0, 2.0)]) == 3
-    assert "converted the single-file cost dataset" in caplog.text
-    assert path.is_dir() and list(load_costs(path)["config_id"]) == ["old", "old", "new"]
-    first = sorted(path.iterdir())[0]
-    assert "legacy" in first.name and first.stat().st_ino == inode  # the old file itself, not a copy
-    assert [p.name for p in tmp_path.iterdir()] == ["costs.parquet"]  # no staging directory left
-    assert prepare_dataset(path) is False  # converted once
+    pq.write_table(rows_to_table([row("old", 0, 1.0)]), path)
+    before = path.read_bytes()
+    for call in (load_costs, count_rows, stored_keys, prepare_dataset, lambda p: append_rows(p, [row("new", 0, 2.0)])):
+        with pytest.raises(DatasetError, match=r"costs.parquet: a single file, not a cost dataset: shardwise.costs/v1 "
+                                               r"is a directory of Parquet part files \(move the file into a directory"):
+            call(path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["costs.parquet"]
 
 
-def test_a_conversion_cut_short_is_finished_by_the_next_writer(tmp_path: Path) -> None:
-    path = tmp_path / "costs.parquet"
-    # killed after unlinking the old file, before renaming its directory into place
-    staging = tmp_path / ".costs.parquet.converting-dead"
-    staging.mkdir()
-    _write_single_file(staging / "part-00000000000000000000-legacy-x.parquet", [row("old", 0, 1.0)])
-    append_rows(path, [row("new", 0, 2.0)])
-    assert sorted(load_costs(path)["config_id"]) == ["new", "old"]
-    # killed after hard-linking the old file, before unlinking it: the link is dropped, the rows kept once
-    other = tmp_path / "other.parquet"
-    _write_single_file(other, [row("o", 0, 1.0)])
-    staging = tmp_path / ".other.parquet.converting-dead"
-    staging.mkdir()
-    os.link(other, staging / "part-00000000000000000000-legacy-y.parquet")
-    append_rows(other, [row("p", 0, 1.0)])
-    append_rows(other, [row("q", 0, 1.0)])
-    assert sorted(load_costs(other)["config_id"]) == ["o", "p", "q"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["costs.parquet", "other.parquet"]
+def test_a_part_without_the_newer_columns_reads_them_as_null_and_its_shards_as_in_hbm(tmp_path: Path) -> None:
+    from shardwise.profiling.schema import KERNEL_COLUMNS, PROVENANCE_COLUMNS, TIMER_COLUMNS
+
+    path = tmp_path / "costs"
+    path.mkdir()
+    table = rows_to_table([row("a", 0, 1.0), {**row("c", 0, 1.0), "kind": "comm", "device": 0}])
+    pq.write_table(table.drop_columns([*KERNEL_COLUMNS, *PROVENANCE_COLUMNS, *TIMER_COLUMNS]),
+                   path / "part-0.parquet")
+    append_rows(path, [row("b", 0, 1.0, kernel="fused_uvm_caching", cache_load_factor=0.2, timer="thread")])
+    df = load_costs(path).set_index("config_id")
+    assert df.loc["a", "kernel"] == "fused" and df.loc["a", "cache_load_factor"] == 0.0  # schema.COMPUTE_DEFAULTS
+    assert pd.isna(df.loc["a", "timer"]) and pd.isna(df.loc["a", "provenance"])
+    assert pd.isna(df.loc["c", "kernel"])  # the defaults are a compute row's
+    assert df.loc["b", "kernel"] == "fused_uvm_caching" and df.loc["b", "cache_load_factor"] == 0.2
 
 
 #: one writer process: append chunks of rows tagged by writer; note each chunk once `append_rows` returned
@@ -166,8 +151,7 @@ for k in range(chunks):
 
 def test_concurrent_writers_and_a_sigkill_lose_at_most_the_chunk_in_flight(tmp_path: Path) -> None:
     path = tmp_path / "costs.parquet"
-    # both writers start on a dataset in the single-file format: they race to convert it too
-    _write_single_file(path, [row("old", 0, 1.0)])
+    append_rows(path, [row("old", 0, 1.0)])
     chunk, chunks = 5, 20
     logs = {w: tmp_path / f"{w}.log" for w in ("a", "b", "killed")}
     procs = {
@@ -205,8 +189,9 @@ def test_concurrent_writers_and_a_sigkill_lose_at_most_the_chunk_in_flight(tmp_p
     ],
 )
 def test_unreadable_datasets_are_refused_in_one_line(tmp_path: Path, setup, message: str) -> None:
-    path = tmp_path / "costs.parquet"
-    setup(path)
+    path = tmp_path / "costs"
+    path.mkdir()
+    setup(path / "part-0.parquet")
     with pytest.raises(DatasetError, match=message):
         load_costs(path)
 

@@ -73,6 +73,8 @@ class FeatureRanges:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> FeatureRanges:
         """Inverse of `to_json`; ValueError naming the field that is not a [low, high] pair of finite numbers."""
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"field 'feature_ranges' must be an object of [low, high] pairs, got {doc!r}")
         spans: dict[str, Range] = {}
         for name, _ in (*TABLE_RANGES, ("tables_per_shard", "")):
             pair = doc.get(name)

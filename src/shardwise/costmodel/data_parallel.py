@@ -107,8 +107,8 @@ class AllReduceCost:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> AllReduceCost:
-        """Read `to_json`'s document (one without `by_devices`, from before, prices every device count with the one
-        line); coefficients must be finite and not negative."""
+        """Read `to_json`'s document (without per-count lines in `by_devices`, the one line prices every device
+        count); coefficients must be finite and not negative."""
         coef = {k: float(doc[k]) for k in ("latency_ms", "hop_ms", "ms_per_mib")}
         lines = tuple((int(line["num_devices"]), float(line["latency_ms"]), float(line["ms_per_mib"]))
                       for line in doc.get("by_devices") or ())

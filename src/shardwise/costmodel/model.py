@@ -33,11 +33,9 @@ from .features import (
 )
 from .networks import CommNet, ComputeNet, load_checked_state, zero_subnormal_weights
 
-#: v2: five work channels (unique rows and their bytes added), also fed to the per-table MLP; v3: the ranges of the
-#: training features (`meta.feature_ranges`), so planning says where a task lies outside them
+#: five work channels fed to the per-table MLP, and the ranges of the training features (`meta.feature_ranges`), so
+#: planning says where a task lies outside them
 MODEL_FORMAT = "shardwise.costmodel/v3"
-#: formats `load` reads: a v2 model plans as before, without ranges to compare a task with
-READABLE_FORMATS = ("shardwise.costmodel/v2", MODEL_FORMAT)
 CONFIG_FILE = "cost_model.json"
 WEIGHTS_FILE = "weights.pt"
 #: smallest cost the log targets represent (an all-to-all of nothing still takes a few microseconds)
@@ -72,12 +70,12 @@ class ModelMeta:
 
     hardware_kind: str
     batch_size: int
+    #: the features the model was trained on, so planning says where a task lies outside them
+    feature_ranges: FeatureRanges
     reference_ms: float | None = None
     compute_log_offset: tuple[float, float] = (0.0, 0.0)
     comm_log_offset: tuple[float, float] = (0.0, 0.0)
     info: dict[str, Any] = field(default_factory=dict)  # training provenance (seed, sizes, versions)
-    #: what the model was trained on (None for a model saved before v3)
-    feature_ranges: FeatureRanges | None = None
 
 
 class NeuralCostModel:
@@ -244,11 +242,10 @@ class NeuralCostModel:
     def outside_training(self, tables: Sequence[TableSpec], batch_size: int,
                          tables_per_device: Sequence[int] = ()) -> str | None:
         """One line naming the tables (and devices, and the batch) outside the ranges the model was trained on and
-        how far out they are; None when all lie inside, or the model has no ranges (saved before v3)."""
-        ranges = self.meta.feature_ranges
-        if ranges is None or not tables:
+        how far out they are; None when all lie inside."""
+        if not tables:
             return None
-        return outside_line(ranges.outside([t.name for t in tables], self._features(tables), batch_size,
+        return outside_line(self.meta.feature_ranges.outside([t.name for t in tables], self._features(tables), batch_size,
                                            tables_per_device))
 
     # -- persistence -------------------------------------------------------------------------------------
@@ -261,7 +258,7 @@ class NeuralCostModel:
             "network": asdict(self.config),
             "meta": {**asdict(self.meta), "compute_log_offset": list(self.meta.compute_log_offset),
                      "comm_log_offset": list(self.meta.comm_log_offset),
-                     "feature_ranges": self.meta.feature_ranges.to_json() if self.meta.feature_ranges else None},
+                     "feature_ranges": self.meta.feature_ranges.to_json()},
             "normaliser": self.normaliser.to_json(),
             "comm_normaliser": self.comm_normaliser.to_json() if self.comm_normaliser else None,
             **{c: line.to_json() if (line := getattr(self, c)) else None for c in COLLECTIVE_LINES},
@@ -287,7 +284,10 @@ class NeuralCostModel:
             doc = json.loads(config_path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
             raise ModelFileError(f"{config_path}: not a JSON cost-model config ({_first_line(err)})") from None
-        if not isinstance(doc, dict) or doc.get("format") not in READABLE_FORMATS:
+        if isinstance(doc, dict) and doc.get("format") == "shardwise.costmodel/v2":
+            raise ModelFileError(f"{config_path}: a shardwise.costmodel/v2 model, made by an older shardwise: "
+                                 "pretrain again (`shardwise pretrain`)")
+        if not isinstance(doc, dict) or doc.get("format") != MODEL_FORMAT:
             found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
             raise ModelFileError(
                 f"{config_path}: field 'format' must be {MODEL_FORMAT!r}, got {found!r} "
@@ -304,8 +304,7 @@ class NeuralCostModel:
                 compute_log_offset=_pair("meta.compute_log_offset", meta_doc["compute_log_offset"]),
                 comm_log_offset=_pair("meta.comm_log_offset", meta_doc["comm_log_offset"]),
                 info=dict(meta_doc.get("info") or {}),
-                feature_ranges=FeatureRanges.from_json(meta_doc["feature_ranges"])
-                if meta_doc.get("feature_ranges") is not None else None,
+                feature_ranges=FeatureRanges.from_json(meta_doc["feature_ranges"]),
             )
             normaliser = _normaliser("normaliser", doc["normaliser"], TABLE_FEATURE_NAMES)
             comm_norm = (_normaliser("comm_normaliser", doc["comm_normaliser"], COMM_FEATURE_NAMES)

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from shardwise.errors import ShardwiseError
+from shardwise.profiling.schema import COMPUTE_DEFAULTS
 from shardwise.workload import TableSpec
 
 from .data_parallel import MeasuredDenseKernel
@@ -48,9 +49,9 @@ def check_cost_frame(df: pd.DataFrame) -> tuple[str, int]:
     timers = _cuda_timers(compute, kinds[0])
     if "events" in timers and len(timers) > 1:
         raise CostDataError(
-            f"cost dataset mixes CUDA timers {timers}: 'events' (and rows from before the timer was recorded) time "
-            "the host's launches where they outlast the kernels, 'held' and 'graph' the device's work; profile into "
-            "a new dataset (or dataset_uri prefix) with a device timer"
+            f"cost dataset mixes CUDA timers {timers}: 'events' time the host's launches where they outlast the "
+            "kernels, 'held' and 'graph' the device's work; profile into a new dataset (or dataset_uri prefix) with a "
+            "device timer"
         )
     if "reference_ms" in compute.columns and 0 < compute["reference_ms"].notna().sum() < len(compute):
         raise CostDataError(
@@ -67,24 +68,27 @@ def check_cost_frame(df: pd.DataFrame) -> tuple[str, int]:
 
 
 def _cuda_timers(compute: pd.DataFrame, hardware_kind: str) -> list[str]:
-    """The CUDA timers a GPU's compute rows were timed with ("events" where none was recorded: the only CUDA timer
-    before `timer` was stored); [] on CPU, whose clock did not change."""
+    """The CUDA timers a GPU's compute rows were timed with; [] on CPU, where every clock times the same work.
+    A GPU's row without a timer is refused: which work its ms hold is unknown."""
     if not hardware_kind.startswith("cuda"):
         return []
-    timers = compute["timer"] if "timer" in compute.columns else pd.Series("events", index=compute.index)
-    return sorted(map(str, timers.fillna("events").unique()))
+    timers = compute["timer"] if "timer" in compute.columns else pd.Series(None, index=compute.index, dtype=object)
+    if timers.isna().any():
+        raise CostDataError(
+            f"cost dataset: {int(timers.isna().sum())} compute rows on {hardware_kind!r} have no 'timer' (profiled by "
+            "an older shardwise, their clock unknown): profile into a new dataset (or dataset_uri prefix)"
+        )
+    return sorted(map(str, timers.unique()))
 
 
 def compute_samples(df: pd.DataFrame, kernels: tuple[str, ...] = ("fused",)) -> ComputeSamples:
-    """Compute rows of shards run by one of `kernels` (default: all in HBM; rows from before the kernel was stored
-    ran "fused") -> one sample per config_id, fwd/bwd averaged over its repeats."""
+    """Compute rows of shards run by one of `kernels` (default: all in HBM; a row without a kernel ran
+    `schema.COMPUTE_DEFAULTS`'s) -> one sample per config_id, fwd/bwd averaged over its repeats."""
     rows = df[df["kind"] == "compute"]
-    if "kernel" in rows.columns:
-        # the network's table features do not say which kernel runs a table: it trains on shards in HBM, and
-        # shards in host memory train the UVM kernels' lines (`lines.fit_uvm_kernel_rows`)
-        rows = rows[rows["kernel"].fillna("fused").isin(kernels)]
-    elif "fused" not in kernels:
-        rows = rows.iloc[:0]
+    kernel = rows["kernel"] if "kernel" in rows.columns else pd.Series(None, index=rows.index, dtype=object)
+    # the network's table features do not say which kernel runs a table: it trains on shards in HBM, and
+    # shards in host memory train the UVM kernels' lines (`lines.fit_uvm_kernel_rows`)
+    rows = rows[kernel.fillna(COMPUTE_DEFAULTS["kernel"]).isin(kernels)]
     grouped = rows.groupby("config_id", sort=True).agg(
         tables_json=("tables_json", "first"), fwd_ms=("fwd_ms", "mean"), bwd_ms=("bwd_ms", "mean")
     )
@@ -113,7 +117,7 @@ def _parsed_tables(grouped: pd.DataFrame) -> list[tuple[TableSpec, ...]]:
 
 def dense_kernel_samples(df: pd.DataFrame) -> list[MeasuredDenseKernel]:
     """kind='data_parallel' rows (a shard's dense kernel at a device count's local batch) -> (tables, num_devices,
-    fwd ms, bwd ms), repeats averaged; [] for datasets from before they were profiled."""
+    fwd ms, bwd ms), repeats averaged; [] when the dataset has none (the compute network prices them)."""
     rows = df[df["kind"] == "data_parallel"]
     if rows.empty:
         return []
@@ -171,7 +175,7 @@ COLLECTIVE_MS_COLUMN = {"all_reduce": "bwd_ms", "reduce_scatter": "fwd_ms", "all
 
 def all_reduce_points(df: pd.DataFrame, collective: str = "all_reduce") -> list[tuple[int, int, float]]:
     """(num_devices, size_bytes, ms) of each all-reduce (or `collective`: "reduce_scatter") the dataset measured, the
-    median over its rows (runs add to one history); [] when it has none (datasets from before they were profiled)."""
+    median over its rows (runs add to one history); [] when it has none."""
     rows = df[df["kind"] == collective]
     if rows.empty:
         return []

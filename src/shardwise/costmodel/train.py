@@ -395,7 +395,7 @@ def fine_tune_cost_model(model: NeuralCostModel, samples: ComputeSamples, seed: 
     ranges = FeatureRanges.of_training(features(seen), [len(s) for s in samples.shards], model.batch_size)
     meta = dataclasses.replace(
         model.meta, info={**model.meta.info, "fine_tuned_shards": len(samples)},
-        feature_ranges=model.meta.feature_ranges.union(ranges) if model.meta.feature_ranges else ranges)
+        feature_ranges=model.meta.feature_ranges.union(ranges))
     tuned = NeuralCostModel(net, model.normaliser, meta, model.config, model.comm_net, model.comm_normaliser)
     for collective in COLLECTIVE_MS_COLUMN:  # measured on the same hardware; fine-tuning touches the kernels only
         setattr(tuned, collective, getattr(model, collective))

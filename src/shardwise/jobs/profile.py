@@ -24,8 +24,7 @@ class ProfileJobSettings(JobSettings):
 
     tables: str = Field(description="shardwise.tables/v1 file to sample shards from")
     out: str = Field(description="cost dataset to append to: a directory of Parquet part files, or an object-store "
-                     "prefix s3://bucket/prefix (one per hardware kind); reruns resume; a single-file dataset is "
-                     "converted")
+                     "prefix s3://bucket/prefix (one per hardware kind); reruns resume")
     indices: str | None = Field(default=None, description="index data in the DLRM dataset format (default: sampled)")
     num_shards: int = Field(default=100, ge=0, description="shard configurations to measure")
     comm_layouts: int = Field(default=_PROFILER["comm_layouts"].default, ge=0, description="all-to-all layouts to measure")

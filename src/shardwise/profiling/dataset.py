@@ -3,10 +3,9 @@ rewriting anything, loaded as one table, and its noise floor.
 
 Each append is one new part file with a name no other writer can pick (time, host, process, random), written
 under a hidden temp name and renamed into place: readers never see half a part, concurrent writers never
-overwrite each other, and an interrupt or a SIGKILL at any moment loses at most the rows not yet written. A
-dataset from before part files (one Parquet file) still loads; appending to it first turns it into a directory
-with the old file as its first part (hard link, unlink, rename: the old rows are never copied or rewritten).
-Part files' names, their temp files and that conversion are `parts.py`'s; signals during a write, `interrupts.py`'s.
+overwrite each other, and an interrupt or a SIGKILL at any moment loses at most the rows not yet written. A single
+Parquet file is not a dataset and is refused. Part files' names and their temp files are `parts.py`'s; signals
+during a write, `interrupts.py`'s.
 
 A dataset may also live at an object-store prefix (`s3://bucket/prefix`): the same part files, each one PUT (an
 object appears whole or not at all), so profiling pods of every run add to one history that pre-training reads
@@ -17,7 +16,6 @@ whole. Credentials and endpoint come from the usual AWS variables (`AWS_ACCESS_K
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -42,11 +40,9 @@ from .interrupts import interrupts_deferred
 from .parts import (
     PART_PREFIX,
     STALE_TEMP_PART_S,
-    _convert_single_file,
     _fsync_dir,
     _host,
     _part_name,
-    _recover_conversions,
     remove_stale_temp_parts,
 )
 from .schema import (
@@ -54,6 +50,7 @@ from .schema import (
     COMM_COLUMNS,
     COMMON_COLUMNS,
     COMPUTE_COLUMNS,
+    COMPUTE_DEFAULTS,
     DATASET_FORMAT,
     KERNEL_COLUMNS,
     PROVENANCE_COLUMNS,
@@ -83,8 +80,6 @@ __all__ = [
     "stored_keys",
     "write_part",
 ]
-
-log = logging.getLogger(__name__)
 
 _INT = pa.int64()
 _FLOAT = pa.float64()
@@ -199,10 +194,10 @@ def rows_to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
         raise DatasetError(f"rows do not match the column types of {DATASET_FORMAT} ({err})") from None
 
 
-def prepare_dataset(path: str | Path) -> bool:
-    """Make `path` a dataset directory, ready for parts: create it, or turn a single-file dataset from before
-    into a directory with that file as its first part. True when it converted a file (it also logs so). An
-    object-store prefix needs nothing made: its bucket is checked now, so a wrong one fails before measuring."""
+def prepare_dataset(path: str | Path) -> None:
+    """Make `path` a dataset directory, ready for parts: create it, and remove the temp parts killed writers left;
+    a file there is refused. An object-store prefix needs nothing made: its bucket is checked now, so a wrong one
+    fails before measuring."""
     if is_object_store(path):
         from pyarrow import fs
 
@@ -214,29 +209,22 @@ def prepare_dataset(path: str | Path) -> bool:
             raise _object_store_error(str(path), err) from None
         if not found:
             raise DatasetError(f"{path}: bucket {bucket!r} does not exist (or these credentials cannot see it)")
-        return False
+        return
     path = Path(path)
-    converted = False
+    if path.exists() and not path.is_dir():
+        raise _single_file_error(path)
     try:
-        with interrupts_deferred():
-            for _ in range(10):
-                _recover_conversions(path)
-                if path.is_dir():
-                    remove_stale_temp_parts(path)
-                    return converted
-                if path.exists():
-                    if _convert_single_file(path):
-                        converted = True
-                        log.warning(
-                            "%s: converted the single-file cost dataset into a directory of Parquet part files "
-                            "(its rows are the first part); writers add parts, nothing is rewritten",
-                            path,
-                        )
-                else:
-                    path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_parts(path)
+    except FileExistsError:  # another tool made it a file meanwhile
+        raise _single_file_error(path) from None
     except OSError as err:
         raise DatasetError(f"{path}: cannot make it a cost dataset directory ({err.strerror or err})") from None
-    raise DatasetError(f"{path}: it keeps changing between a file and a directory; is another tool writing it?")
+
+
+def _single_file_error(path: Path) -> DatasetError:
+    return DatasetError(f"{path}: a single file, not a cost dataset: {DATASET_FORMAT} is a directory of Parquet part "
+                        f"files (move the file into a directory and pass that)")
 
 
 def write_part(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path | None:
@@ -281,8 +269,8 @@ def append_rows(path: str | Path, rows: Sequence[dict[str, Any]]) -> int:
 
 
 def _dataset_files(path: Path) -> list[Path]:
-    """The Parquet files of one dataset path, in name order: the file itself, or the visible `*.parquet` files
-    under a directory (hidden temp files and hidden directories skipped)."""
+    """The part files of one dataset directory, in name order: the visible `*.parquet` files under it (hidden temp
+    files and hidden directories skipped)."""
     if path.is_dir():
         return sorted(
             p
@@ -290,7 +278,7 @@ def _dataset_files(path: Path) -> list[Path]:
             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
         )
     if path.exists():
-        return [path]
+        raise _single_file_error(path)
     raise MissingDatasetError(f"cost dataset {path} does not exist")
 
 
@@ -350,27 +338,28 @@ def _read_part(part: Path | tuple[str, pa.Table]) -> pd.DataFrame:
     missing = [c for c in COMMON_COLUMNS if c not in table.column_names]
     if missing:
         raise DatasetError(f"{file}: missing columns of {DATASET_FORMAT}: {missing}")
-    for column in ALL_COLUMNS:  # older files may lack columns added since
+    for column in ALL_COLUMNS:  # a part without a column holds null in it (`schema`: columns are only added)
         if column not in table.column_names:
             table = table.append_column(column, pa.nulls(table.num_rows, _TYPES.get(column, _STR)))
     try:
         frame = table.select(list(ALL_COLUMNS)).cast(SCHEMA).to_pandas()
     except pa.ArrowException as err:
         raise DatasetError(f"{file}: columns do not have the types of {DATASET_FORMAT} ({err})") from None
-    return _older_shards_fused(frame)
+    return _compute_defaults(frame)
 
 
-def _older_shards_fused(frame: pd.DataFrame) -> pd.DataFrame:
-    """Compute rows from before the kernel was stored ran every table in HBM: "fused", no cache."""
-    older = (frame["kind"] == "compute") & frame["kernel"].isna()
-    if older.any():
-        frame.loc[older, "kernel"] = "fused"
-        frame.loc[older, "cache_load_factor"] = 0.0
+def _compute_defaults(frame: pd.DataFrame) -> pd.DataFrame:
+    """Compute rows' null kernel columns read as `schema.COMPUTE_DEFAULTS` (every table in HBM, no cache)."""
+    compute = frame["kind"] == "compute"
+    for column, value in COMPUTE_DEFAULTS.items():
+        unset = compute & frame[column].isna()
+        if unset.any():
+            frame.loc[unset, column] = value
     return frame
 
 
 def load_costs(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
-    """One DataFrame of all rows in one or more cost datasets (directories of part files, or single files)."""
+    """One DataFrame of all rows in one or more cost datasets (directories of part files, or s3:// prefixes)."""
     if isinstance(paths, str | Path):
         paths = [paths]
     local = [p for p in paths if not is_object_store(p)]

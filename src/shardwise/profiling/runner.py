@@ -271,7 +271,7 @@ def profile(
     progress: bool = True,
 ) -> ProfileSummary:
     """Measure sampled shards (and all-to-all layouts) on `settings.device`; append rows to the dataset `out`
-    (a directory of Parquet part files; a single-file dataset from before is converted into one first)."""
+    (a directory of Parquet part files, or an object-store prefix)."""
     out = out if is_object_store(out) else Path(out)
     device = resolve_device(settings.device)
     if settings.caching_shards and device.type != "cuda":
