@@ -101,7 +101,7 @@ def test_evaluate_plans_measures_several_plans_in_one_session(tmp_path) -> None:
     assert comparison.row("stacked").ratio_to_first == pytest.approx(costs[2].max_cost_ms / costs[0].max_cost_ms)
     for name in ("balanced", "same", "stacked"):
         doc = json.loads((tmp_path / f"{name}.measured.json").read_text())
-        assert doc["format"] == "shardwise.measured/v1" and (tmp_path / f"{name}.html").is_file()
+        assert doc["format"] == "shardwise.measured/v2" and (tmp_path / f"{name}.html").is_file()
     saved = json.loads((tmp_path / "comparison.json").read_text())
     assert saved["format"] == "shardwise.comparison/v1" and saved["comm_rounds"] == 2
     assert saved["compute_rounds"] == 2 and saved["comm_iters"] == 4

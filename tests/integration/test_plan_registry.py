@@ -208,7 +208,8 @@ class _Scripted:
 def _measured(ms: float, devices: int) -> MeasuredPlanCost:
     return MeasuredPlanCost(method="x", batch_size=BATCH, device_kind="cpu", hardware_kind="cpu", device_memory_bytes=1,
                             devices=tuple(DeviceCost(device=d, shards=(), width=0, fwd_ms=ms, bwd_ms=0.0,
-                                                     comm_fwd_ms=0.0, comm_bwd_ms=0.0, memory_bytes=0)
+                                                     comm_fwd_ms=0.0, comm_bwd_ms=0.0, memory_bytes=0,
+                                                     comm_fwd_measured_ms=0.0, comm_bwd_measured_ms=0.0)
                                           for d in range(devices)))
 
 

@@ -80,7 +80,7 @@ def test_cli_evaluate_refuses_a_file_that_is_not_a_plan(tmp_path, capsys) -> Non
 def _cost(totals: list[tuple[float, float, float, float]], memory: list[int]) -> MeasuredPlanCost:
     devices = tuple(
         DeviceCost(device=d, shards=(f"t{d}",), width=16, fwd_ms=f, bwd_ms=b, comm_fwd_ms=cf, comm_bwd_ms=cb,
-                   memory_bytes=m)
+                   memory_bytes=m, comm_fwd_measured_ms=cf, comm_bwd_measured_ms=cb)
         for d, ((f, b, cf, cb), m) in enumerate(zip(totals, memory))
     )
     return MeasuredPlanCost(method="m", batch_size=256, device_kind="cpu", hardware_kind="cpu-test",
@@ -95,7 +95,14 @@ def test_plan_cost_is_the_slowest_device_and_imbalance_is_max_over_mean() -> Non
     assert cost.imbalance == pytest.approx(8.0 / 6.0)
     assert cost.memory_headroom == pytest.approx(0.4)
     doc = cost.to_json()
-    assert doc["format"] == "shardwise.measured/v1" and doc["devices"][1]["total_ms"] == pytest.approx(8.0)
+    assert doc["format"] == "shardwise.measured/v2" and doc["devices"][1]["total_ms"] == pytest.approx(8.0)
+    assert MeasuredPlanCost.model_validate(doc) == cost  # its derived totals are read past
+    with pytest.raises(ValueError, match=r"field 'format' must be 'shardwise.measured/v2', got "
+                                         r"'shardwise.measured/v1' \(a measurement by another shardwise version"):
+        MeasuredPlanCost.model_validate({**doc, "format": "shardwise.measured/v1"})
+    older = {**doc, "devices": [{k: v for k, v in row.items() if "measured" not in k} for row in doc["devices"]]}
+    with pytest.raises(ValueError, match="comm_fwd_measured_ms"):
+        MeasuredPlanCost.model_validate(older)
     table = cost.table()
     assert "8.000" in table and "imbalance 1.333" in table
 

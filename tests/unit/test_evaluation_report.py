@@ -11,7 +11,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def _cost() -> MeasuredPlanCost:
     devices = tuple(
         DeviceCost(device=d, shards=(f"t{d}",), width=16 * (d + 1), fwd_ms=1.0 + d, bwd_ms=2.0 + d,
-                   comm_fwd_ms=0.25, comm_bwd_ms=0.5, memory_bytes=(d + 1) * 2**20)
+                   comm_fwd_ms=0.25, comm_bwd_ms=0.5, memory_bytes=(d + 1) * 2**20, comm_fwd_measured_ms=0.25,
+                   comm_bwd_measured_ms=0.5)
         for d in range(3)
     )
     return MeasuredPlanCost(method="size_greedy", batch_size=512, device_kind="cpu", hardware_kind="cpu-test",

@@ -18,7 +18,8 @@ from shardwise.jobs.evaluate import EvaluateResult, comparison_page
 def _cost(method: str, scale: float) -> MeasuredPlanCost:
     devices = tuple(
         DeviceCost(device=d, shards=(f"t{d}", f"t{d + 4}"), width=64, fwd_ms=1.234567891 * scale * (1 + d / 10),
-                   bwd_ms=2.3456789123 * scale, comm_fwd_ms=0.31234, comm_bwd_ms=0.41234, memory_bytes=123_456_789)
+                   bwd_ms=2.3456789123 * scale, comm_fwd_ms=0.31234, comm_bwd_ms=0.41234, memory_bytes=123_456_789,
+                   comm_fwd_measured_ms=0.31234, comm_bwd_measured_ms=0.41234)
         for d in range(4)
     )
     return MeasuredPlanCost(method=method, batch_size=2048, device_kind="cpu", hardware_kind="cpu-test",

@@ -106,9 +106,9 @@ def everywhere_kernels(task: ShardingTask, replicated: Sequence[TableSpec], bloc
 
 
 def timing_document(protocol: TimingProtocol, measurement: MeasurementSettings) -> dict[str, Any]:
-    """How a measurement was timed, as stored in `MeasuredPlanCost.timing` (keys of shardwise.measured/v1):
+    """How a measurement was timed, as stored in `MeasuredPlanCost.timing` (keys of shardwise.measured/v2):
     the protocol's settings (its reference is stored on its own), compute_rounds, comm_iters, comm_rounds,
-    comm_pricing (absent in older files: "measured")."""
+    comm_pricing."""
     return {
         **protocol.model_dump(mode="json", exclude={"reference_ms"}),
         "compute_rounds": measurement.timing_rounds,

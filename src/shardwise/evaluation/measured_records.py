@@ -1,4 +1,4 @@
-"""Measured plan cost records: each device's measured cost, the plan's (`shardwise.measured/v1`), plans measured
+"""Measured plan cost records: each device's measured cost, the plan's (`shardwise.measured/v2`), plans measured
 together compared (`shardwise.comparison/v1`), and their JSON."""
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shardwise.profiling import CommPricing
 
-MEASURED_FORMAT = "shardwise.measured/v1"
+#: v2: each device's own all-to-all medians before pricing are required
+MEASURED_FORMAT = "shardwise.measured/v2"
 COMPARISON_FORMAT = "shardwise.comparison/v1"
 
 
@@ -29,17 +30,17 @@ class DeviceCost(BaseModel):
     comm_fwd_ms: float  # as priced (the measurement's `timing["comm_pricing"]`)
     comm_bwd_ms: float
     memory_bytes: int
-    # the device's own median all-to-all ms, before pricing (None in older files)
-    comm_fwd_measured_ms: float | None = None
-    comm_bwd_measured_ms: float | None = None
-    #: the host's median ms to launch the shard's forward and backward (CUDA; None on CPU and in older files)
+    #: the device's own median all-to-all ms, before pricing (equal to comm_fwd_ms, comm_bwd_ms when unpriced)
+    comm_fwd_measured_ms: float
+    comm_bwd_measured_ms: float
+    #: the host's median ms to launch the shard's forward and backward (CUDA; None on CPU)
     launch_ms: float | None = None
     #: the plan's data-parallel tables' gradient all-reduce, the same on every device (their kernel on the local
-    #: batch is in fwd_ms and bwd_ms, their names in `shards`); 0 without data-parallel tables and in older files
+    #: batch is in fwd_ms and bwd_ms, their names in `shards`); 0 without data-parallel tables
     all_reduce_ms: float = 0.0
     #: the plan's row-wise tables' collectives, the same on every device: their outputs' reduce-scatter, their
     #: gradients' all-gather and their ids' all-to-all (their kernel on the device's row blocks is in fwd_ms and
-    #: bwd_ms, the blocks' names in `shards`); 0 without row-wise tables and in older files
+    #: bwd_ms, the blocks' names in `shards`); 0 without row-wise tables
     row_wise_comm_ms: float = 0.0
 
     @property
@@ -65,10 +66,7 @@ class DeviceCost(BaseModel):
 
     @property
     def own_comm_fwd_bwd_ms(self) -> tuple[float, float]:
-        """The device's own median forward and backward all-to-all ms, before any pricing (older files priced
-        none, so their figures are those)."""
-        if self.comm_fwd_measured_ms is None or self.comm_bwd_measured_ms is None:
-            return self.comm_fwd_ms, self.comm_bwd_ms
+        """The device's own median forward and backward all-to-all ms, before any pricing."""
         return self.comm_fwd_measured_ms, self.comm_bwd_measured_ms
 
 
@@ -86,10 +84,18 @@ class MeasuredPlanCost(BaseModel):
     timing: dict[str, Any] = Field(default_factory=dict)
     reference_ms: float | None = None
     devices: tuple[DeviceCost, ...]
-    #: the tables replicated on every device (empty in older files)
+    #: the tables replicated on every device
     data_parallel: tuple[str, ...] = ()
-    #: the tables split by rows over every device (empty in older files)
+    #: the tables split by rows over every device
     row_wise: tuple[str, ...] = ()
+
+    @field_validator("format")
+    @classmethod
+    def _current_format(cls, value: str) -> str:
+        if value != MEASURED_FORMAT:
+            raise ValueError(f"field 'format' must be {MEASURED_FORMAT!r}, got {value!r} (a measurement by another "
+                             "shardwise version: measure the plan again with `shardwise evaluate`)")
+        return value
 
     @property
     def max_cost_ms(self) -> float:
@@ -114,7 +120,8 @@ class MeasuredPlanCost(BaseModel):
 
     @property
     def comm_pricing(self) -> CommPricing:
-        """How each device's all-to-all was priced (older files: each device's own median)."""
+        """How each device's all-to-all was priced (a timing that names no pricing priced none: each device's own
+        median)."""
         return "width" if self.timing.get("comm_pricing") == "width" else "measured"
 
     @property
@@ -139,7 +146,7 @@ class MeasuredPlanCost(BaseModel):
         return tuple(d.device for d in self.devices if d.launch_bound)
 
     def to_json(self) -> dict[str, Any]:
-        """The `shardwise.measured/v1` document, with the derived totals for readers."""
+        """The `shardwise.measured/v2` document, with the derived totals for readers."""
         doc = self.model_dump(mode="json")
         doc.update(
             max_cost_ms=self.max_cost_ms,
