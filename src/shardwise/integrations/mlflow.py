@@ -484,12 +484,3 @@ def _find_cost_model_dir(root: Path) -> Path:
         dirs = ", ".join(str(f.parent.relative_to(root)) for f in found[:4])
         raise RegistryError(f"{root}: {len(found)} cost models inside ({dirs}); pass the one you mean")
     return found[0].parent
-
-
-def __getattr__(name: str) -> Any:
-    # cost models registered before the pyfunc moved to `mlflow_pyfunc` import it from here
-    if name == "CostModelPyfunc":
-        from .mlflow_pyfunc import CostModelPyfunc  # imports mlflow: only for those old models
-
-        return CostModelPyfunc
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
