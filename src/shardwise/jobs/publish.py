@@ -247,8 +247,8 @@ def show(uri: str, *, tracking_uri: str | None = None) -> str:
     except RegistryError as err:
         raise ShardwiseError(str(err)) from None
     where = f"{registered.name} v{registered.version}" if registered.version else str(registered.directory)
-    lines = [f"{where}: {registered.plan.method} plan of {len(registered.task.tables)} tables on "
-             f"{registered.plan.num_devices} devices"]
+    lines = [f"{where}: {len(registered.task.tables)} tables on {registered.plan.num_devices} devices, planned by "
+             f"{registered.plan.method}"]
     labels = {"plan_ms": "plan, ms (slowest device, measured)", "torchrec_ms": "TorchRec's planner's plan, ms",
               "ratio_to_torchrec": "ratio to TorchRec's planner", "champion_ms": "champion then, ms",
               "ratio_to_champion": "ratio to the champion then",

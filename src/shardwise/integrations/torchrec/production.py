@@ -44,7 +44,7 @@ def plan_production_task(production: ProductionTask, cost_model: CostModel, *, r
     best = getattr(planner, "_best_plan", None) or []
     fingerprint = enumerated_fingerprint(planner._enumerator) or {}
     doc = plan_doc(best, planner.hash_planner_context_inputs_str(), fingerprint)
-    return PlannedTask(plan=as_shardwise_plan(sharding_plan, production, "shardwise"), torchrec=doc,
+    return PlannedTask(plan=as_shardwise_plan(sharding_plan, production, "ShardwisePlanner"), torchrec=doc,
                        stats=planner.last_stats)
 
 
@@ -53,7 +53,7 @@ def torchrec_planner_plan(production: ProductionTask) -> Plan:
     planner = EmbeddingShardingPlanner(**_planner_args(production))
     with _quiet_planner():
         sharding_plan = planner.plan(production.context.module(), production.context.torchrec_sharders())
-    return as_shardwise_plan(sharding_plan, production, "torchrec")
+    return as_shardwise_plan(sharding_plan, production, "TorchRec's planner")
 
 
 def as_shardwise_plan(sharding_plan: ShardingPlan, production: ProductionTask, method: str) -> Plan:
