@@ -149,3 +149,10 @@ def require(name: str) -> None:
     module, package = next(iter(extra.modules.items()))
     if find_spec(module) is None:
         raise _missing(extra, package)
+
+
+def require_fbgemm() -> None:
+    """The missing fbgemm build's error now when fbgemm_gpu is not installed (looked up, not imported): before
+    minutes of work, or processes that would each fail importing it."""
+    if find_spec("fbgemm_gpu") is None:
+        raise missing_fbgemm(*_torch_build())

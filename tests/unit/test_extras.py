@@ -186,3 +186,19 @@ def test_torchrec_beside_a_cpu_torch_is_installed_without_its_cuda_fbgemm(tmp_pa
                            "which is not installed: pip install ")
     assert line.endswith(torchrec_install(torch.__version__, torch.version.cuda is not None))
     assert not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.parametrize("verb", ["validate", "evaluate"])
+def test_measuring_without_fbgemm_says_so_before_any_process_starts(verb, tmp_path, monkeypatch, capsys):
+    """validate trains in one process per device: fbgemm's absence is one line from the parent, not each rank's
+    traceback; evaluate says it before it measures."""
+    monkeypatch.chdir(tmp_path)
+    task = random_task(0, 8, 2)
+    save_task(task, "task.json")
+    assert main(["plan", "--task", "task.json", "--method", "size_greedy", "--out", "plan.json"]) == 0
+    capsys.readouterr()
+    _uninstalled(monkeypatch, "fbgemm_gpu")
+    assert main([verb, "--task", "task.json", "--plan", "plan.json", "--out", "out"]) == 2
+    cuda = torch.version.cuda is not None
+    assert _one_line(capsys) == f"shardwise {verb}: error: {missing_fbgemm(torch.__version__, cuda)}"
+    assert not (tmp_path / "out").exists()

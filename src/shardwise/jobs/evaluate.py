@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 from shardwise.evaluation import MeasuredPlanCost, PlanComparison, evaluate_plans
 from shardwise.evaluation.refine import Refinement, measured_greedy_start, refine_plan
 from shardwise.evaluation.report import summary_page
-from shardwise.extras import require
+from shardwise.extras import require, require_fbgemm
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
 from shardwise.search import Plan, PlanError, load_plan, save_plan, validate_plan
@@ -120,6 +120,7 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
     # log to MLflow only when asked: --tracking-uri or $MLFLOW_TRACKING_URI
     tracking = settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     require("report")  # a missing extra said before minutes of measuring, not after
+    require_fbgemm()
     if tracking and mlflow is None:
         require("mlflow")
     service = mlflow or MlflowService(settings.tracking_uri)

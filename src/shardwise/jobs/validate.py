@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from shardwise.evaluation import DLRMThroughput, measure_dlrm_throughputs
+from shardwise.extras import require, require_fbgemm
 from shardwise.profiling import DeviceName
 from shardwise.workload.documents import refuse_directory, write_json_document
 
@@ -53,6 +54,9 @@ def run(settings: ValidateSettings) -> ValidateResult:
     task, plans = load_task_and_plans(settings.task, (settings.plan, *settings.compare))
     if settings.out:
         refuse_directory(settings.out, SettingsError)  # before the training runs, not after
+    # said here, not in each rank's process as a traceback
+    require_fbgemm()
+    require("torchrec")
     throughputs = measure_dlrm_throughputs(task, plans, iters=settings.iters, warmup=settings.warmup,
                                            batch_size=settings.batch_size, device=settings.device, seed=settings.seed)
     if settings.out:
