@@ -1,6 +1,5 @@
 """What the plan experiments share: the task sets they draw from held-out synthetic tables, a finished plan_quality
-run's files, and how two plans' measurements compare task by task. Imported as
-`benchmarks.plan_runs` by experiments and as `plan_runs` by the scripts run from benchmarks/."""
+run's files, and how two plans' measurements compare task by task."""
 
 from __future__ import annotations
 

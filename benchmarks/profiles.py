@@ -1,6 +1,5 @@
 """What the cost-model experiments share: a preset's workload split as its pipeline run splits it, and a
-gpu_check.sh archive of profiles unpacked. Imported as `benchmarks.profiles` by experiments and as `profiles` by the
-scripts run from benchmarks/."""
+gpu_check.sh archive of profiles unpacked."""
 
 from __future__ import annotations
 

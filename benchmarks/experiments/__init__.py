@@ -1,5 +1,5 @@
 """The experiments, one module each; each registers itself with the harness at its bottom. A module imports shardwise
-and the modules kept beside the harness (harness, record, plan_runs, profiles, dropin), never another experiment
+and the modules kept beside the harness (harness, record, plan_runs, profiles), never another experiment
 (tests/unit/test_bench_harness.py checks)."""
 
 from . import (  # noqa: F401

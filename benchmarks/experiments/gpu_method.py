@@ -366,7 +366,7 @@ def run(args: GpuMethodSettings, context: Context) -> Outcome:
 
     t0 = time.perf_counter()
     sources = tuple(sorted({t.source or t.name for t in holdout.tables}))
-    config = TrainConfig(device=str(device), holdout_sources=sources,
+    config = TrainConfig(device=str(device), holdout_sources=sources, progress=False,
                          **{k: v for k, v in {"epochs": preset.pretrain_epochs,
                                               "patience": preset.pretrain_patience}.items() if v})
     model, report = train_cost_model(load_costs(costs), seed, config)
