@@ -184,3 +184,9 @@ def test_an_experiment_refusing_its_input_says_so_in_one_line_naming_the_flag(tm
     assert harness.main(["data_parallel_choice", "--run", str(tmp_path), "--model", "m"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --run ") and "results.json" in err and len(err.strip().splitlines()) == 1
+
+
+def test_benchmarks_stay_within_their_line_budget():
+    """An experiment whose question is answered retires to the archive with its decision instead of piling up."""
+    lines = sum(len(p.read_text().splitlines()) for p in (ROOT / "benchmarks").rglob("*.py"))
+    assert lines <= 3500, f"benchmarks/ has {lines} lines of Python, over 3,500: retire an answered experiment"
