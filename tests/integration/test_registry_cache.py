@@ -1,5 +1,6 @@
-"""Registered versions cached by (registry, name, version): the next `plan` with the champion imports no MLflow
-(nor scipy, pandas, kfp), a champion alias moved to another version is picked up, a store made again at the same
+"""Registered versions cached by (registry, name, version): the next `plan` with the champion downloads nothing (its
+alias read with MLflow's client; a plan with a model directory imports no MLflow, nor scipy, pandas, kfp), a champion
+alias moved to another version is picked up, a store made again at the same
 path is not served its old copies, an entry damaged or left half-written is not used, and two first loads at
 once leave one whole entry. A real MLflow sqlite store; `plan` and the loads in fresh processes."""
 
@@ -17,12 +18,12 @@ from search_doubles import random_task
 
 from shardwise.cli import main
 from shardwise.integrations.mlflow import MlflowService, champion_uri, policy_name
-from shardwise.integrations.mlflow_registry import ENTRY_FILE, ModelCache, cache_root, find_version
+from shardwise.integrations.mlflow_registry import ENTRY_FILE, ModelCache, cache_root
 from shardwise.workload import save_task
 
 pytestmark = pytest.mark.integration
 NAME = policy_name("dreamshard", "cpu-itest")
-#: modules the plan path must not import when the cache holds the champion
+#: modules a plan with a model directory must not import
 HEAVY = ("mlflow", "scipy", "pandas", "kfp", "sqlalchemy", "pyarrow")
 
 
@@ -65,8 +66,10 @@ def _mark_in_fresh_process(uri: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=os.environ)
 
 
-def test_the_second_plan_with_the_registered_champion_imports_no_mlflow(store, tmp_path, tiny_cost_model):
-    MlflowService(store).log_cost_model(*tiny_cost_model)  # labelled with this machine's kind: the champion here
+def test_the_second_plan_reads_the_champion_from_the_cache_and_a_model_directory_imports_no_mlflow(
+        store, tmp_path, tiny_cost_model):
+    model, report = tiny_cost_model
+    MlflowService(store).log_cost_model(model, report)  # labelled with this machine's kind: the champion here
     task = save_task(random_task(0, 12, 4), tmp_path / "task.json")
     argv = ["plan", "--task", str(task), "--device", "cpu", "--tracking-uri", store, "--out"]
     entries = cache_root() / "models"
@@ -74,18 +77,30 @@ def test_the_second_plan_with_the_registered_champion_imports_no_mlflow(store, t
     # the first plan (here) downloads the champion with MLflow into the cache
     assert main([*argv, str(tmp_path / "a.json")]) == 0
     assert len([p for p in entries.iterdir() if not p.name.startswith(".")]) == 1
-    # the second, in a fresh interpreter, reads the alias with sqlite3 and the files from the cache
-    code = ("import sys\n"
-            "from shardwise.cli import main\n"
-            "status = main(sys.argv[1:])\n"
-            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n"
-            "sys.exit(status)\n")
-    done = subprocess.run([sys.executable, "-c", code, *argv, str(tmp_path / "b.json")], capture_output=True,
+    # the second, in a fresh interpreter, asks MLflow's client for the alias and reads the files from the cache
+    second = ("import sys\n"
+              "from shardwise.cli import main\n"
+              "from shardwise.integrations.mlflow import MlflowService\n"
+              "def downloaded(*args): raise AssertionError('downloaded again')\n"
+              "MlflowService._fetch = downloaded\n"
+              "sys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", second, *argv, str(tmp_path / "b.json")], capture_output=True,
+                          text=True, timeout=300, env=os.environ)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # with a model directory, in a fresh interpreter: nothing heavy is imported
+    model.save(tmp_path / "model")
+    local = ("import sys\n"
+             "from shardwise.cli import main\n"
+             "status = main(sys.argv[1:])\n"
+             f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n"
+             "sys.exit(status)\n")
+    done = subprocess.run([sys.executable, "-c", local, "plan", "--task", str(task), "--device", "cpu", "--model",
+                           str(tmp_path / "model"), "--out", str(tmp_path / "c.json")], capture_output=True,
                           text=True, timeout=300, env=os.environ)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
-    plans = [json.loads((tmp_path / out).read_text()) for out in ("a.json", "b.json")]
-    assert plans[0]["shards"] == plans[1]["shards"]
+    plans = [json.loads((tmp_path / out).read_text()) for out in ("a.json", "b.json", "c.json")]
+    assert plans[0]["shards"] == plans[1]["shards"] == plans[2]["shards"]
 
 
 def test_a_moved_champion_is_picked_up_and_each_version_has_its_own_entry(store, tmp_path):
@@ -112,8 +127,7 @@ def test_a_store_made_again_at_the_same_path_is_not_served_its_old_copy(store, t
 def test_a_damaged_or_half_written_entry_is_not_used(store, tmp_path):
     _register(store, tmp_path / "p1", "whole")
     assert _mark(store) == "whole"
-    ref = find_version(store, NAME, alias="champion")
-    assert ref is not None
+    ref = MlflowService(store).registered_version(NAME, alias="champion")
     cache = ModelCache()
     entry = cache.entry(ref)
     assert cache.get(ref) == entry / "files"
@@ -145,5 +159,5 @@ def test_two_first_loads_at_once_both_succeed_and_leave_one_whole_entry(store, t
     assert [out.strip().splitlines()[-1] for out, _ in outputs] == ["shared", "shared"]
     names = [p.name for p in (cache_root() / "models").iterdir()]
     assert len(names) == 1 and not names[0].startswith(".")
-    ref = find_version(store, NAME, alias="champion")
-    assert ref is not None and ModelCache().get(ref) is not None
+    ref = MlflowService(store).registered_version(NAME, alias="champion")
+    assert ModelCache().get(ref) is not None

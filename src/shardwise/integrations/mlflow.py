@@ -7,8 +7,9 @@ evidence, kept on the model version and on its run.
 
 `mlflow` is imported inside the methods that use it: it takes seconds to import, and the jobs that import this
 module (plan with a local model, evaluate without tracking) often do not need it. Loading a registered version
-(`models:/<name>@<alias>`, `models:/<name>/<version>`) finds the version without MLflow and uses the local copy
-in the cache when it has one (`mlflow_registry`); MLflow downloads it the first time.
+(`models:/<name>@<alias>`, `models:/<name>/<version>`) finds the version (of a tracking server over its REST API
+without MLflow, of any other store with MLflow's client) and uses the local copy in the cache when it has one
+(`mlflow_registry`); MLflow downloads it the first time.
 
 A tracking server is asked whether it is up (`/health`, within `service_timeout_s()`) before MLflow's first call
 to it, and MLflow's HTTP retries are bounded while the service works (unless $MLFLOW_HTTP_REQUEST_* say
@@ -47,6 +48,7 @@ from .mlflow_process import (
     server_failure,
 )
 from .mlflow_registry import (
+    READY,
     ModelCache,
     RegisteredVersion,
     RegistryError,
@@ -177,20 +179,16 @@ class MlflowService:
     def load(self, uri: str | Path, load_dir: Callable[[Path], T]) -> T:
         """`load_dir(local directory)` for a directory, "models:/<name>@<alias>", "models:/<name>/<version>",
         a logged model's "models:/<id>", "runs:/<id>/<path>" or an artifact URI. A registered version (the
-        first two) is found without MLflow and read from the local cache (MLflow downloads it there the first
-        time); any other download lives while `load_dir` runs."""
+        first two) is found (`_version`) and read from the local cache (MLflow downloads it there the first time);
+        any other download lives while `load_dir` runs."""
         uri = str(uri)
         if Path(uri).exists():
             return load_dir(Path(uri))
         scheme = urlparse(uri).scheme
         if len(scheme) < 2:  # no scheme (or a Windows drive letter): meant as a local directory
             raise RegistryError(f"{uri}: no such directory, and not a models:/ or runs:/ URI; {_how_to_register(None)}")
-        registry = scheme in ("models", "runs")
-        if registry and not self.store_exists():
-            raise RegistryError(
-                f"{uri}: no MLflow store at {self._stores()} (the file does not exist); "
-                f"{_how_to_register(_model_name(uri))}, or pass --tracking-uri of the store that has it"
-            )
+        if scheme in ("models", "runs"):
+            self._check_store_exists(uri)
         match = _MODELS_URI.match(uri) if scheme == "models" else None
         if match is not None and (match["alias"] is not None or match["version"] is not None):
             return self._load_version(uri, match["name"], match["alias"], match["version"], match["path"], load_dir)
@@ -203,6 +201,14 @@ class MlflowService:
             except (MlflowException, OSError) as err:
                 raise self._failure(uri, err) from None
             return load_dir(Path(local))
+
+    def _check_store_exists(self, uri: str) -> None:
+        """A RegistryError naming `uri` where the store is a local file that does not exist (looking would make it)."""
+        if not self.store_exists():
+            raise RegistryError(
+                f"{uri}: no MLflow store at {self._stores()} (the file does not exist); "
+                f"{_how_to_register(_model_name(uri))}, or pass --tracking-uri of the store that has it"
+            )
 
     def _load_version(self, uri: str, name: str, alias: str | None, version: str | None, path: str | None,
                       load_dir: Callable[[Path], T]) -> T:
@@ -219,8 +225,19 @@ class MlflowService:
             files = cache.put(ref, lambda target: self._fetch(uri, ref, target))
         return load_dir(files / (path or "").lstrip("/"))
 
+    @_bounded
+    def registered_version(self, name: str, *, alias: str | None = None,
+                           version: str | None = None) -> RegisteredVersion:
+        """The version `alias` (or number `version`) of `name`: what the local cache keys its files by."""
+        if (alias is None) == (version is None):
+            raise ValueError("registered_version: pass one of alias and version")
+        uri = f"models:/{name}@{alias}" if alias is not None else f"models:/{name}/{version}"
+        self._check_store_exists(uri)
+        return self._version(uri, name, alias, version)
+
     def _version(self, uri: str, name: str, alias: str | None, version: str | None) -> RegisteredVersion:
-        """The version `uri` names, found without MLflow where the store allows (sqlite, a tracking server)."""
+        """The version `uri` names: of a tracking server, asked over its REST API without MLflow; of any other store
+        (an embedded sqlite file among them), through MLflow's client, which alone reads its tables."""
         try:
             found = find_version(self.registry_uri, name, alias=alias, version=version)
         except RegistryError as err:
@@ -229,13 +246,16 @@ class MlflowService:
             raise type(err)(f"{uri}: {err}") from None
         if found is not None:
             return found
-        from mlflow.exceptions import MlflowException  # heavy: a store only MLflow reads
+        from mlflow.exceptions import MlflowException  # heavy: a store only MLflow's client reads
 
         client = self._client()
         try:
             got = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, str(version))
         except MlflowException as err:
             raise self._failure(uri, err) from None
+        if got.status != READY:
+            raise RegistryError(f"{uri}: {name} version {got.version} is {got.status}, not ready; wait for its "
+                                "registration to finish, or register it again")
         return RegisteredVersion(registry_key(self.registry_uri), name, str(got.version), str(got.source or ""),
                                  int(got.creation_timestamp or 0))
 

@@ -1,11 +1,11 @@
-"""The MLflow model registry read without MLflow, and the local cache of the versions downloaded from it.
+"""A tracking server's model registry read without MLflow, and the local cache of the versions downloaded from
+any registry.
 
 Planning asks the registry one question (which version does `champion` point at?) and needs that version's files.
-MLflow answers both but takes seconds to import, so shardwise asks the question itself: of an embedded sqlite
-store, its alias table, read-only, with the standard library; of a tracking server, MLflow's REST API with urllib
-and a timeout. Every version downloaded is kept in a local cache keyed by (registry, name, version), so a plan
-with the registered champion imports MLflow only the first time it meets a version. A store of another kind (a
-database server, Databricks) is asked through MLflow (`MlflowService`) and cached the same way.
+MLflow answers both but takes seconds to import, so of a tracking server shardwise asks the question itself, over
+MLflow's public REST API with urllib and a timeout. A store of any other kind (an embedded sqlite file, a database
+server, Databricks) is asked through MLflow's client (`MlflowService`): its tables are MLflow's to read. Every
+version downloaded is kept in a local cache keyed by (registry, name, version), so its files are downloaded once.
 
 The cache lives in $SHARDWISE_CACHE, else $XDG_CACHE_HOME/shardwise, else ~/.cache/shardwise. An entry is written
 under a temporary name and renamed into place once whole, with a manifest of its files (size, sha256): concurrent
@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 import ssl
 import time
 import urllib.error
@@ -50,11 +49,8 @@ CACHE_ENV = "SHARDWISE_CACHE"
 ENTRY_FORMAT = "shardwise.cache-entry/v1"
 ENTRY_FILE = "entry.json"  #: the manifest, written last: an entry without it is not used
 FILES_DIR = "files"  #: the version's files as MLflow downloaded them
-#: what the registry's tables call a version that can be used, and one that was deleted
-_READY = "READY"
-_DELETED_STAGE = "Deleted_Internal"
-#: MLflow's workspace a store without $MLFLOW_WORKSPACE uses (the column exists from mlflow 3.5)
-_DEFAULT_WORKSPACE = "default"
+#: what MLflow calls a version that can be used
+READY = "READY"
 _REST = "/api/2.0/mlflow"
 #: MLflow's error codes for "the server looked and it is not there"
 NOT_FOUND_CODES = ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
@@ -106,59 +102,17 @@ def sqlite_path(uri: str) -> Path | None:
 
 def find_version(registry_uri: str, name: str, *, alias: str | None = None, version: str | None = None,
                  timeout_s: float | None = None) -> RegisteredVersion | None:
-    """The version `alias` (or number `version`) of `name` in the registry, read without MLflow; None where this
-    store is read only through MLflow. Raises RegistryError when the registry says it has no such version, and
-    a ServiceError when it cannot be asked."""
+    """The version `alias` (or number `version`) of `name` in a tracking server's registry, asked over its REST API
+    without MLflow; None for any other store (MLflow's client reads it). Raises RegistryError when the server says
+    it has no such version, and a ServiceError when it cannot be asked."""
     if (alias is None) == (version is None):
         raise ValueError("find_version: pass one of alias and version")
-    if os.environ.get("MLFLOW_WORKSPACE"):  # another workspace's rows: MLflow knows how to select them
+    if os.environ.get("MLFLOW_WORKSPACE"):  # another workspace's versions: MLflow knows how to select them
         return None
-    scheme = urllib.parse.urlparse(registry_uri).scheme
-    timeout = service_timeout_s() if timeout_s is None else timeout_s
-    if scheme == "sqlite":
-        return _sqlite_version(registry_uri, name, alias, version, timeout)
-    if scheme in ("http", "https"):
+    if urllib.parse.urlparse(registry_uri).scheme in ("http", "https"):
+        timeout = service_timeout_s() if timeout_s is None else timeout_s
         return _rest_version(registry_uri, name, alias, version, timeout)
     return None
-
-
-def _sqlite_version(uri: str, name: str, alias: str | None, version: str | None,
-                    timeout_s: float) -> RegisteredVersion | None:
-    path = sqlite_path(uri)
-    if path is None or not path.is_file():
-        return None  # MlflowService says what is missing
-    try:
-        # read-only: looking never writes, migrates or creates anything
-        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout_s)
-    except sqlite3.Error:
-        return None
-    try:
-        columns = {row[1] for row in connection.execute("PRAGMA table_info(model_versions)")}
-        if not {"name", "version", "source", "creation_time", "status"} <= columns:
-            return None  # not a registry MLflow 2-3 wrote: MLflow migrates or explains it
-        workspace = " AND workspace = ?" if "workspace" in columns else ""
-        scope = (_DEFAULT_WORKSPACE,) if workspace else ()
-        if alias is not None:
-            row = connection.execute(
-                f"SELECT version FROM registered_model_aliases WHERE name = ? AND alias = ?{workspace}",
-                (name, alias, *scope)).fetchone()
-            if row is None:
-                raise RegistryError(f"registered model {name!r} has no alias {alias!r}")
-            version = str(row[0])
-        found = connection.execute(
-            f"SELECT version, source, creation_time, status, current_stage FROM model_versions "
-            f"WHERE name = ? AND version = ?{workspace}", (name, int(str(version)), *scope)).fetchone()
-    except sqlite3.Error:
-        return None  # a store MLflow has yet to migrate, or a damaged file: MLflow's own error says which
-    except ValueError:  # a version that is not a number
-        raise RegistryError(f"registered model {name!r} has no version {version!r}") from None
-    finally:
-        connection.close()
-    if found is None or found[4] == _DELETED_STAGE:
-        raise RegistryError(f"registered model {name!r} has no version {version}")
-    if found[3] != _READY:
-        raise RegistryError(f"{name} version {found[0]} is {found[3]}, not ready")
-    return RegisteredVersion(registry_key(uri), name, str(found[0]), str(found[1] or ""), int(found[2] or 0))
 
 
 def _rest_version(uri: str, name: str, alias: str | None, version: str | None,
@@ -175,7 +129,7 @@ def _rest_version(uri: str, name: str, alias: str | None, version: str | None,
     if not found.get("version"):
         raise ServiceError(f"the MLflow model registry at {_host(uri)} answered without a model version: not an "
                            "MLflow server?")
-    if found.get("status", _READY) != _READY:
+    if found.get("status", READY) != READY:
         raise RegistryError(f"{name} version {found['version']} is {found['status']}, not ready")
     return RegisteredVersion(registry_key(uri), name, str(found["version"]), str(found.get("source") or ""),
                              int(found.get("creation_timestamp") or 0))

@@ -23,7 +23,6 @@ from shardwise.search import Plan, load_plan, save_plan
 from shardwise.workload import ShardingTask, load_task
 
 from .mlflow import _MODELS_URI, MlflowService
-from .mlflow_registry import find_version
 from .promotion import Promotion
 
 PLAN_EXPERIMENT = "shardwise-plans"
@@ -105,8 +104,7 @@ def _name_and_version(service: MlflowService, uri: str) -> tuple[str, str | None
         return "", None
     if match["version"] is not None:
         return match["name"], match["version"]
-    found = find_version(service.registry_uri, match["name"], alias=match["alias"])
-    return match["name"], found.version if found is not None else None
+    return match["name"], service.registered_version(match["name"], alias=match["alias"]).version
 
 
 def _files_dir(root: Path) -> Path:
