@@ -289,7 +289,7 @@ def heldout_data_parallel_kernel_errors(measured: Sequence[MeasuredDenseKernel],
 
 
 def data_parallel_kernel_of(cost_model: CostModel) -> DataParallelKernelCost | None:
-    """The model's fitted dense kernel (None: profiled before, the compute network prices the kernel)."""
+    """The model's fitted dense kernel (None: profiled without dense kernels, the compute network prices it)."""
     kernel = getattr(cost_model, "data_parallel_kernel", None)
     return kernel if isinstance(kernel, DataParallelKernelCost) else None
 
@@ -320,6 +320,6 @@ def data_parallel_cost(cost_model: CostModel, tables: Sequence[TableSpec], num_d
     kernel = data_parallel_kernel_of(cost_model)
     if kernel is not None:
         fwd, bwd = kernel.predict_ms(tables, num_devices)
-    else:  # a model profiled before dense kernels were: the fused kernel's price
+    else:  # a model profiled without dense kernels: the fused kernel's price
         fwd, bwd = np.asarray(cost_model.predict_compute([[local_batch_table(t, num_devices) for t in tables]]))[0]
     return DataParallelCost(float(fwd), float(bwd), float(all_reduce.predict_ms(gradient_bytes(tables), num_devices)))

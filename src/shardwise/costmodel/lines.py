@@ -23,8 +23,8 @@ from .model import NeuralCostModel
 from .samples import all_reduce_points, compute_samples, dense_kernel_samples
 from .splits import _sources
 
-#: fewest measured dense kernels a model fits its data-parallel kernel line to (with fewer, it prices them as models
-#: profiled before did: `costmodel.data_parallel`)
+#: fewest measured dense kernels a model fits its data-parallel kernel line to (with fewer, the compute network
+#: prices them: `costmodel.data_parallel`)
 MIN_DENSE_KERNELS = 10
 
 
@@ -57,7 +57,7 @@ def fit_data_parallel_kernel_rows(df: pd.DataFrame, model: NeuralCostModel, held
     for method, split, predicted, truth, note in (
         ("data_parallel_kernel_line", "held-out dense kernels", held[:, [1, 3]], held[:, [0, 2]], how),
         ("data_parallel_kernel_network", "dense kernels", network, ms,
-         "the compute network at pooling / devices (models profiled before dense kernels were)"),
+         "the compute network at pooling / devices (models profiled without dense kernels)"),
     ):
         for j, target in enumerate(("fwd", "bwd")):
             rows.append({"split": split, "method": method, "target": target, "n": len(truth),

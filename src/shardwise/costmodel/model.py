@@ -120,7 +120,7 @@ class NeuralCostModel:
         self.all_gather: AllReduceCost | None = None
         self.all_to_all: AllReduceCost | None = None
         #: the line fitted to measured dense kernels that prices data-parallel tables' kernel on the local batch
-        #: (None: profiled before, the compute network prices it, `data_parallel.local_batch_table`)
+        #: (None: profiled without them, the compute network prices it, `data_parallel.local_batch_table`)
         self.data_parallel_kernel: DataParallelKernelCost | None = None
         #: per UVM kernel, the line fitted to its profiled shards that prices tables in host memory beside the
         #: network's HBM price (`caching.HostMemoryCostModel`; empty: profiled without them, none leave HBM)
