@@ -197,8 +197,8 @@ def per_type_rows(model: Any, model_dir: str, shards: list[list[Any]], devices: 
             # the collectives of one pass's process groups priced as the other pass measured them: the floor of any
             # price fitted in one process group (the profile's) on this machine
             "collectives_pass_mape_pct": _pass_mape(passes, kind, count, keep),
-            # data-parallel: the dense kernel priced by the compute network instead (pooling / D at the batch: what
-            # models profiled before dense kernels were price it with)
+            # data-parallel: the dense kernel priced by the compute network instead (pooling / D at the batch: how a
+            # model profiled without dense kernels prices it)
             "kernel_mape_network_pct": _mape(np.asarray(model.predict_compute(
                 [[local_batch_table(t, count) for t in shard] for shard in chosen])).sum(axis=1), measured - comm)
             if kind == "data_parallel" else None,
