@@ -93,17 +93,15 @@ class Context:
 def model_identity(mlflow: Any, uri: str) -> str:
     """`uri` as a record names it: a registered model with the version its alias pointed at, a directory as
     given."""
-    from shardwise.integrations.mlflow_registry import find_version
-
-    match = re.fullmatch(r"models:/([^@/]+)(?:@([^/]+)|/(\d+))", uri)
+    match = re.fullmatch(r"models:/([^@/]+)@([^/]+)", uri)
     if not match:
         return uri
-    name, alias, version = match.groups()
+    name, alias = match.groups()
     try:
-        found = find_version(mlflow.registry_uri, name, alias=alias, version=version)
+        found = mlflow.registered_version(name, alias=alias)
     except Exception:  # noqa: BLE001 - the identity is a label: an unreachable registry leaves the URI alone
-        found = None
-    return f"{uri} (version {found.version})" if found is not None and alias else uri
+        return uri
+    return f"{uri} (version {found.version})"
 
 
 @dataclass(frozen=True)

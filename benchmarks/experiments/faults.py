@@ -46,6 +46,8 @@ LABELS = {
     "profile_store_stopped": "object store stopped during profile --out s3://",
     "registration_server_killed": "tracking server SIGKILLed during pretrain / train-policy registration",
     "concurrent_registration": "two runs registering to one registry at once",
+    "plan_registration_server_killed": "tracking server SIGKILLed during a plan's registration (publish)",
+    "concurrent_plan_registration": "two runs registering a plan of one task at once",
     PIPELINE: "pipeline run --local SIGKILLed in a step (one try: while it makes the MLflow store), rerun",
 }
 ONE_LINE_ERRORS = (" One-line errors: of the tries where the fault made the command fail; a command still running "
@@ -97,6 +99,11 @@ def one_try(name: str, function: Callable[..., Any], tmp: Path, k: int) -> Any:
     if name == "concurrent_registration":  # the better run first or second, at once or up to 1 s apart
         offsets = ((0.0, 0.0), (0.0, 0.3), (0.0, 0.3), (0.0, 1.0), (0.0, 1.0), (0.0, 0.0))[k % 6]
         return function(tmp, costs=((5.0, 3.0), (3.0, 5.0))[k % 2], offsets_s=offsets)
+    if name == "plan_registration_server_killed":  # from the moment the plan's version appears to 0.6 s after
+        return function(tmp, delay_s=(0.0, 0.05, 0.1, 0.3, 0.6)[k % 5])
+    if name == "concurrent_plan_registration":  # the faster plan first or second, at once or 0.3 s apart
+        offsets = ((0.0, 0.0), (0.0, 0.3), (0.3, 0.0), (0.0, 0.0), (0.0, 0.3))[k % 5]
+        return function(tmp, ms=((5.0, 3.0), (3.0, 5.0))[k % 2], offsets_s=offsets)
     if name == PIPELINE:
         step, delay_s, at_store_creation = _PIPELINE_KILLS[k % len(_PIPELINE_KILLS)]
         return function(tmp, step=step, delay_s=delay_s, expected=_fault_free_costs(),
