@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner.constants import POOLING_FACTOR
 from torchrec.distributed.planner.storage_reservations import (
     FixedPercentageStorageReservation,
     HeuristicalStorageReservation,
@@ -47,13 +48,13 @@ from shardwise.errors import ShardwiseError
 from shardwise.workload import ShardingTask, TableSpec, load_task
 from shardwise.workload.documents import read_json_document, write_json_document
 
+from .export import skew_of
+
 T = TypeVar("T")
 
 FORMAT: Literal["shardwise.torchrec-context/v1"] = "shardwise.torchrec-context/v1"
 #: the key of a task file that holds the context (a task reader that does not know it ignores it)
 TASK_KEY = "torchrec"
-#: the pooling factor TorchRec's planner assumes for a table its constraints say nothing of
-DEFAULT_POOLING_FACTOR = 1.0
 #: where optimizer classes recorded by name may come from (a task file never names code to import elsewhere)
 _OPTIMIZER_MODULES = ("torch.optim", "torchrec.optim", "fbgemm_gpu")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -248,21 +249,21 @@ def export_task(
     sharders: Sequence[ModuleSharder[nn.Module]] | None = None,
     batch_size: int = 512,
     storage_reservation: StorageReservation | None = None,
-    zipf_alpha: Mapping[str, float] | None = None,
+    zipf_alpha: float | Mapping[str, float] | None = None,
 ) -> ProductionTask:
     """A production task: the model's tables as a shardwise task (pooling factors from the constraints, access skew
-    from `zipf_alpha` by table name where known) and the planner's context, for the pipeline to plan and register."""
+    from `zipf_alpha`, one for every table or each table's by name, as `export_tables` takes it) and the planner's context, for the pipeline to plan and register."""
     context = export_context(model, topology, constraints=constraints, sharders=sharders, batch_size=batch_size,
                              storage_reservation=storage_reservation)
     tables: list[TableSpec] = []
     for collection in context.collections:
         for t in collection.tables:
             fields = context.constraints.get(t.name, {})
-            pooling = fields.get("pooling_factors") or [DEFAULT_POOLING_FACTOR]
+            pooling = fields.get("pooling_factors") or [POOLING_FACTOR]  # TorchRec's planner's assumption
             tables.append(TableSpec(
                 name=t.name, rows=t.num_embeddings, dim=t.embedding_dim,
                 pooling_factor=max(float(sum(pooling)), 1e-3),  # a table's features each pool their own lookups
-                zipf_alpha=(zipf_alpha or {}).get(t.name),
+                zipf_alpha=skew_of(zipf_alpha, t.name),
                 sharding_types=tuple(fields["sharding_types"]) if fields.get("sharding_types") else None,
                 min_partition=fields.get("min_partition")))
     names = [t.name for t in tables]

@@ -44,7 +44,7 @@ def export_tables(
     constraints: Mapping[str, ParameterConstraints] | None = None,
     *,
     batch_size: int,
-    zipf_alpha: float | None = None,
+    zipf_alpha: float | Mapping[str, float] | None = None,
 ) -> TableSet:
     """The tables of `module`'s embedding collections at the global `batch_size` (see the module's text)."""
     found = embedding_configs(module)
@@ -64,10 +64,15 @@ def export_tables(
         try:
             tables.append(TableSpec.model_validate({"name": key, "rows": config.num_embeddings,
                                                     "dim": config.embedding_dim, "pooling_factor": float(pooling),
-                                                    "zipf_alpha": zipf_alpha}))
+                                                    "zipf_alpha": skew_of(zipf_alpha, config.name)}))
         except ValidationError as err:
             raise TableSetError(f"table {key!r}: {describe_validation_error(err)}") from None
     try:
         return TableSet(batch_size=batch_size, tables=tuple(tables))
     except ValidationError as err:
         raise TableSetError(f"{type(module).__name__}'s tables: {describe_validation_error(err)}") from None
+
+
+def skew_of(zipf_alpha: float | Mapping[str, float] | None, table: str) -> float | None:
+    """A table's Zipf exponent: one for every table, or each table's by name (None where not given)."""
+    return zipf_alpha.get(table) if isinstance(zipf_alpha, Mapping) else zipf_alpha
