@@ -5,6 +5,8 @@ plan whose files do not load, a rerun finishes the job, and the faster plan is t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from fault_injection import concurrent_plan_registration, plan_registration_server_killed
 
@@ -16,7 +18,8 @@ def test_a_server_killed_mid_plan_registration_leaves_no_dangling_champion(delay
     outcome = plan_registration_server_killed(tmp_path, delay_s=delay_s, server=mlflow_registry)
     assert outcome.wrong_champions == 0, outcome
     if outcome.notes["killed_while_running"] and outcome.notes["first_exit"] != 0:
-        assert outcome.error.count("\n") == 0, outcome.error
+        assert outcome.notes["first_exit"] == 2 and outcome.error.count("\n") == 0, outcome
+        assert re.search("stopped answering|did not answer|unreachable", outcome.error), outcome.error
     assert outcome.notes["rerun_exit"] == 0, outcome.notes
 
 

@@ -456,8 +456,13 @@ if go != "-":
     while not Path(go).exists():
         time.sleep(0.005)
     time.sleep(max(0.0, float(Path(go).read_text()) + float(offset_s) - time.time()))
-promotion = register_plan(MlflowService(url), task, Path(files), measured_ms=float(ms), champion_ms=champion_ms,
-                          min_gain=0.0, tags={}, params={}, metrics={"plan_ms": float(ms)})
+from shardwise.errors import ShardwiseError
+try:
+    promotion = register_plan(MlflowService(url), task, Path(files), measured_ms=float(ms), champion_ms=champion_ms,
+                              min_gain=0.0, tags={}, params={}, metrics={"plan_ms": float(ms)})
+except ShardwiseError as err:  # as `shardwise publish` says it: one line, exit 2
+    print(f"shardwise publish: error: {err}", file=sys.stderr)
+    sys.exit(2)
 print(promotion.version, promotion.alias, promotion.reason)
 """
 
