@@ -215,6 +215,8 @@ PLACEMENT = Placement(
         "Safety and operations": _family(
             "memory_property: 10,000 random tasks: no plan over memory or mis-tiled, every refusal says why",
             "faults: injected faults: no row lost or duplicated, no wrong champion",
+            "faults_plan_registry: the plan gate: registration killed mid-way and two runs at once, no dangling or "
+            "wrong champion plan",
             "newcomer: a fresh clone's first hour: setup, tests and `make run` within their budgets"),
         "On a GPU": _family(
             "gpu_method_queued: the whole method on one H100 with the queued CUDA timer, targets met or not"),
