@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -48,12 +47,17 @@ from .mlflow_process import (
     server_failure,
 )
 from .mlflow_registry import (
+    MODELS_URI,
     READY,
     ModelCache,
     RegisteredVersion,
     RegistryError,
     StoreError,
+    champion_uri,
+    cost_model_name,
     find_version,
+    model_name,
+    policy_name,
     registry_key,
 )
 from .promotion import CHALLENGER, CHAMPION, GATE_SETTLE_S, Promotion
@@ -80,25 +84,6 @@ MODEL_NAME = "model"  # the pyfunc model's name within a pretraining run
 FILES_PATH = "cost_model"  # the cost model's weights + JSON as plain run artifacts (`runs:/<id>/cost_model`)
 POLICY_PATH = "policy"  # the policy directory as run artifacts (`runs:/<id>/policy`); a version's source
 POLICY_FILE = "policy.json"
-
-# models:/<name>@<alias>[/path], models:/<name>/<version>[/path], or a logged model's models:/<model id>[/path]
-_MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))?(?P<path>/.*)?$")
-
-
-def cost_model_name(hardware_kind: str) -> str:
-    """Registry name of the cost model for one hardware kind."""
-    return f"shardwise-cost-{hardware_kind}"
-
-
-def policy_name(method: str, hardware_kind: str) -> str:
-    """Registry name of a placement policy for one method and hardware kind."""
-    return f"shardwise-policy-{method}-{hardware_kind}"
-
-
-def champion_uri(name: str) -> str:
-    """`models:/<name>@champion`: what planning uses unless told otherwise."""
-    return f"models:/{name}@{CHAMPION}"
-
 
 @dataclass(frozen=True)
 class LoggedRun:
@@ -172,7 +157,7 @@ class MlflowService:
         if failure is not None:
             return failure
         text = redacted(_first_line(err))
-        return RegistryError(f"{uri}: not found in {self._stores()} ({text}); {_how_to_register(_model_name(uri))}")
+        return RegistryError(f"{uri}: not found in {self._stores()} ({text}); {_how_to_register(model_name(uri))}")
 
     # -- loading ------------------------------------------------------------------------------------------------
     @_bounded
@@ -189,7 +174,7 @@ class MlflowService:
             raise RegistryError(f"{uri}: no such directory, and not a models:/ or runs:/ URI; {_how_to_register(None)}")
         if scheme in ("models", "runs"):
             self._check_store_exists(uri)
-        match = _MODELS_URI.match(uri) if scheme == "models" else None
+        match = MODELS_URI.match(uri) if scheme == "models" else None
         if match is not None and (match["alias"] is not None or match["version"] is not None):
             return self._load_version(uri, match["name"], match["alias"], match["version"], match["path"], load_dir)
         self._check_servers()  # before importing MLflow: a server that is down is said in seconds
@@ -207,7 +192,7 @@ class MlflowService:
         if not self.store_exists():
             raise RegistryError(
                 f"{uri}: no MLflow store at {self._stores()} (the file does not exist); "
-                f"{_how_to_register(_model_name(uri))}, or pass --tracking-uri of the store that has it"
+                f"{_how_to_register(model_name(uri))}, or pass --tracking-uri of the store that has it"
             )
 
     def _load_version(self, uri: str, name: str, alias: str | None, version: str | None, path: str | None,
@@ -281,6 +266,8 @@ class MlflowService:
         self._check_servers()
         if uri.startswith("models:"):
             uri = self._resolve_models_uri(uri)
+        # MLflow's progress bar off unless asked for: a training job loading its plan or model keeps a quiet console
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         return str(mlflow.artifacts.download_artifacts(
             artifact_uri=uri, dst_path=dst, tracking_uri=self.tracking_uri, registry_uri=self.registry_uri
         ))
@@ -294,7 +281,7 @@ class MlflowService:
         for _ in range(4):  # a version's source may be a models:/ URI again; never loop forever
             if not uri.startswith("models:"):
                 return uri
-            match = _MODELS_URI.match(uri)
+            match = MODELS_URI.match(uri)
             if match is None:
                 raise RegistryError(
                     f"{original}: not a models:/ URI shardwise can resolve; expected models:/<name>@<alias>, "
@@ -487,11 +474,6 @@ class MlflowService:
         says how)."""
         return gate.promote(self._client(), name, version, metric=metric, new_value=new_value,
                            champion_value=champion_value, stores=self._stores(), min_gain=min_gain)
-
-
-def _model_name(uri: str) -> str | None:
-    match = _MODELS_URI.match(uri)
-    return match["name"] if match else None
 
 
 def _find_cost_model_dir(root: Path) -> Path:

@@ -56,6 +56,31 @@ _REST = "/api/2.0/mlflow"
 NOT_FOUND_CODES = ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
 
 
+# models:/<name>@<alias>[/path], models:/<name>/<version>[/path], or a logged model's models:/<model id>[/path]
+MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))?(?P<path>/.*)?$")
+
+
+def cost_model_name(hardware_kind: str) -> str:
+    """Registry name of the cost model for one hardware kind."""
+    return f"shardwise-cost-{hardware_kind}"
+
+
+def policy_name(method: str, hardware_kind: str) -> str:
+    """Registry name of a placement policy for one method and hardware kind."""
+    return f"shardwise-policy-{method}-{hardware_kind}"
+
+
+def champion_uri(name: str) -> str:
+    """`models:/<name>@champion`: what planning uses unless told otherwise."""
+    return f"models:/{name}@champion"
+
+
+def model_name(uri: str) -> str | None:
+    """The registered name a models:/ URI names (None for another URI)."""
+    match = MODELS_URI.match(uri)
+    return match["name"] if match else None
+
+
 class RegistryError(ShardwiseError):
     """A model, version or alias that cannot be found or loaded: names the URI, the store and what to do."""
 

@@ -22,7 +22,8 @@ from shardwise.errors import ShardwiseError
 from shardwise.search import Plan, load_plan, save_plan
 from shardwise.workload import ShardingTask, load_task
 
-from .mlflow import _MODELS_URI, MlflowService
+from .mlflow import MlflowService
+from .mlflow_registry import MODELS_URI
 from .promotion import Promotion
 
 PLAN_EXPERIMENT = "shardwise-plans"
@@ -99,7 +100,7 @@ def read_registered_plan(uri: str, *, tracking_uri: str | None = None) -> Plan:
 
 def _name_and_version(service: MlflowService, uri: str) -> tuple[str, str | None]:
     """The registered name and version `uri` names (the version an alias points at; None for a directory)."""
-    match = _MODELS_URI.match(uri)
+    match = MODELS_URI.match(uri)
     if match is None or (match["alias"] is None and match["version"] is None):
         return "", None
     if match["version"] is not None:
