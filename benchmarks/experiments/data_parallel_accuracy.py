@@ -32,15 +32,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from benchmarks.harness import (
-    BenchmarkError,
-    Context,
-    Experiment,
-    ExperimentSettings,
-    Outcome,
-    SuiteRun,
-    register,
-)
+from benchmarks import harness
 from shardwise.costmodel.data_parallel import data_parallel_cost, gradient_bytes, local_batch_table
 from shardwise.costmodel.row_wise import ids_bytes, output_bytes, row_wise_cost
 from shardwise.profiling import AllToAllSession, MeasurementSettings, measure_shard, resolve_timing
@@ -124,7 +116,7 @@ def row_block_rows(models: dict[str, Any], shards: list[list[Any]], devices: lis
     batch."""
     first = next(iter(models.values()))
     if any(m.batch_size != first.batch_size for m in models.values()):
-        raise BenchmarkError("--row-blocks: the models were trained at different batches: "
+        raise harness.BenchmarkError("--row-blocks: the models were trained at different batches: "
                              f"{[m.batch_size for m in models.values()]}")
     device, protocol = resolve_timing(MeasurementSettings(reference_ms=first.reference_ms,
                                                           batch_size=first.batch_size))
@@ -170,7 +162,7 @@ def per_type_rows(model: Any, model_dir: str, shards: list[list[Any]], devices: 
     from shardwise.costmodel.evaluate import torchrec_estimates
 
     if model.all_reduce is None or getattr(model, "reduce_scatter", None) is None:
-        raise BenchmarkError(f"--model {model_dir}: the model has no measured all-reduce or reduce-scatter (profile "
+        raise harness.BenchmarkError(f"--model {model_dir}: the model has no measured all-reduce or reduce-scatter (profile "
                              "with --comm-layouts): data-parallel and row-wise tables cannot be priced")
     passes = [_one_pass(model, shards, devices, iters) for _ in range(2)]
     rows = []
@@ -207,7 +199,7 @@ def per_type_rows(model: Any, model_dir: str, shards: list[list[Any]], devices: 
     return rows
 
 
-class DataParallelAccuracySettings(ExperimentSettings):
+class DataParallelAccuracySettings(harness.ExperimentSettings):
     """Which model, which held-out shards, which comparison."""
 
     model: str = Field(description="the cost model (a directory, models:/ or runs:/ URI)")
@@ -226,32 +218,32 @@ class DataParallelAccuracySettings(ExperimentSettings):
                                            "same measurements (repeatable)")
 
 
-def run(args: DataParallelAccuracySettings, context: Context) -> Outcome:
+def run(args: DataParallelAccuracySettings, context: harness.Context) -> harness.Outcome:
     """Per sharding type, or the row blocks; recorded under the comparison's name."""
     if args.per_type == args.row_blocks:
-        raise BenchmarkError("name one comparison: --per-type or --row-blocks")
+        raise harness.BenchmarkError("name one comparison: --per-type or --row-blocks")
     shards = held_out_shards(args.preset, args.shards, args.max_tables, args.seed)
     what = f"{args.shards} shards of 1-{args.max_tables} of preset {args.preset}'s held-out tables, seed {args.seed}"
     if args.row_blocks:
         models = {uri: context.cost_model(uri, required=True) for uri in (args.model, *args.compare_model)}
-        return Outcome(row_block_rows(models, shards, list(args.devices)), record_name="row_block_accuracy",
+        return harness.Outcome(row_block_rows(models, shards, list(args.devices)), record_name="row_block_accuracy",
                        title=f"The compute network on row blocks ({what})")
     per_type = per_type_rows(context.cost_model(args.model, required=True), args.model, shards, list(args.devices),
                              args.iters)
     table_wise = per_type[0]["shardwise_mape_pct"]
     gaps = ", ".join(f"{r['sharding_type']} on {r['devices']} {r['shardwise_mape_pct'] - table_wise:+.1f}"
                      for r in per_type[1:])
-    return Outcome(per_type, notes=[f"held-out MAPE against table-wise's {table_wise}%, in points: {gaps}"],
+    return harness.Outcome(per_type, notes=[f"held-out MAPE against table-wise's {table_wise}%, in points: {gaps}"],
                    record_name="sharding_type_accuracy",
                    title=f"Held-out accuracy per sharding type ({what}, model {args.model})")
 
 
-register(Experiment(
+harness.register(harness.Experiment(
     name="data_parallel_accuracy",
     title="How well data-parallel and row-wise tables are priced",
     settings=DataParallelAccuracySettings,
     run=run,
     # the headline's per-type figures (recorded as sharding_type_accuracy)
-    suites={"claims": (SuiteRun({"model": "models:/shardwise-cost-cpu-x86_64-2c@champion", "per_type": True,
+    suites={"claims": (harness.SuiteRun({"model": "models:/shardwise-cost-cpu-x86_64-2c@champion", "per_type": True,
                                  "shards": 48}),)},
 ))

@@ -25,16 +25,7 @@ from typing import Any
 
 from pydantic import Field
 
-from benchmarks.harness import (
-    BenchmarkError,
-    Context,
-    Experiment,
-    ExperimentSettings,
-    Outcome,
-    SuiteRun,
-    register,
-    test_helpers,
-)
+from benchmarks import harness
 
 #: the scenario that runs a whole pipeline (minutes a try): --pipeline-tries
 PIPELINE = "pipeline_killed"
@@ -56,7 +47,7 @@ ONE_LINE_ERRORS = (" One-line errors: of the tries where the fault made the comm
                    "a wrong champion.")
 
 
-class FaultsSettings(ExperimentSettings):
+class FaultsSettings(harness.ExperimentSettings):
     """Which scenarios, how many tries each."""
 
     tries: int = Field(default=5, ge=1, description="injections of each fault")
@@ -70,7 +61,7 @@ class FaultsSettings(ExperimentSettings):
 def scenarios() -> dict[str, Callable[..., Any]]:
     """Every scenario tests/unit/fault_injection.py defines: its public functions of a `tmp` folder that return a
     FaultOutcome, by name, in the module's order."""
-    module = test_helpers("fault_injection")
+    module = harness.test_helpers("fault_injection")
     found = {}
     for name, function in inspect.getmembers(module, inspect.isfunction):
         if name.startswith("_") or function.__module__ != module.__name__:
@@ -84,7 +75,7 @@ def scenarios() -> dict[str, Callable[..., Any]]:
 @functools.cache
 def _fault_free_costs() -> Any:
     """The cost rows a local pipeline run nobody kills pre-trains on (once per benchmark run)."""
-    injection = test_helpers("fault_injection")
+    injection = harness.test_helpers("fault_injection")
     with tempfile.TemporaryDirectory(prefix="bench-faults-pipeline-") as tmp:
         subprocess.run(injection.pipeline_run(Path(tmp)), check=True, capture_output=True, timeout=1800)
         return injection.pipeline_costs(Path(tmp) / "run")
@@ -143,7 +134,7 @@ def run_fault(name: str, function: Callable[..., Any], tries: int) -> dict[str, 
     }
 
 
-def run(settings: FaultsSettings, context: Context) -> Outcome:
+def run(settings: FaultsSettings, context: harness.Context) -> harness.Outcome:
     """Inject each scenario `tries` times; one row per scenario."""
     import logging
 
@@ -151,7 +142,7 @@ def run(settings: FaultsSettings, context: Context) -> Outcome:
     found = scenarios()
     wanted = settings.faults or tuple(found)
     if unknown := sorted(set(wanted) - set(found)):
-        raise BenchmarkError(f"--faults: no scenario {', '.join(unknown)} in tests/unit/fault_injection.py; there are "
+        raise harness.BenchmarkError(f"--faults: no scenario {', '.join(unknown)} in tests/unit/fault_injection.py; there are "
                          f"{', '.join(found)}")
     rows = []
     for name in wanted:
@@ -160,7 +151,7 @@ def run(settings: FaultsSettings, context: Context) -> Outcome:
         rows.append(run_fault(name, found[name], tries))
     bad = [r["scenario"] for r in rows if r["rows lost"] or r["duplicated rows"] or r["wrong champions"]
            or r["reruns that failed"]]
-    return Outcome(rows, notes=[
+    return harness.Outcome(rows, notes=[
         "Each try is a real run on loopback (moto's S3 server, an `mlflow server`), faulted and rerun: rows lost and "
         "stored twice are counted against a fault-free run of the same command, a wrong champion is an alias on a "
         "version without the gate's decision for it, a champion moved by a run that never finished, or (two runs "
@@ -169,11 +160,11 @@ def run(settings: FaultsSettings, context: Context) -> Outcome:
         failed=f"rows lost or duplicated, a wrong champion or a failed rerun in {', '.join(bad)}" if bad else None)
 
 
-register(Experiment(
+harness.register(harness.Experiment(
     name="faults",
     title="Faults survived: store, tracking server and registry faults injected into real runs",
     settings=FaultsSettings,
     run=run,
     threads=None,
-    suites={"claims": (SuiteRun({"tries": 5, "pipeline_tries": 5}),)},
+    suites={"claims": (harness.SuiteRun({"tries": 5, "pipeline_tries": 5}),)},
 ))

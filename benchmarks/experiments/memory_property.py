@@ -17,16 +17,7 @@ from typing import Any
 
 from pydantic import Field
 
-from benchmarks.harness import (
-    BenchmarkError,
-    Context,
-    Experiment,
-    ExperimentSettings,
-    Outcome,
-    SuiteRun,
-    register,
-    test_helpers,
-)
+from benchmarks import harness
 from benchmarks.record import RESULTS
 
 #: where `--chunk` runs keep their tallies (one file per range of tasks; `--merge` adds them up)
@@ -36,7 +27,7 @@ COUNTS = ("tasks", "plans", "over_memory", "mis_tiled", "infeasible_planned", "r
           "refused_without_reason", "skipped")
 
 
-class MemoryPropertySettings(ExperimentSettings):
+class MemoryPropertySettings(harness.ExperimentSettings):
     """Which random tasks, and whether to save or add up ranges of them."""
 
     tasks: int = Field(default=10_000, ge=1, description="random tasks (each through every method)")
@@ -71,7 +62,7 @@ def save_chunk(tallies: dict[str, Any], settings: MemoryPropertySettings) -> Non
 def merged_chunks(seed: int) -> tuple[dict[str, Any], int, list[str]]:
     """The tallies of every saved range of `seed` added up, the tasks they cover, and the ranges (refused when two
     overlap: a task counted twice would inflate the figure)."""
-    check = test_helpers("memory_property")
+    check = harness.test_helpers("memory_property")
     tallies: dict[str, Any] = {}
     covered: set[int] = set()
     ranges = []
@@ -81,7 +72,7 @@ def merged_chunks(seed: int) -> tuple[dict[str, Any], int, list[str]]:
             continue
         span = set(range(doc["start"], doc["start"] + doc["tasks"]))
         if span & covered:
-            raise BenchmarkError(f"{path}: its tasks overlap another saved range's; remove one of them")
+            raise harness.BenchmarkError(f"{path}: its tasks overlap another saved range's; remove one of them")
         covered |= span
         ranges.append(f"{doc['start']}-{doc['start'] + doc['tasks'] - 1}")
         for name, counts in doc["methods"].items():
@@ -94,9 +85,9 @@ def merged_chunks(seed: int) -> tuple[dict[str, Any], int, list[str]]:
     return tallies, len(covered), ranges
 
 
-def run(settings: MemoryPropertySettings, context: Context) -> Outcome:
+def run(settings: MemoryPropertySettings, context: harness.Context) -> harness.Outcome:
     """Plan the tasks with every method (or add up saved ranges); one row per method."""
-    check = test_helpers("memory_property")
+    check = harness.test_helpers("memory_property")
     if settings.merge:
         tallies, covered, ranges = merged_chunks(settings.seed)
         source = f", added up from {len(ranges)} ranges saved in benchmarks/results/memory_property/"
@@ -113,18 +104,18 @@ def run(settings: MemoryPropertySettings, context: Context) -> Outcome:
     broken = [name for name, t in tallies.items() if not t.ok()]
     refusals = [f"{name}'s first refusal of a task another method planned: {t.first_refusal}"
                 for name, t in tallies.items() if t.first_refusal]
-    return Outcome(rows, notes=[f"{covered} tasks (seed {settings.seed}), 1-{settings.max_tables} tables, "
+    return harness.Outcome(rows, notes=[f"{covered} tasks (seed {settings.seed}), 1-{settings.max_tables} tables, "
                                 f"1-{settings.max_devices} devices, memory slack 1.0-3.0 over the feasibility floor"
                                 + source, *refusals],
                    failed=f"property broken for {', '.join(broken)}" if broken else None)
 
 
-register(Experiment(
+harness.register(harness.Experiment(
     name="memory_property",
     title="Memory safety: random tasks, plans checked by independent arithmetic",
     settings=MemoryPropertySettings,
     run=run,
     # quick: the unit test's sample, which already reaches every method's plans and refusals
-    suites={"quick": (SuiteRun({"tasks": 12, "seed": 3, "max_tables": 40, "max_devices": 16}),),
-            "claims": (SuiteRun({"merge": True}),)},
+    suites={"quick": (harness.SuiteRun({"tasks": 12, "seed": 3, "max_tables": 40, "max_devices": 16}),),
+            "claims": (harness.SuiteRun({"merge": True}),)},
 ))

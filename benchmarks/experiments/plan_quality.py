@@ -26,15 +26,7 @@ from typing import Any
 
 from pydantic import Field
 
-from benchmarks.harness import (
-    BenchmarkError,
-    Context,
-    Experiment,
-    ExperimentSettings,
-    Outcome,
-    SuiteRun,
-    register,
-)
+from benchmarks import harness
 from benchmarks.plan_runs import MEASURED_GREEDY, REFINED, at_or_below, held_out_pool
 from shardwise.evaluation import PlanResult
 from shardwise.profiling import CommPricing
@@ -52,7 +44,7 @@ RESUMED = ("; with --resume, tasks an earlier call measured with these settings 
            "as it was then")
 
 
-class PlanQualitySettings(ExperimentSettings):
+class PlanQualitySettings(harness.ExperimentSettings):
     """Which tasks, which methods, how plans are measured."""
 
     model: str | None = Field(default=None, description="cost model URI (models:/..., runs:/..., or a directory)")
@@ -194,7 +186,7 @@ def headlines(results: list[PlanResult], rows: list[dict[str, Any]], set_name: s
     return lines
 
 
-def run(settings: PlanQualitySettings, context: Context) -> Outcome:
+def run(settings: PlanQualitySettings, context: harness.Context) -> harness.Outcome:
     """Draw the task sets, plan them with every method, measure every plan, refine the learned ones."""
     from shardwise.evaluation import (
         PAPER_TASK_SETS,
@@ -222,7 +214,7 @@ def run(settings: PlanQualitySettings, context: Context) -> Outcome:
         **({"warmup_iters": 2, "timing_iters": 5, "timing_rounds": 3, "comm_iters": 3} if settings.small else {}))
     if settings.sets:
         if unknown := sorted(set(settings.sets) - {s.name for s in specs}):
-            raise BenchmarkError(f"--sets: no task set {', '.join(unknown)}; there are {', '.join(s.name for s in specs)}")
+            raise harness.BenchmarkError(f"--sets: no task set {', '.join(unknown)}; there are {', '.join(s.name for s in specs)}")
         specs = tuple(s for s in specs if s.name in settings.sets)
     if settings.num_tasks:
         specs = tuple(s.model_copy(update={"num_tasks": settings.num_tasks}) for s in specs)
@@ -235,7 +227,7 @@ def run(settings: PlanQualitySettings, context: Context) -> Outcome:
     for name in settings.methods or default_methods():
         spec = get_method(name)
         if spec.policy is not None:
-            raise BenchmarkError(f"--methods {name}: plans with a trained policy; benchmark it with "
+            raise harness.BenchmarkError(f"--methods {name}: plans with a trained policy; benchmark it with "
                              f"`shardwise benchmark --methods {name}`")
         if spec.needs_cost_model and cost_model is None:
             print(f"no cost model: skipping {name}")
@@ -271,20 +263,20 @@ def run(settings: PlanQualitySettings, context: Context) -> Outcome:
     ]
     if settings.small:
         notes.append("--small: proves the pipeline, its figures are rough")
-        return Outcome(recorded, notes, record_name="plan_quality_small",
+        return harness.Outcome(recorded, notes, record_name="plan_quality_small",
                        title=f"{EXPERIMENT.title}, --small smoke run")
-    return Outcome(recorded, notes, title=EXPERIMENT.title + (f", cost model {settings.model}" if settings.model
+    return harness.Outcome(recorded, notes, title=EXPERIMENT.title + (f", cost model {settings.model}" if settings.model
                                                               else ""))
 
 
-EXPERIMENT = register(Experiment(
+EXPERIMENT = harness.register(harness.Experiment(
     name="plan_quality",
     title="Measured plan cost: NeuroShard, TorchRec's planner and the greedy baselines",
     settings=PlanQualitySettings,
     run=run,
-    suites={"quick": (SuiteRun({"small": True, "num_tasks": 1, "refine": 1, "out": "runs/bench/plan_quality_small"}),),
+    suites={"quick": (harness.SuiteRun({"small": True, "num_tasks": 1, "refine": 1, "out": "runs/bench/plan_quality_small"}),),
             # the headline plan-cost claims: every sharding type offered, 10 tasks a set, resumable (an hour a set)
-            "claims": tuple(SuiteRun({"model": CHAMPION, "sets": (task_set,), "num_tasks": 10, "methods": CLAIM_METHODS,
+            "claims": tuple(harness.SuiteRun({"model": CHAMPION, "sets": (task_set,), "num_tasks": 10, "methods": CLAIM_METHODS,
                                       "out": f"runs/bench_plan_quality_{task_set}", "resume": True},
                                      record_name=f"plan_quality_types_{task_set.split('-')[0]}")
                             for task_set in ("4dev-10to60", "8dev-80to120"))},

@@ -21,21 +21,13 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from benchmarks.harness import (
-    BenchmarkError,
-    Context,
-    Experiment,
-    ExperimentSettings,
-    Outcome,
-    SuiteRun,
-    register,
-)
+from benchmarks import harness
 
 TARGET_S = {(100, 8): 2.0, (1000, 64): 5.0, (5000, 1024): 60.0}
 GIB = 2**30
 
 
-class PlanningTimeSettings(ExperimentSettings):
+class PlanningTimeSettings(harness.ExperimentSettings):
     """Which tasks, which cost model where, which baselines."""
 
     model: str | None = Field(default=None, description="cost model directory or models:/ URI (default: the "
@@ -89,7 +81,7 @@ def stand_in(tables: list[Any], batch_size: int) -> Any:
     )
 
 
-def run(settings: PlanningTimeSettings, context: Context) -> Outcome:
+def run(settings: PlanningTimeSettings, context: harness.Context) -> harness.Outcome:
     """Per size: NeuroShard's time (and pricing every device, and without data-parallel roots), the cost model on
     each other device, TorchRec's planner."""
     from shardwise.search import PlanError, make_searcher
@@ -99,7 +91,7 @@ def run(settings: PlanningTimeSettings, context: Context) -> Outcome:
     try:
         sizes = [tuple(int(x) for x in s.split("x")) for s in settings.sizes]
     except ValueError:
-        raise BenchmarkError(f"--sizes {','.join(settings.sizes)}: give TABLESxDEVICES, e.g. 100x8,1000x64") from None
+        raise harness.BenchmarkError(f"--sizes {','.join(settings.sizes)}: give TABLESxDEVICES, e.g. 100x8,1000x64") from None
     tableset = synthesize_tables(max(n for n, _ in sizes), seed=settings.seed, batch_size=settings.batch_size)
     devices = list(settings.devices)
     models = {}
@@ -161,7 +153,7 @@ def run(settings: PlanningTimeSettings, context: Context) -> Outcome:
     title = EXPERIMENT.title
     if len(devices) > 1:
         title = f"Planning time: NeuroShard with the cost model on {' and on '.join(devices)}"
-    return Outcome(rows, title=title, notes=[
+    return harness.Outcome(rows, title=title, notes=[
         f"cost model: {context.model}, on {' and '.join(devices)} (neuroshard_s: on {first}); synthetic DLRM tables at full "
         f"size, batch {settings.batch_size}, memory per device 1.5x an even share; *_over_neuroshard = TorchRec's "
         "time / NeuroShard's on the same task; neuroshard_cpu_s = NeuroShard's process CPU time (far below wall time "
@@ -172,11 +164,11 @@ def run(settings: PlanningTimeSettings, context: Context) -> Outcome:
         f"data-parallel roots; TorchRec's planner run up to {settings.torchrec_max_tables} tables"])
 
 
-EXPERIMENT = register(Experiment(
+EXPERIMENT = harness.register(harness.Experiment(
     name="planning_time",
     title="Planning time: NeuroShard next to TorchRec's planner",
     settings=PlanningTimeSettings,
     run=run,
-    suites={"quick": (SuiteRun({"sizes": ("100x8",)}),),
-            "claims": (SuiteRun({"model": "models:/shardwise-cost-cpu-x86_64-2c@champion"}),)},
+    suites={"quick": (harness.SuiteRun({"sizes": ("100x8",)}),),
+            "claims": (harness.SuiteRun({"model": "models:/shardwise-cost-cpu-x86_64-2c@champion"}),)},
 ))

@@ -165,7 +165,7 @@ def test_the_faults_experiment_runs_every_scenario_fault_injection_defines(monke
          "def not_a_scenario(path) -> FaultOutcome: ...\n"
          "def new_fault(tmp, *, delay_s: float = 0.5) -> FaultOutcome:\n    return FaultOutcome()\n",
          added.__dict__)
-    monkeypatch.setattr(faults, "test_helpers", lambda name: added)
+    monkeypatch.setattr(faults.harness, "test_helpers", lambda name: added)
     assert list(faults.scenarios()) == ["new_fault"]
     assert isinstance(faults.one_try("new_fault", added.new_fault, ROOT, 0), added.FaultOutcome)  # its defaults
 
