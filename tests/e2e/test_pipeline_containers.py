@@ -1,7 +1,7 @@
 """The pipeline with every step in a container of the project's image (`shardwise pipeline run --local
---containers`), as a cluster runs it: the image's code, a read-only root, no network, only the run's folders and
-the MLflow store mounted, in $SHARDWISE_IMAGE, else the CPU image. Skipped where no Docker engine answers or that
-image is not built (`make image-cpu`); CI has neither."""
+--containers`), a production task among its inputs, as a cluster runs it: the image's code, a read-only root, no
+network, only the run's folders and the MLflow store mounted, in $SHARDWISE_IMAGE, else the CPU image. Skipped where
+no Docker engine answers or that image is not built (`make image-cpu`)."""
 
 from __future__ import annotations
 
@@ -41,14 +41,38 @@ def _shardwise(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=HANG_GUARD_S, env=env, cwd=cwd)
 
 
+def _production_task(path: Path) -> Path:
+    """A ranking model's 4 tables exported on a 2-rank CPU topology, as a user exports it."""
+    import torch
+    from torch import nn
+    from torchrec.distributed.planner.types import Topology
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from shardwise.integrations.torchrec import export_task, save_production_task
+
+    model = nn.Module()
+    model.sparse = nn.Module()
+    model.sparse.ebc = EmbeddingBagCollection(tables=[
+        EmbeddingBagConfig(name=f"t{i}", embedding_dim=32, num_embeddings=4000 * (i + 1), feature_names=[f"f{i}"])
+        for i in range(4)], device=torch.device("meta"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save_production_task(export_task(model, Topology(world_size=2, compute_device="cpu", ddr_cap=2**30),
+                                            name="ranking", batch_size=256), path)
+
+
 @pytest.mark.skipif(SKIP is not None, reason=str(SKIP))
 @pytest.mark.timeout(HANG_GUARD_S + 120)
 def test_every_step_runs_in_the_image_and_the_next_command_finds_the_model(tmp_path, smoke_steps):
-    result = _shardwise("pipeline", "run", "--local", "--containers", "--preset", "smoke", "--workdir", "runs",
-                        "--image", IMAGE, cwd=tmp_path)
+    production = _production_task(tmp_path / "runs" / "ranking.task.json")  # a step sees only the work directory
+    result = _shardwise("pipeline", "run", "--local", "--containers", "--preset", "smoke", "--num-devices", "2",
+                        "--production-tasks", str(production), "--workdir", "runs", "--image", IMAGE, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     steps = re.findall(r"^([\w-]+)\s+success\s+[\d.]+ s$", result.stdout, re.M)
-    assert set(steps) == smoke_steps, result.stdout
+    assert set(steps) == smoke_steps | {"publish-plans"}, result.stdout
+    # the publish step, in the image, planned the production task and registered its plan in the store
+    assert re.search(r"^ranking\s+[\d.]+\s+[\d.]+\s+-\s+-\s+shardwise-plan-ranking v1 @champion$", result.stdout,
+                     re.M), result.stdout[-3000:]
     log = (tmp_path / "runs/pipeline.log").read_text()
     # kfp.local's Docker runner found the image for every step (one line per container started)
     assert log.count(f"Found image '{IMAGE}'") >= len(set(steps)), log[-3000:]
