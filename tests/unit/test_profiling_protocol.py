@@ -128,10 +128,18 @@ def test_all_to_all_expectation_gives_each_device_its_batch_slice() -> None:
 
 def test_an_fbgemm_build_that_cannot_load_here_is_one_error_saying_which_build_is_needed(monkeypatch):
     """The image's CUDA fbgemm on a machine without the NVIDIA driver fails to load: one line, not a traceback."""
-    import sys
+    import builtins
 
     from shardwise.profiling.hardware import KernelUnavailableError, import_fbgemm
 
-    monkeypatch.setitem(sys.modules, "fbgemm_gpu", None)  # what a failed load looks like to `import`
-    with pytest.raises(KernelUnavailableError, match="needs an NVIDIA driver.*fbgemm-gpu-cpu"):
+    real_import = builtins.__import__
+
+    def load_fails(name: str, *args: object, **kwargs: object) -> object:  # the CUDA build without the driver
+        if name == "fbgemm_gpu":
+            raise OSError("libnvidia-ml.so.1: cannot open shared object file: No such file or directory")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", load_fails)
+    with pytest.raises(KernelUnavailableError, match="needs an NVIDIA driver.*fbgemm-gpu-cpu") as err:
         import_fbgemm()
+    assert "libnvidia-ml.so.1" in str(err.value) and "\n" not in str(err.value)
