@@ -26,7 +26,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ from shardwise.profiling import MeasurementSettings, TimingProtocol, resolve_tim
 from shardwise.profiling.dataset import load_costs, noise_floor
 from shardwise.profiling.hardware import device_name, resolve_device
 from shardwise.profiling.kernel import _time_with, _Timer, build_shard_kernel, time_kernel
+from shardwise.profiling.protocol import CudaTimer
 from shardwise.profiling.runner import ProfileSettings, profile
 from shardwise.profiling.sampling import sample_shard_configs
 from shardwise.search import make_searcher
@@ -291,7 +292,7 @@ class GpuMethodSettings(ExperimentSettings):
                                "datasets.tar.gz), read again instead of a run")
     probe_batch: int = Field(default=2048, ge=1, description="the small batch of the probe profile")
     probe_shards: int = Field(default=120, ge=0, description="shards of the probe profile (0: none)")
-    cuda_timer: Literal["held", "queued", "graph", "events"] | None = Field(
+    cuda_timer: CudaTimer | None = Field(
         default=None, description="the profile's and the plans' CUDA timer (default: the protocol's)")
 
 
