@@ -190,6 +190,14 @@ def test_a_changed_model_is_refused_naming_what_changed(registered, model, topol
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_changed_constraint_is_named_with_its_table_and_field(registered):
+    _, files = registered
+    constraints = {**_constraints(), "t2": ParameterConstraints(pooling_factors=[7.5])}
+    planner = ShardwisePlanner(CPU, batch_size=BATCH, constraints=constraints, plan_loader=MlflowPlanLoader(files))
+    with pytest.raises(PlannerError, match=r"table 't2''s constraints \(pooling_factors\)"):
+        planner.plan(_model(), _sharders())
+
+
 # -- the gate, on scripted measurements -----------------------------------------------------------------------------
 class _Scripted:
     """Measurements as scripted: each session's plans cost what `figures` says by name (the measuring is not under

@@ -185,30 +185,6 @@ class PlannerContext(BaseModel):
         return _quietly(kind, self.storage_reservation.percentage)
 
 
-def changes(registered: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """What differs between two fingerprints (`plan_loader.enumerated_fingerprint`: what a planner's enumerator
-    saw), each in a few words: a table's rows, a new table, the world size."""
-    said: list[str] = []
-    old_tables, new_tables = dict(registered.get("tables", {})), dict(current.get("tables", {}))
-    for fqn in sorted(new_tables.keys() - old_tables.keys()):
-        said.append(f"new table {fqn!r}")
-    for fqn in sorted(old_tables.keys() - new_tables.keys()):
-        said.append(f"table {fqn!r} is gone")
-    for fqn in sorted(old_tables.keys() & new_tables.keys()):
-        (rows, dim), (now_rows, now_dim) = old_tables[fqn], new_tables[fqn]
-        if rows != now_rows:
-            said.append(f"table {fqn!r} rows {rows} -> {now_rows}")
-        if dim != now_dim:
-            said.append(f"table {fqn!r} dim {dim} -> {now_dim}")
-    for key, label in (("world_size", "world size"), ("compute_device", "compute device"),
-                       ("batch_size", "batch size per rank")):
-        if key in current and registered.get(key) != current[key]:
-            said.append(f"{label} {registered.get(key)} -> {current[key]}")
-    if "constraints" in current and registered.get("constraints") != current["constraints"]:
-        said.append("the constraints")
-    return said
-
-
 # -- export -------------------------------------------------------------------------------------------------------
 def export_context(
     model: nn.Module,

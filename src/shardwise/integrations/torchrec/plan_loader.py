@@ -20,7 +20,8 @@ hash, the fingerprint, and per option its storage hash and shards (sizes, offset
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 from torchrec.distributed.planner.types import (
     Enumerator,
+    ParameterConstraints,
     Perf,
     PlanLoader,
     PlannerErrorType,
@@ -38,7 +40,6 @@ from torchrec.distributed.planner.types import (
 )
 
 from ..plan_registry import RegisteredPlan, load_registered_plan
-from .context import changes
 from .errors import PlannerError
 
 FORMAT: Literal["shardwise.torchrec-plan/v1"] = "shardwise.torchrec-plan/v1"
@@ -113,17 +114,43 @@ def enumerated_fingerprint(enumerator: Enumerator) -> dict[str, Any] | None:
         "world_size": getattr(enumerator, "_world_size", None),
         "compute_device": getattr(enumerator, "_compute_device", None),
         "batch_size": getattr(enumerator, "_batch_size", None),
-        "constraints": {t: sorted(_set_fields(c)) for t, c in sorted(constraints.items())},
+        "constraints": {t: _set_fields(c) for t, c in sorted(constraints.items())},
     }
 
 
-def _set_fields(constraint: Any) -> list[str]:
-    import dataclasses
+def changes(registered: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """What differs between two fingerprints (`plan_loader.enumerated_fingerprint`: what a planner's enumerator
+    saw), each in a few words: a table's rows, a new table, the world size."""
+    said: list[str] = []
+    old_tables, new_tables = dict(registered.get("tables", {})), dict(current.get("tables", {}))
+    for fqn in sorted(new_tables.keys() - old_tables.keys()):
+        said.append(f"new table {fqn!r}")
+    for fqn in sorted(old_tables.keys() - new_tables.keys()):
+        said.append(f"table {fqn!r} is gone")
+    for fqn in sorted(old_tables.keys() & new_tables.keys()):
+        (rows, dim), (now_rows, now_dim) = old_tables[fqn], new_tables[fqn]
+        if rows != now_rows:
+            said.append(f"table {fqn!r} rows {rows} -> {now_rows}")
+        if dim != now_dim:
+            said.append(f"table {fqn!r} dim {dim} -> {now_dim}")
+    for key, label in (("world_size", "world size"), ("compute_device", "compute device"),
+                       ("batch_size", "batch size per rank")):
+        if key in current and registered.get(key) != current[key]:
+            said.append(f"{label} {registered.get(key)} -> {current[key]}")
+    old_constraints, new_constraints = dict(registered.get("constraints", {})), dict(current.get("constraints", {}))
+    for table in sorted(old_constraints.keys() | new_constraints.keys()):
+        before, now = old_constraints.get(table, {}), new_constraints.get(table, {})
+        if before != now:
+            fields = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+            said.append(f"table {table!r}'s constraints ({', '.join(fields)})")
+    return said
 
-    from torchrec.distributed.planner.types import ParameterConstraints
 
+def _set_fields(constraint: ParameterConstraints) -> dict[str, str]:
+    """A constraint's fields that differ from `ParameterConstraints()`'s, each as its repr."""
     default = ParameterConstraints()
-    return [f.name for f in dataclasses.fields(constraint) if getattr(constraint, f.name) != getattr(default, f.name)]
+    return {f.name: repr(getattr(constraint, f.name)) for f in dataclasses.fields(constraint)
+            if getattr(constraint, f.name) != getattr(default, f.name)}
 
 
 class MlflowPlanLoader(PlanLoader):
