@@ -267,6 +267,28 @@ def _run_here(argv: list[str], env: dict[str, str], what: str) -> None:
         raise RuntimeError(f"{what} failed: exit {code}: {output.getvalue()[-1500:]}")
 
 
+def _kill_once_registered(proc: subprocess.Popen[str], server: MlflowProcess, name: str, before_versions: int,
+                          delay_s: float, outcome: FaultOutcome) -> tuple[bool, bool]:
+    """SIGKILL the tracking server `delay_s` after `proc`'s new version of `name` appears in its store (its gate
+    runs then), wait for `proc`, note its exit and error line, and start the server again with its store:
+    (whether `proc` was still running at the kill, whether it failed)."""
+    registered = _wait_for(lambda: proc.poll() is not None or _versions(server.db, name) > before_versions, 600, 0.01)
+    if not registered or proc.poll() is not None:
+        proc.communicate()
+        raise RuntimeError(f"{name}: the registering run ended before its version appeared: exit {proc.returncode}")
+    time.sleep(delay_s)
+    killed = proc.poll() is None
+    server.kill()
+    killed_at = time.monotonic()
+    _, stderr = proc.communicate(timeout=600)
+    failed = proc.returncode != 0
+    outcome.seconds_to_error = time.monotonic() - killed_at if killed and failed else None
+    outcome.error = _error_line(stderr) if failed else ""
+    outcome.notes.update(first_exit=proc.returncode, killed_while_running=killed)
+    server.start()  # the service comes back with its store
+    return killed, failed
+
+
 def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: float = 0.0,
                                server: MlflowProcess | None = None) -> FaultOutcome:
     """The MLflow tracking server SIGKILLed `delay_s` after `verb`'s new model version appears in its store (the
@@ -301,22 +323,7 @@ def registration_server_killed(tmp: Path, *, verb: str = "pretrain", delay_s: fl
 
         proc = subprocess.Popen(_verb_argv(verb, tmp, data, url, 1), env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        registered = _wait_for(lambda: proc.poll() is not None or _versions(server.db, name) > before_versions,
-                               600, 0.01)
-        if not registered or proc.poll() is not None:
-            proc.communicate()
-            raise RuntimeError(f"{verb} ended before its version appeared: exit {proc.returncode}")
-        time.sleep(delay_s)
-        killed = proc.poll() is None
-        server.kill()
-        killed_at = time.monotonic()
-        _, stderr = proc.communicate(timeout=600)
-        failed = proc.returncode != 0
-        outcome.seconds_to_error = time.monotonic() - killed_at if killed and failed else None
-        outcome.error = _error_line(stderr) if failed else ""
-        outcome.notes.update(first_exit=proc.returncode, killed_while_running=killed)
-
-        server.start()  # the service comes back with its store
+        killed, failed = _kill_once_registered(proc, server, name, before_versions, delay_s, outcome)
         _, aliases, tags = _registry(server.db, name)
         if killed and not failed:
             # the process was still up, but its registration had ended before the kill reached it: that is only
@@ -358,27 +365,33 @@ def _half_logged_aliases(aliases: dict[str, str], tags: dict[str, dict[str, str]
 
 # -- two runs registering to one registry at the same time --------------------------------------------------------
 
-#: one registering run: log a policy with a known validation cost; the gate's comparison with the champion (in
-#: train-policy: planning the validation tasks with it) takes `compare_s` and finds the champion's own cost
-_REGISTER = """
+#: the start of a registering run: its arguments (the registry, what it registers and under which name, the metric
+#: it registers with, the start-time file `go` ("-": start at once) and `offset_s` after it, and `compare_s`, what
+#: the gate's comparison with the champion takes, finding the champion's own metric), past its imports
+_GATE_RUN = """
 import os, sys, time
 from pathlib import Path
 from mlflow import MlflowClient
 from shardwise.integrations.mlflow import MlflowService
-url, policy, kind, cost, go, offset_s, compare_s = sys.argv[1:8]
+url, what, name, value, go, offset_s, compare_s = sys.argv[1:8]
 client = MlflowClient(url)
 
 def champion_value(uri):
-    name, version = uri.removeprefix("models:/").split("/")
+    registered, version = uri.removeprefix("models:/").split("/")
     time.sleep(float(compare_s))
-    return float(client.get_model_version(name, version).tags["gate.value"])
+    return float(client.get_model_version(registered, version).tags["gate.value"])
 
-Path(go + f".ready-{os.getpid()}").touch()  # past its imports: the test sets the start time once both are
-while not Path(go).exists():
-    time.sleep(0.005)
-time.sleep(max(0.0, float(Path(go).read_text()) + float(offset_s) - time.time()))
-promotion = MlflowService(url).log_policy(Path(policy), method="dreamshard", hardware_kind=kind, history=[],
-                                          params={}, validation_cost=float(cost), champion_value=champion_value).promotion
+if go != "-":
+    Path(go + f".ready-{os.getpid()}").touch()  # past its imports: the caller sets the start time once all are
+    while not Path(go).exists():
+        time.sleep(0.005)
+    time.sleep(max(0.0, float(Path(go).read_text()) + float(offset_s) - time.time()))
+"""
+
+#: one run logging a policy (`what`, under hardware kind `name`) with a known validation cost (`value`)
+_REGISTER = _GATE_RUN + """
+promotion = MlflowService(url).log_policy(Path(what), method="dreamshard", hardware_kind=name, history=[],
+                                          params={}, validation_cost=float(value), champion_value=champion_value).promotion
 print(promotion.version, promotion.alias, promotion.reason)
 """
 
@@ -390,6 +403,21 @@ def _policy_dir(root: Path) -> Path:
     (root / "policy.json").write_text(json.dumps({"format": "shardwise.policy/v1", "method": "dreamshard"}))
     torch.save({"w": torch.ones(2)}, root / "weights.pt")
     return root
+
+
+def _run_together(argvs: list[list[str]], go: Path, outcome: FaultOutcome) -> None:
+    """Start each registering run, give them one start time once all are past their imports (`go` holds it), wait
+    for them, keep each exit and last line in `outcome.notes["runs"]`; a run that failed is raised."""
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in argvs]
+    ready = [Path(f"{go}.ready-{p.pid}") for p in procs]
+    _wait_for(lambda: all(r.exists() for r in ready) or any(p.poll() is not None for p in procs), 600, 0.01)
+    go.with_suffix(".tmp").write_text(str(time.time() + 0.2))
+    go.with_suffix(".tmp").rename(go)  # whole when a run reads it
+    results = [p.communicate(timeout=600) for p in procs]
+    outcome.notes["runs"] = [(p.returncode, out.strip() or _error_line(err)) for p, (out, err) in
+                             zip(procs, results, strict=True)]
+    if any(p.returncode != 0 for p in procs):
+        raise RuntimeError(f"a registering run failed: {outcome.notes['runs']}")
 
 
 def concurrent_registration(tmp: Path, *, costs: tuple[float, float] = (5.0, 3.0),
@@ -410,20 +438,9 @@ def concurrent_registration(tmp: Path, *, costs: tuple[float, float] = (5.0, 3.0
         policy = _policy_dir(tmp / "policy")
         MlflowService(url).log_policy(policy, method="dreamshard", hardware_kind=kind, history=[], params={},
                                       validation_cost=10.0)
-        go = tmp / "go"  # holds the start time, written once both runs are past their imports
-        procs = [subprocess.Popen([sys.executable, "-c", _REGISTER, url, str(policy), kind, str(cost), str(go),
-                                   str(offset), str(compare_s)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for cost, offset in zip(costs, offsets_s, strict=True)]
-        ready = [Path(f"{go}.ready-{p.pid}") for p in procs]
-        _wait_for(lambda: all(r.exists() for r in ready) or any(p.poll() is not None for p in procs), 600, 0.01)
-        go.with_suffix(".tmp").write_text(str(time.time() + 0.2))
-        go.with_suffix(".tmp").rename(go)  # whole when a run reads it
-        results = [p.communicate(timeout=600) for p in procs]
-        outcome.notes["runs"] = [(p.returncode, out.strip() or _error_line(err)) for p, (out, err) in
-                                 zip(procs, results, strict=True)]
-        if any(p.returncode != 0 for p in procs):
-            raise RuntimeError(f"a registering run failed: {outcome.notes['runs']}")
+        go = tmp / "go"
+        _run_together([[sys.executable, "-c", _REGISTER, url, str(policy), kind, str(cost), str(go), str(offset),
+                        str(compare_s)] for cost, offset in zip(costs, offsets_s, strict=True)], go, outcome)
         _, aliases, tags = _registry(server.db, name)
         champion = aliases.get(CHAMPION, "")
         outcome.notes["champion_cost"] = tags.get(champion, {}).get("gate.value")
@@ -435,31 +452,14 @@ def concurrent_registration(tmp: Path, *, costs: tuple[float, float] = (5.0, 3.0
 # -- the plan registry: a plan's registration killed, and two at once ---------------------------------------------
 
 #: one run registering a production task's plan (`plan_registry.register_plan`, what `shardwise publish` calls after
-#: measuring) that measured `ms`; the gate's comparison with the champion takes `compare_s` and finds the champion's
-#: own measured ms. `go` "-": start at once, else wait for the start time in that file, then `offset_s` more.
-_REGISTER_PLAN = """
-import os, sys, time
-from pathlib import Path
-from mlflow import MlflowClient
-from shardwise.integrations.mlflow import MlflowService
-from shardwise.integrations.plan_registry import register_plan
-url, files, task, ms, go, offset_s, compare_s = sys.argv[1:8]
-client = MlflowClient(url)
-
-def champion_ms(uri):
-    name, version = uri.removeprefix("models:/").split("/")
-    time.sleep(float(compare_s))
-    return float(client.get_model_version(name, version).tags["gate.value"])
-
-if go != "-":
-    Path(go + f".ready-{os.getpid()}").touch()
-    while not Path(go).exists():
-        time.sleep(0.005)
-    time.sleep(max(0.0, float(Path(go).read_text()) + float(offset_s) - time.time()))
+#: measuring: the files `what`, of task `name`) that measured `value` ms
+_REGISTER_PLAN = _GATE_RUN + """
 from shardwise.errors import ShardwiseError
+from shardwise.integrations.plan_registry import register_plan
 try:
-    promotion = register_plan(MlflowService(url), task, Path(files), measured_ms=float(ms), champion_ms=champion_ms,
-                              min_gain=0.0, tags={}, params={}, metrics={"plan_ms": float(ms)})
+    promotion = register_plan(MlflowService(url), name, Path(what), measured_ms=float(value),
+                              champion_ms=champion_value, min_gain=0.0, tags={}, params={},
+                              metrics={"plan_ms": float(value)})
 except ShardwiseError as err:  # as `shardwise publish` says it: one line, exit 2
     print(f"shardwise publish: error: {err}", file=sys.stderr)
     sys.exit(2)
@@ -519,21 +519,7 @@ def plan_registration_server_killed(tmp: Path, *, delay_s: float = 0.0,
         champion_before = before_aliases[CHAMPION]
         proc = subprocess.Popen(_register_plan_argv(url, files, task, 5.0), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        if not _wait_for(lambda: proc.poll() is not None or _versions(server.db, name) > before_versions, 600, 0.01) \
-                or proc.poll() is not None:
-            proc.communicate()
-            raise RuntimeError(f"the registration ended before its version appeared: exit {proc.returncode}")
-        time.sleep(delay_s)
-        killed = proc.poll() is None
-        server.kill()
-        killed_at = time.monotonic()
-        _, stderr = proc.communicate(timeout=600)
-        failed = proc.returncode != 0
-        outcome.seconds_to_error = time.monotonic() - killed_at if killed and failed else None
-        outcome.error = _error_line(stderr) if failed else ""
-        outcome.notes.update(first_exit=proc.returncode, killed_while_running=killed)
-
-        server.start()
+        _kill_once_registered(proc, server, name, before_versions, delay_s, outcome)
         _, aliases, tags = _registry(server.db, name)
         outcome.wrong_champions += _half_logged_aliases(aliases, tags)
         outcome.wrong_champions += aliases.get(CHAMPION) not in (champion_before, str(before_versions + 1))
@@ -572,18 +558,8 @@ def concurrent_plan_registration(tmp: Path, *, ms: tuple[float, float] = (5.0, 3
         register_plan(MlflowService(url), task, files, measured_ms=10.0, champion_ms=lambda _: None, min_gain=0.0,
                       tags={}, params={}, metrics={})
         go = tmp / "go"
-        procs = [subprocess.Popen(_register_plan_argv(url, files, task, m, str(go), offset, compare_s),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for m, offset in zip(ms, offsets_s, strict=True)]
-        ready = [Path(f"{go}.ready-{p.pid}") for p in procs]
-        _wait_for(lambda: all(r.exists() for r in ready) or any(p.poll() is not None for p in procs), 600, 0.01)
-        go.with_suffix(".tmp").write_text(str(time.time() + 0.2))
-        go.with_suffix(".tmp").rename(go)
-        results = [p.communicate(timeout=600) for p in procs]
-        outcome.notes["runs"] = [(p.returncode, out.strip() or _error_line(err)) for p, (out, err) in
-                                 zip(procs, results, strict=True)]
-        if any(p.returncode != 0 for p in procs):
-            raise RuntimeError(f"a registering run failed: {outcome.notes['runs']}")
+        _run_together([_register_plan_argv(url, files, task, m, str(go), offset, compare_s)
+                       for m, offset in zip(ms, offsets_s, strict=True)], go, outcome)
         _, aliases, tags = _registry(server.db, name)
         champion = aliases.get(CHAMPION, "")
         outcome.notes["champion_ms"] = tags.get(champion, {}).get("gate.value")
