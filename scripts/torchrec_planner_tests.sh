@@ -7,6 +7,7 @@
 set -euo pipefail
 checkout=${1:?TorchRec checkout (a clone or git dir of pytorch/torchrec)}
 model=${2:?cost model directory or models:/ URI}
+[ -d "$model" ] && model=$(cd "$model" && pwd)  # the tests run in a temporary folder
 python=${3:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
 tests=(test_planners test_embedding_utils test_embeddingbag_utils test_stats)
 work=$(mktemp -d)
