@@ -5,7 +5,6 @@ with the drop-in, and trains; the same job with one table grown fails on every r
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from dcnv2_model import (
     dcnv2_constraints,
     dcnv2_sharders,
     dcnv2_tables,
+    gloo_rank,
     train_dcnv2,
 )
 
@@ -39,11 +39,8 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
 
     from shardwise.integrations.torchrec import MlflowPlanLoader, ShardwiseEnumerator, ShardwisePlanner
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{Path(out_dir) / 'rendezvous'}", rank=rank,
-                            world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=60))
     result: dict = {}
-    try:
+    with gloo_rank(rank, out_dir):
         topology, constraints, sharders = _topology(), dcnv2_constraints(), dcnv2_sharders()
         # TorchRec's own planner: its enumerator shardwise's, so that column slices the plan holds are options
         enumerator = ShardwiseEnumerator(topology=topology, batch_size=BATCH, constraints=constraints)
@@ -64,8 +61,6 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
         except Exception as err:  # noqa: BLE001 - its type and message are what the test compares across ranks
             result["error"] = (type(err).__name__, str(err))
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def test_dcnv2_exported_published_and_loaded_by_a_dmp_job(tmp_path, tiny_cost_model, monkeypatch):

@@ -6,7 +6,6 @@ same error."""
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +19,7 @@ from dcnv2_model import (
     dcnv2_constraints,
     dcnv2_sharders,
     dcnv2_tables,
+    gloo_rank,
     train_dcnv2,
 )
 
@@ -38,12 +38,8 @@ def _worker(rank: int, model_dir: str, out_dir: str) -> None:
     import torch.distributed as dist
     from torchrec.distributed.planner.types import Topology
 
-    torch.set_num_threads(1)
-    # a rank left waiting on a broadcast fails within a minute instead of gloo's 30
-    dist.init_process_group("gloo", init_method=f"file://{Path(out_dir) / 'rendezvous'}", rank=rank,
-                            world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=60))
     result: dict = {}
-    try:
+    with gloo_rank(rank, out_dir):
         sharders = dcnv2_sharders()
         # 1 MiB of DDR per rank cannot hold the tables: rank 0's error reaches rank 1 instead of a broken pipe
         tiny = _planner(Topology(world_size=WORLD_SIZE, compute_device="cpu", ddr_cap=2**20), model_dir)
@@ -62,8 +58,6 @@ def _worker(rank: int, model_dir: str, out_dir: str) -> None:
             stats=planner.last_stats if rank == 0 else None,
         )
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,11 @@ batches and a few training steps under `DistributedModelParallel`: the real clie
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+from collections.abc import Iterator
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -11,6 +16,21 @@ BATCH = 8  # per rank
 DENSE_IN = 13  # Criteo's dense features
 ROW_SCALE = 1e-4  # the 40M-row tables keep 4,000 rows
 STEPS = 3
+
+
+@contextlib.contextmanager
+def gloo_rank(rank: int, out_dir: str) -> Iterator[None]:
+    """This process as rank `rank` of a gloo group of WORLD_SIZE meeting in `out_dir`, one thread: a rank left
+    waiting on a broadcast fails within a minute instead of gloo's 30."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{Path(out_dir) / 'rendezvous'}", rank=rank,
+                            world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=60))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def dcnv2_tables(row_scale: float = ROW_SCALE):  # noqa: ANN201 - the DCNv2 TableSpecs

@@ -482,6 +482,17 @@ def _plan_files(tmp: Path) -> Path:
     return write_plan_files(tmp / "files", plan, task, {"plan_ms": 1.0}, None)
 
 
+def _plan_champion(url: str, kind: str, files: Path) -> tuple[str, str, str]:
+    """A task of this try's own whose first plan (10 ms) is registered champion: (task, registered name, url)."""
+    from shardwise.integrations.mlflow import MlflowService
+    from shardwise.integrations.plan_registry import plan_name, register_plan
+
+    task = f"faults-{kind}"
+    register_plan(MlflowService(url), task, files, measured_ms=10.0, champion_ms=lambda _: None, min_gain=0.0,
+                  tags={}, params={}, metrics={})
+    return task, plan_name(task), url
+
+
 def _register_plan_argv(url: str, files: Path, task: str, ms: float, go: str = "-", offset_s: float = 0.0,
                         compare_s: float = 0.0) -> list[str]:
     return [sys.executable, "-c", _REGISTER_PLAN, url, str(files), task, str(ms), go, str(offset_s), str(compare_s)]
@@ -505,16 +516,12 @@ def plan_registration_server_killed(tmp: Path, *, delay_s: float = 0.0,
     (the gate runs then), started again, and the registration run again. The champion (10 ms) is beaten by the new
     plan (5 ms). Wrong champions: after the kill, `champion` on neither, or on a version without the gate's evidence;
     after the rerun, the same, the rerun's version holding no alias, or a champion whose files do not load."""
-    from shardwise.integrations.mlflow import CHAMPION, MlflowService
-    from shardwise.integrations.plan_registry import plan_name, register_plan
+    from shardwise.integrations.mlflow import CHAMPION
 
     outcome = FaultOutcome("tracking server killed during a plan's registration")
     files = _plan_files(tmp)
     with _registry_for(tmp, server) as (server, kind):
-        task = f"faults-{kind}"
-        name, url = plan_name(task), server.url
-        register_plan(MlflowService(url), task, files, measured_ms=10.0, champion_ms=lambda _: None, min_gain=0.0,
-                      tags={}, params={}, metrics={})
+        task, name, url = _plan_champion(server.url, kind, files)
         before_versions, before_aliases, _ = _registry(server.db, name)
         champion_before = before_aliases[CHAMPION]
         proc = subprocess.Popen(_register_plan_argv(url, files, task, 5.0), stdout=subprocess.PIPE,
@@ -547,16 +554,12 @@ def concurrent_plan_registration(tmp: Path, *, ms: tuple[float, float] = (5.0, 3
     """Two publish runs register a plan of one production task at once (champion: 10 ms), the second `offsets_s`
     apart. Wrong champions: the champion afterwards is not the faster plan, an alias on a version without the gate's
     decision for it, or a champion whose files do not load."""
-    from shardwise.integrations.mlflow import CHAMPION, MlflowService
-    from shardwise.integrations.plan_registry import plan_name, register_plan
+    from shardwise.integrations.mlflow import CHAMPION
 
     outcome = FaultOutcome("two runs registering a plan of one task at once")
     files = _plan_files(tmp)
     with _registry_for(tmp, server) as (server, kind):
-        task = f"faults-{kind}"
-        name, url = plan_name(task), server.url
-        register_plan(MlflowService(url), task, files, measured_ms=10.0, champion_ms=lambda _: None, min_gain=0.0,
-                      tags={}, params={}, metrics={})
+        task, name, url = _plan_champion(server.url, kind, files)
         go = tmp / "go"
         _run_together([_register_plan_argv(url, files, task, m, str(go), offset, compare_s)
                        for m, offset in zip(ms, offsets_s, strict=True)], go, outcome)

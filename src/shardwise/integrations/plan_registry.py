@@ -90,7 +90,10 @@ def load_registered_plan(uri: str | Path, *, tracking_uri: str | None = None,
     service = service or MlflowService(tracking_uri)
     uri = str(uri)
     name, version = _name_and_version(service, uri)
-    return service.load(uri, lambda root: read_plan_files(_files_dir(root), name, version))
+    # the version the alias named, read as that version: the files and the version they are labelled with agree
+    # even where another run moves the alias meanwhile
+    at = f"models:/{name}/{version}" if version is not None else uri
+    return service.load(at, lambda root: read_plan_files(_files_dir(root), name, version))
 
 
 def read_registered_plan(uri: str, *, tracking_uri: str | None = None) -> Plan:
