@@ -53,6 +53,7 @@ def stand_in(tables: list[Any], batch_size: int) -> Any:
     """An untrained cost model of the default size: the search's time is the same as a trained one's."""
     import torch
 
+    from shardwise.costmodel.coverage import FeatureRanges
     from shardwise.costmodel.features import (
         COMM_FEATURE_NAMES,
         NUM_COMM_FEATURES,
@@ -74,7 +75,7 @@ def stand_in(tables: list[Any], batch_size: int) -> Any:
     return NeuralCostModel(
         ComputeNet(NUM_FEATURES, config.hidden, config.layers, config.head_layers),
         FeatureNormaliser.fit(feats, TABLE_FEATURE_NAMES),
-        ModelMeta("untrained", batch_size),
+        ModelMeta("untrained", batch_size, FeatureRanges.of_training(feats, [1], batch_size)),
         config,
         CommNet(NUM_COMM_FEATURES, config.comm_hidden, config.comm_layers),
         FeatureNormaliser.fit(comm, COMM_FEATURE_NAMES),
