@@ -12,6 +12,7 @@ from . import (  # noqa: F401
     memory_property,
     plan_quality,
     planning_time,
+    real_models,
     refine,
     search_quality,
     torchrec_dropin,

@@ -21,7 +21,15 @@ from .memory import (
     table_host_bytes,
     table_memory_bytes,
 )
-from .mlperf import MLPERF_DCNV2_DIM, MLPERF_DCNV2_POOLING, MLPERF_DCNV2_ROWS, mlperf_dcnv2_tables
+from .mlperf import (
+    CRITEO_KAGGLE_DIM,
+    CRITEO_KAGGLE_ROWS,
+    MLPERF_DCNV2_DIM,
+    MLPERF_DCNV2_POOLING,
+    MLPERF_DCNV2_ROWS,
+    criteo_kaggle_tables,
+    mlperf_dcnv2_tables,
+)
 from .synthetic import DIMS, index_seed, synthesize_tables, write_index_data
 from .tables import (
     HOST_KERNELS,
@@ -49,6 +57,8 @@ from .tableset import (
 from .task import TASK_FORMAT, ShardingTask, TaskError, load_task, save_task, task_fits, task_from_json
 
 __all__ = [
+    "CRITEO_KAGGLE_DIM",
+    "CRITEO_KAGGLE_ROWS",
     "DIMS",
     "MLPERF_DCNV2_DIM",
     "MLPERF_DCNV2_POOLING",
@@ -59,6 +69,7 @@ __all__ = [
     "TableSet",
     "TableSetError",
     "augment_tables",
+    "criteo_kaggle_tables",
     "index_seed",
     "load_tables",
     "mlperf_dcnv2_tables",
