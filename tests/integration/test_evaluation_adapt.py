@@ -75,15 +75,14 @@ def test_a_model_for_other_hardware_is_not_adapted_here():
         adapt_cost_model(TASK, _trained("cpu-test"), BUDGET_S, measurement=MEASUREMENT)
 
 
-def test_the_drop_in_adapts_by_default_where_the_tables_are_new_and_says_so(here, monkeypatch):
+def test_the_drop_in_asked_to_refine_adapts_where_the_tables_are_new_and_says_so(here, monkeypatch):
     import shardwise.integrations.torchrec.search as dropin_search
     from shardwise.integrations.torchrec import ShardwisePlanner, ebc_on_meta
 
     module = torch.nn.Module()
     module.sparse = ebc_on_meta(TASK)
     monkeypatch.setattr(dropin_search, "DEFAULT_ADAPT_S", BUDGET_S)  # the default's 120 s, shortened for the suite
-    monkeypatch.setattr(dropin_search, "DEFAULT_REFINE_S", BUDGET_S)  # and the refinement's 50 s
-    planner = ShardwisePlanner(task=TASK, device_type="cpu", cost_model=here)
+    planner = ShardwisePlanner(task=TASK, device_type="cpu", cost_model=here, refine=BUDGET_S)
     planner.plan(module)
     record = planner.last_adaptation
     assert record is not None and record.kept and record.line() in planner.last_stats
@@ -96,15 +95,16 @@ def test_the_drop_in_adapts_by_default_where_the_tables_are_new_and_says_so(here
     assert refined.after_ms <= refined.before_ms
     assert f"refined on this machine: {refined.outcome()}" in planner.last_stats
     planner.plan(module)
-    # the adapted model has seen these tables: nothing to adapt again, nor (by default) to refine
-    assert planner.last_adaptation is None and planner.last_refinement is None
+    # the adapted model has seen these tables: nothing to adapt again (refined again, as asked)
+    assert planner.last_adaptation is None and planner.last_refinement is not None
 
     off = ShardwisePlanner(task=TASK, device_type="cpu", cost_model=here, adapt=0)
     off.plan(module)
     assert off.last_adaptation is None and "outside what the cost model was trained on" in off.last_stats
     elsewhere = ShardwisePlanner(task=TASK, device_type="cpu", cost_model=_trained("cpu-test"))
-    elsewhere.plan(module)  # by default, a model for other hardware plans as it is
+    elsewhere.plan(module)  # by default, tables new to the model get TorchRec's planner's plan: nothing is measured
     assert elsewhere.last_adaptation is None and elsewhere.last_refinement is None
+    assert "the plan: TorchRec's planner's own" in elsewhere.last_stats
 
 
 def test_the_drop_in_does_not_adapt_where_the_step_is_the_kernels_overhead(here):
@@ -115,7 +115,7 @@ def test_the_drop_in_does_not_adapt_where_the_step_is_the_kernels_overhead(here)
                          tables=tuple(TableSpec(name=f"s{i}", rows=100, dim=64, pooling_factor=1.0) for i in range(4)))
     module = torch.nn.Module()
     module.sparse = ebc_on_meta(small)
-    planner = ShardwisePlanner(task=small, device_type="cpu", cost_model=here)
+    planner = ShardwisePlanner(task=small, device_type="cpu", cost_model=here, refine=0)
     planner.plan(module)
     assert "outside what the cost model was trained on" in planner.last_stats
     assert planner.last_adaptation is None and planner.last_refinement is None

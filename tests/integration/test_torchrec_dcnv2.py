@@ -1,8 +1,9 @@
 """The real client: TorchRec's `DLRM_DCN` with the MLPerf DLRM-DCNv2 tables (rows scaled down to 2 cores), planned
 by `ShardwisePlanner` with TorchRec's own arguments (a `Topology`, `batch_size`, `ParameterConstraints`) from a
 trained cost model that has never seen tables like these, and trained by `DistributedModelParallel` on 2 gloo
-ranks. A CPU `Topology` and a CUDA-shaped one both give a plan; a plan rank 0 cannot make fails every rank with the
-same error."""
+ranks. By default the plan of tables the model never saw is TorchRec's planner's own; asked to search them anyway
+(`adapt=0`), shardwise's plan trains. A CPU `Topology` and a CUDA-shaped one both give a plan; a plan rank 0 cannot
+make fails every rank with the same error."""
 
 from __future__ import annotations
 
@@ -28,10 +29,11 @@ pytestmark = pytest.mark.integration
 GIB = 2**30
 
 
-def _planner(topology, cost_model: str):  # noqa: ANN001, ANN202 - as a TorchRec user writes it
+def _planner(topology, cost_model: str, **kwargs):  # noqa: ANN001, ANN003, ANN202 - as a TorchRec user writes it
     from shardwise.integrations.torchrec import ShardwisePlanner
 
-    return ShardwisePlanner(topology, batch_size=BATCH, constraints=dcnv2_constraints(), cost_model=cost_model)
+    return ShardwisePlanner(topology, batch_size=BATCH, constraints=dcnv2_constraints(), cost_model=cost_model,
+                            **kwargs)
 
 
 def _worker(rank: int, model_dir: str, out_dir: str) -> None:
@@ -48,8 +50,9 @@ def _worker(rank: int, model_dir: str, out_dir: str) -> None:
         except Exception as err:  # noqa: BLE001 - its type, kind and message are what the test compares across ranks
             result["error"] = (type(err).__name__, str(getattr(err, "error_type", None)), str(err))
 
+        # searched although the model never saw these tables (adapt=0: measure nothing), so that its plan trains
         planner = _planner(Topology(world_size=WORLD_SIZE, compute_device="cpu", hbm_cap=4 * GIB, ddr_cap=4 * GIB),
-                           model_dir)
+                           model_dir, adapt=0)
         plan = planner.collective_plan(dcnv2(torch.device("meta")), sharders, dist.group.WORLD)
         result.update(
             train_dcnv2(plan, rank),
@@ -87,10 +90,13 @@ def test_a_cuda_shaped_topology_plans_the_dcnv2_model_as_torchrecs_planner_does(
     devices = {str(m.placement.device()) for p in plan.plan["sparse_arch.embedding_bag_collection"].values()
                for m in p.sharding_spec.shards}
     assert devices == {"cuda:0", "cuda:1"}
-    assert {s.table for s in planner.last_plan.shards} == {t.name for t in dcnv2_tables()}
+    # tables the model never saw: TorchRec's planner's plan, the one it makes from the same arguments
     theirs = EmbeddingShardingPlanner(topology=topology, batch_size=BATCH, constraints=dcnv2_constraints())
-    assert set(theirs.plan(dcnv2(torch.device("meta")), get_default_sharders()).plan[
-        "sparse_arch.embedding_bag_collection"]) == {t.name for t in dcnv2_tables()}
+    assert plan == theirs.plan(dcnv2(torch.device("meta")), get_default_sharders())
+    assert planner.last_plan is None and "the plan: TorchRec's planner's own" in planner.last_stats
+    searched = _planner(topology, model_dir, adapt=0)
+    searched.plan(dcnv2(torch.device("meta")), get_default_sharders())
+    assert {s.table for s in searched.last_plan.shards} == {t.name for t in dcnv2_tables()}
 
 
 @pytest.mark.slow  # DistributedModelParallel on 2 ranks: make test-all

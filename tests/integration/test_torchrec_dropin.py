@@ -372,3 +372,67 @@ def test_the_stats_say_each_table_in_host_memory_its_kernel_and_cache():
     assert "in host memory: " in planner.last_stats
     assert "t2 fused_uvm_caching (cache_load_factor 0.3: 24000 of 80000 rows cached in HBM)" in planner.last_stats
     assert "t5 fused_uvm (no cache)" in planner.last_stats
+
+
+# -- tables the cost model has not learned: TorchRec's planner's plan, in its time ---------------------------------
+def _dcnv2_topology():  # noqa: ANN202 - a TorchRec Topology: 2 CPU ranks, as the brief's DLRM_DCN is planned
+    from torchrec.distributed.planner.types import Topology
+
+    return Topology(world_size=2, compute_device="cpu", ddr_cap=4 * GIB)
+
+
+def _shardwise_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "shardwise.torchrec" and r.levelno >= logging.WARNING]
+
+
+def test_tables_the_cost_model_has_not_learned_get_torchrecs_plan_and_one_line_saying_how_to_learn_them(
+        tiny_cost_model, caplog):
+    """TorchRec's DLRM_DCN over the DCNv2 tables, which the model never saw: by default the plan is the one TorchRec's
+    planner makes from the same arguments (its proposers, partitioner and estimates), no search runs, and one
+    warning names the way to a learned plan; the stats say which plan was returned and why."""
+    from dcnv2_model import BATCH, dcnv2, dcnv2_constraints, dcnv2_tables
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    model = tiny_cost_model[0]
+    assert model.outside_training(dcnv2_tables(), model.batch_size) is not None  # the premise
+    theirs = EmbeddingShardingPlanner(_dcnv2_topology(), batch_size=BATCH, constraints=dcnv2_constraints())
+    expected = theirs.plan(dcnv2(torch.device("meta")), get_default_sharders())
+    planner = ShardwisePlanner(_dcnv2_topology(), batch_size=BATCH, constraints=dcnv2_constraints(), cost_model=model)
+    with caplog.at_level(logging.INFO, logger="shardwise.torchrec"):
+        planned = planner.plan(dcnv2(torch.device("meta")))
+    assert planned == expected
+    assert planner.last_plan is None and planner.search.last_seconds == {}  # no shardwise search ran
+    (line,) = _shardwise_warnings(caplog)
+    assert line.startswith("ShardwisePlanner: the plan is TorchRec's planner's own, the cost model has not learned "
+                           "these tables (outside what the cost model was trained on")
+    assert "shardwise pipeline run --local --workload-tables TABLES --production-tasks TASK" in line
+    assert "adapt=SECONDS or refine=SECONDS" in line
+    assert "the plan: TorchRec's planner's own (its proposers and estimates: the cost model has not learned these " \
+           "tables)" in planner.last_stats
+    # asked to measure them here (adapt= given, 0 s), the search plans them as before: another plan, and no line
+    caplog.clear()
+    searched = ShardwisePlanner(_dcnv2_topology(), batch_size=BATCH, constraints=dcnv2_constraints(),
+                                cost_model=model, adapt=0)
+    with caplog.at_level(logging.INFO, logger="shardwise.torchrec"):
+        assert searched.plan(dcnv2(torch.device("meta"))) != expected
+    assert searched.last_plan is not None and "shardwise's neuroshard search" in searched.last_stats
+    assert not any("TorchRec's planner's own" in m for m in _shardwise_warnings(caplog))
+
+
+def test_tables_the_cost_model_has_learned_get_its_searched_plan(tiny_cost_model, caplog):
+    from costmodel_synthetic import synthetic_tables
+
+    from shardwise.integrations.torchrec import ebc_on_meta
+    from shardwise.workload import ShardingTask
+
+    model = tiny_cost_model[0]
+    learned = tuple(t for t in synthetic_tables("a", 12, 0) if model.outside_training([t], model.batch_size) is None)
+    task = ShardingTask(num_devices=2, device_memory_bytes=GIB, batch_size=model.batch_size, tables=learned)
+    assert len(learned) >= 8 and model.outside_training(task.tables, model.batch_size) is None
+    planner = ShardwisePlanner(task=task, cost_model=model, device_type="cpu")
+    with caplog.at_level(logging.INFO, logger="shardwise.torchrec"):
+        planner.plan(ebc_on_meta(task))
+    assert planner.last_plan is not None and "search" in planner.search.last_seconds
+    assert "the plan: shardwise's neuroshard search" in planner.last_stats
+    assert _shardwise_warnings(caplog) == []

@@ -25,6 +25,9 @@ from .space import FUSED
 class ShardwiseEnumerator(EmbeddingEnumerator):
     """TorchRec's options, and each column-wise one also split in the equal slices shardwise's search uses."""
 
+    #: the options the last `enumerate` added to TorchRec's (`torchrec_options` leaves them out)
+    splits: tuple[ShardingOption, ...] = ()
+
     def enumerate(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> list[ShardingOption]:
         try:
             options = super().enumerate(module, sharders)
@@ -48,7 +51,14 @@ class ShardwiseEnumerator(EmbeddingEnumerator):
                     added.append(split)
                 pieces *= 2
         self._estimate_slices(added)
+        self.splits = tuple(added)
         return options + added
+
+    def torchrec_options(self, search_space: list[ShardingOption]) -> list[ShardingOption]:
+        """`search_space` without the splits the last `enumerate` added: the options TorchRec's own enumerator
+        offers, in its order (what TorchRec's proposers plan from in TorchRec's planner)."""
+        added = {id(o) for o in self.splits}
+        return [o for o in search_space if id(o) not in added]
 
     def _estimate_slices(self, splits: list[ShardingOption]) -> None:
         """Each split's one slice estimated by TorchRec's estimators, then laid out over the table's columns: equal

@@ -1,7 +1,8 @@
 """A TorchRec `PerfModel` that rates a placed proposal by shardwise's cost model: the predicted slowest rank
 (kernels, all-to-alls, data-parallel and row-wise collectives). Shards the model has not measured (other kernels
 and sharding types, collectives it has no line for) get TorchRec's estimate, scaled to the cost model's hardware by
-the searched tables both price alone, so that one rank's sum is in one unit."""
+the searched tables both price alone, so that one rank's sum is in one unit. Where the search defers to TorchRec's
+planner (`ShardwiseSearch.defers`), it rates as TorchRec's planner does: each rank's TorchRec estimates, summed."""
 
 from __future__ import annotations
 
@@ -28,17 +29,19 @@ class RankCosts:
 
 
 class ShardwisePerfModel(PerfModel):
-    """The slowest rank's predicted ms (TorchRec's estimate alone where the search has no cost model)."""
+    """The slowest rank's predicted ms (TorchRec's estimate alone where the search has no cost model, or defers to
+    TorchRec's planner)."""
 
     def __init__(self, proposer: ShardwiseProposer) -> None:
         self.proposer = proposer
         self._scaled: tuple[PlanSpace, CostModel, float] | None = None
+        self._deferred: tuple[PlanSpace, bool] | None = None
 
     def costs(self, plan: list[ShardingOption]) -> RankCosts:
         """Each rank's predicted ms for `plan`, and which tables TorchRec's estimator priced."""
         space = self.proposer.space_of(plan)
         model: CostModel | None = self.proposer.search.resolved_cost_model()
-        if model is None:  # a method without a cost model: TorchRec's estimate of every shard
+        if model is None or self._defers(space):  # TorchRec's estimate of every shard, as its planner rates
             return RankCosts(tuple(torchrec_ms(plan, space.world_size)), tuple(t.key for t in space.tables))
         kinds = frozenset({"table_wise", "column_wise"} | ({"data_parallel"} if all_reduce_of(model) else set())
                           | ({"row_wise"} if reduce_scatter_of(model) else set()))
@@ -47,6 +50,14 @@ class ShardwisePerfModel(PerfModel):
         if task is not None:
             ms = ms + simulate(priced, task, model).total_ms
         return RankCosts(tuple(float(x) for x in ms), tuple(by_torchrec))
+
+    def _defers(self, space: PlanSpace) -> bool:
+        """Whether the search leaves `space`'s tables to TorchRec's planner (asked once per plan space: every
+        proposal is rated)."""
+        if self._deferred is None or self._deferred[0] is not space:
+            tables = [t.spec for t in space.searched if t.spec is not None]
+            self._deferred = (space, self.proposer.search.defers(tables) is not None)
+        return self._deferred[1]
 
     def _scale(self, space: PlanSpace, model: CostModel) -> float:
         """Cost-model ms per TorchRec-estimated ms: the searched tables' table-wise shards, each alone."""

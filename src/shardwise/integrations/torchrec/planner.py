@@ -5,7 +5,8 @@ and the constraints allow, with their fused parameters), its plan loader, contex
 its `PlannerError` where nothing fits. shardwise brings three stages: a proposer whose plan comes from a shardwise
 search on the learned cost model (`ShardwiseProposer`), a partitioner that keeps the ranks that search gave
 (`PlacedPartitioner`), and a perf model that rates plans by the cost model (`ShardwisePerfModel`); its stats stage
-(`ShardwiseStats`) says what it did.
+(`ShardwiseStats`) says what it did. Tables the cost model has not learned get TorchRec's planner's own plan, unless
+`adapt=` or `refine=` asks to measure them here (`ShardwiseSearch.defers`).
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
     given replaces shardwise's. shardwise's own, by keyword: `method` (a registered search method) or `searcher`;
     `cost_model` (an object, a directory or a models:/ URI; default this hardware's champion in the MLflow registry
     at `tracking_uri`); `task`, a shardwise task whose tables give access skew (and, without a topology, the
-    devices and their budget); `adapt` and `refine` (seconds on this machine: `ShardwiseSearch`); `optimizer`; and
-    without a topology, `world_size`, `local_world_size`, `device_memory_bytes`, `device_type` to make one."""
+    devices and their budget); `adapt` and `refine` (seconds on this machine: `ShardwiseSearch`; without either,
+    tables the cost model has not learned get TorchRec's planner's plan); `optimizer`; and without a topology,
+    `world_size`, `local_world_size`, `device_memory_bytes`, `device_type` to make one."""
 
     def __init__(
         self,
@@ -152,7 +154,7 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
     # -- what the last plan was made of ------------------------------------------------------------------------
     @property
     def last_plan(self) -> Plan | None:
-        """The shardwise plan the last search made (None where it found none)."""
+        """The shardwise plan the last search made (None where it found none, or where TorchRec's planner planned)."""
         return self.proposer.last_search
 
     @property
@@ -182,6 +184,7 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
         """TorchRec's planner's plan of `module` for `sharders` (TorchRec's default sharders where None); where none
         fits, TorchRec's error as shardwise's `PlannerError` in one line, with why shardwise's search found none."""
         self.proposer.space = None  # set again where proposals run: none ran where the plan loader's plan is taken
+        self.proposer.deferred = None
         if self.plan_loader is None:
             self.search.resolved_cost_model()  # a missing model is its own error, before any proposal is rated
         try:

@@ -3,7 +3,9 @@
 It proposes TorchRec's greedy proposal first (its feedback brings the planner's storage constraint, and it stays in
 the running), then the shardwise plan of the searched tables within each rank's storage, placed, searched again with
 less memory where TorchRec's storage estimate of it does not fit. Where the search finds no plan that fits, TorchRec's
-greedy proposals go on, so that the planner finds what TorchRec's would, or raises the error it would raise."""
+greedy proposals go on, so that the planner finds what TorchRec's would, or raises the error it would raise. Where
+the search defers to TorchRec's planner (`ShardwiseSearch.defers`: by default, tables the cost model has not
+learned), it proposes what TorchRec's default proposers propose from TorchRec's own options, in their order."""
 
 from __future__ import annotations
 
@@ -11,14 +13,15 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from torchrec.distributed.planner.proposers import GreedyProposer
+from torchrec.distributed.planner.proposers import GreedyProposer, GridSearchProposer, UniformProposer
 from torchrec.distributed.planner.types import Enumerator, Proposer, ShardingOption, Topology
 
 from shardwise.search import Plan, PlanError
 from shardwise.workload import Optimizer, ShardingTask, WeightsPrecision
 
+from .enumerator import ShardwiseEnumerator
 from .errors import PlannerError
-from .search import ShardwiseSearch
+from .search import LEARNED_PLAN_HOWTO, ShardwiseSearch
 from .space import PlanSpace, device_tier, rank_capacity
 
 log = logging.getLogger("shardwise.torchrec")
@@ -34,6 +37,11 @@ def proposal_key(proposal: list[ShardingOption]) -> frozenset[tuple[Any, ...]]:
     return frozenset((o.fqn, o.sharding_type, o.compute_kernel,
                       tuple((tuple(s.size), tuple(s.offset), s.rank) for s in o.shards))
                      for o in proposal if o.shards and all(s.rank is not None for s in o.shards))
+
+
+def torchrec_proposers() -> list[Proposer]:
+    """The proposers TorchRec's `EmbeddingShardingPlanner` runs by default, in its order."""
+    return [GridSearchProposer(), GreedyProposer(), GreedyProposer(use_depth=False), UniformProposer()]
 
 
 class ShardwiseProposer(Proposer):
@@ -55,7 +63,10 @@ class ShardwiseProposer(Proposer):
         self.last_error: str | None = None
         #: `proposal_key` of the last search's proposal
         self.last_key: frozenset[tuple[Any, ...]] | None = None
+        #: why the last plan was left to TorchRec's proposers (`ShardwiseSearch.defers`; None: it was not)
+        self.deferred: str | None = None
         self._greedy = GreedyProposer()
+        self._torchrec: list[Proposer] = []
         self._enumerator: Enumerator | None = None
         self._storage: Topology | None = None
         self._phase = "greedy"
@@ -66,11 +77,22 @@ class ShardwiseProposer(Proposer):
     def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None) -> None:
         self.space = PlanSpace(search_space, constraints=self.constraints, known=self.known, optimizer=self.optimizer,
                                weights_precision=self.weights_precision, world_size=self.topology.world_size)
-        self._greedy.load(search_space, enumerator)
         self._enumerator = enumerator
         self._storage = None
         self._phase, self._first_fitted, self._memory_cut, self._replans = "greedy", None, 0, 0
         self.last_task = self.last_search = self.last_error = self.last_key = None
+        self.search.forget()
+        self.deferred = self.search.defers([t.spec for t in self.space.searched if t.spec is not None])
+        if self.deferred is None:
+            self._greedy.load(search_space, enumerator)
+            return
+        log.warning("ShardwisePlanner: the plan is TorchRec's planner's own, the cost model has not learned these "
+                    "tables (%s); %s", self.deferred, LEARNED_PLAN_HOWTO)
+        own = enumerator.torchrec_options(search_space) if isinstance(enumerator, ShardwiseEnumerator) else search_space
+        self._torchrec = torchrec_proposers()
+        for proposer in self._torchrec:
+            proposer.load(own, enumerator)
+        self._phase = "deferred"
 
     def space_of(self, options: list[ShardingOption]) -> PlanSpace:
         """The plan space `options` lie in: the one loaded, else (another proposer's plan) one of their own."""
@@ -80,6 +102,11 @@ class ShardwiseProposer(Proposer):
                          weights_precision=self.weights_precision, world_size=self.topology.world_size)
 
     def propose(self) -> list[ShardingOption] | None:
+        while self._phase == "deferred" and self._torchrec:  # each of TorchRec's proposers until it has no more
+            proposal = self._torchrec[0].propose()
+            if proposal:
+                return proposal
+            self._torchrec.pop(0)
         if self._phase in ("greedy", "torchrec"):
             return self._greedy.propose()
         if self._phase != "search" or self.space is None or self._storage is None:
@@ -113,6 +140,9 @@ class ShardwiseProposer(Proposer):
     def feedback(self, partitionable: bool, plan: list[ShardingOption] | None = None,
                  perf_rating: float | None = None, storage_constraint: Topology | None = None) -> None:
         self._storage = storage_constraint
+        if self._phase == "deferred":
+            self._torchrec[0].feedback(partitionable, plan, perf_rating, storage_constraint)
+            return
         if self._phase == "greedy":
             self._first_fitted = partitionable
             self._greedy.feedback(partitionable, plan, perf_rating, storage_constraint)

@@ -1,6 +1,7 @@
 """How the drop-in makes a shardwise plan for the tables it searches: the cost model (given, or this hardware's
 champion), the search, the model adapted on this machine and the search run again where that pays, and the plan
-refined on this machine's kernels after adaptation ran."""
+refined on this machine's kernels after adaptation ran. By default, tables the cost model has not learned are left
+to TorchRec's planner (`ShardwiseSearch.defers`): its plan in its time, and one line saying how to get a learned one."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,12 +31,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("shardwise.torchrec")
 
-#: seconds of adaptation by default, where it pays (`ShardwiseSearch._adapts`) and this machine is the model's
-#: hardware (record `torchrec_dropin`: the MLPerf DLRM-DCNv2 tables time within it on 2 CPU cores)
+#: seconds of adaptation where `refine` is given and `adapt` is not, where it pays (`ShardwiseSearch._adapts`) and
+#: this machine is the model's hardware (record `torchrec_dropin`: the MLPerf DLRM-DCNv2 tables time within it on 2
+#: CPU cores)
 DEFAULT_ADAPT_S = 120.0
-#: seconds of refinement by default after adaptation ran (its plans are measured here, so they can be refined on
-#: the same kernels and all-to-alls)
+#: seconds of refinement where `adapt` is given and `refine` is not, after adaptation ran (its plans are measured
+#: here, so they can be refined on the same kernels and all-to-alls)
 DEFAULT_REFINE_S = 50.0
+#: the way to a learned plan, said where the drop-in returns TorchRec's planner's plan: adapting and refining by
+#: default took 176 s for TorchRec's plan, mostly, where TorchRec's planner takes 0.3 s (record `torchrec_dropin`)
+LEARNED_PLAN_HOWTO = (
+    "for a learned plan, have the cost model learn these tables: export them and the model (export_tables, "
+    "export_task) and run `shardwise pipeline run --local --workload-tables TABLES --production-tasks TASK`, or "
+    "pass adapt=SECONDS or refine=SECONDS to measure them on this machine while planning")
 #: by default adaptation runs where the plan's predicted slowest rank is this many times a lone table's fixed cost
 #: (`OVERHEAD_TABLE`) or more: TorchRec's planner tests' few small tables lie under it, the MLPerf DLRM-DCNv2 tables
 #: far above
@@ -50,7 +59,8 @@ REFINE_TIMING_ROUNDS = 3
 
 @dataclass
 class ShardwiseSearch:
-    """A shardwise search method with its cost model, adaptation and refinement: `plan(task)`."""
+    """A shardwise search method with its cost model, adaptation and refinement: `plan(task)`; `defers(tables)`
+    says where TorchRec's planner plans instead."""
 
     method: str = "neuroshard"
     searcher: Searcher | None = None
@@ -58,7 +68,8 @@ class ShardwiseSearch:
     tracking_uri: str | None = None
     seed: int = 0
     device_type: str = "cpu"
-    #: seconds to adapt the cost model on this machine (None: where it pays, `_adapts`; 0: never)
+    #: seconds to adapt the cost model on this machine (None: where it pays, `_adapts`, if `refine` is given, else
+    #: never: `defers`; 0: never)
     adapt: float | None = None
     adapt_dataset: str | Path | None = None
     #: seconds to refine the searched plan on this machine (None: after adaptation ran, 0: never)
@@ -69,15 +80,17 @@ class ShardwiseSearch:
     #: seconds the last plan's search, adaptation and refinement took
     last_seconds: dict[str, float] = field(default_factory=dict)
     _adapted_to: set[frozenset[TableSpec]] = field(default_factory=set)
+    _defers: dict[frozenset[TableSpec], str | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.refine is not None and not (0.0 <= self.refine < math.inf):
             raise PlannerError(f"refine {self.refine}: seconds of refinement, >= 0 (0: off; None: "
                                f"{DEFAULT_REFINE_S:g} s after adaptation ran)")
         if self.adapt is not None and not (0.0 <= self.adapt < math.inf):
-            raise PlannerError(f"adapt {self.adapt}: seconds of adaptation, >= 0 (0: off; None: {DEFAULT_ADAPT_S:g} s "
-                               "where the tables lie outside the cost model's training, the step is well above the "
-                               "kernels' overhead and this machine is the model's hardware)")
+            raise PlannerError(f"adapt {self.adapt}: seconds of adaptation, >= 0 (0: off; None: off, or with "
+                               f"refine= given {DEFAULT_ADAPT_S:g} s where the tables lie outside the cost model's "
+                               "training, the step is well above the kernels' overhead and this machine is the "
+                               "model's hardware)")
         self.searcher = self.searcher or make_searcher(self.method)
 
     def resolved_cost_model(self) -> CostModel | None:
@@ -106,11 +119,30 @@ class ShardwiseSearch:
         self.cost_model = model  # loaded once per planner
         return model
 
+    def defers(self, tables: Sequence[TableSpec]) -> str | None:
+        """Why TorchRec's planner plans `tables` instead of this search (None: the search plans them): by default
+        (neither `adapt` nor `refine` given) where the cost model has not learned them, its line saying which lie
+        outside its training and how far. Its plan of them would be extrapolated; TorchRec's is TorchRec's, in
+        TorchRec's time."""
+        if self.adapt is not None or self.refine is not None or not tables:
+            return None
+        key = frozenset(tables)
+        if key not in self._defers:
+            model = self.resolved_cost_model()
+            self._defers[key] = model.outside_training(tables, model.batch_size) if (
+                model is not None and isinstance(model, KnowsItsTraining)) else None
+        return self._defers[key]
+
+    def forget(self) -> None:
+        """Clear what the last plan's adaptation and refinement did and how long each stage took."""
+        self.last_seconds = {}
+        self.last_adaptation = None
+        self.last_refinement = None
+
     def plan(self, task: ShardingTask) -> Plan:
         """The searched plan of `task` (PlanError where the search finds none): searched, adapted for and searched
         again where that pays, refined after adaptation."""
-        self.last_seconds = {}
-        self.last_adaptation = None
+        self.forget()
         model = self.resolved_cost_model()
         plan = self._searched(task, model)
         if model is not None and self._adapts(task, model, plan):
@@ -127,11 +159,11 @@ class ShardwiseSearch:
         return plan
 
     def _adapts(self, task: ShardingTask, model: CostModel | None, plan: Plan) -> bool:
-        """Whether to adapt before planning `task`: asked to (`adapt` seconds), or by default where it pays: the
-        tables lie outside the model's training, on 2 ranks or more, and the plan's predicted slowest rank is
+        """Whether to adapt before planning `task`: asked to (`adapt` seconds), or, with `refine` given, where it pays:
+        the tables lie outside the model's training, on 2 ranks or more, and the plan's predicted slowest rank is
         `ADAPT_MIN_OVERHEADS` times a lone table's fixed cost or more (below it, the step is the kernels' overhead
         whatever the plan, and minutes of measuring cannot pay back)."""
-        if self.adapt is not None or model is None:
+        if self.adapt is not None or self.refine is None or model is None:  # no refine=: `defers` decides
             return bool(self.adapt) and model is not None
         if task.num_devices == 1 or frozenset(task.tables) in self._adapted_to or not (
                 isinstance(model, KnowsItsTraining) and model.outside_training(task.tables, model.batch_size)):

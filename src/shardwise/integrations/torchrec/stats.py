@@ -49,6 +49,8 @@ class ShardwiseStats(EmbeddingStats):
         costs = self._loaded_costs(best_plan) if loaded else self.perf_model.costs(best_plan)
         ours = proposer.last_key is not None and proposer.last_key <= proposal_key(best_plan)
         source = (f"loaded by the plan loader ({_plan_id(self.plan_loader)})" if loaded else
+                  "TorchRec's planner's own (its proposers and estimates: the cost model has not learned these "
+                  "tables), predicted ms by TorchRec's estimates" if proposer.deferred else
                   f"shardwise's {search.method} search" if ours else
                   "TorchRec's greedy proposal (shardwise's search found no plan that fits)"
                   if proposer.last_error or proposer.last_search is None else
@@ -72,7 +74,8 @@ class ShardwiseStats(EmbeddingStats):
         in_host = host_memory_line(best_plan)
         if in_host:
             lines.append(in_host)
-        self.notes = self._notes(best_plan, costs.by_torchrec, ours)
+        # where TorchRec's planner planned, the proposer's one warning says why and how to get a learned plan
+        self.notes = [] if proposer.deferred and not loaded else self._notes(best_plan, costs.by_torchrec, ours)
         lines += self.notes
         if search.last_adaptation is not None:
             lines.append(search.last_adaptation.line())
