@@ -124,8 +124,22 @@ def test_option_of_another_method_is_refused(tmp_path, capsys):
     assert "--beam-width does not apply to --method size_greedy" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["task", "check", "TASK"]])
-def test_help_and_task_check_do_not_import_torch(argv, tmp_path):
+#: command lines that answer without torch, MLflow or kfp: help, a task's check, and the plan verb's help and usage
+#: mistakes (its options come from the search-method registry, whose policy networks load only when used)
+FAST = {
+    "help": (["--help"], "usage: shardwise"),
+    "task check": (["task", "check", "TASK"], "4 tables"),
+    "plan help": (["plan", "--help"], "--beam-width"),
+    "plan unknown flag": (["plan", "--task", "TASK", "--out", "p.json", "--bogus"], "unrecognized arguments: --bogus"),
+    "plan unknown method": (["plan", "--task", "TASK", "--out", "p.json", "--method", "nope"], "invalid choice: 'nope'"),
+    "plan missing flag": (["plan", "--task", "TASK"], "--out is required"),
+    "plan option of another method": (["plan", "--task", "TASK", "--out", "p.json", "--method", "size_greedy",
+                                       "--beam-width", "3"], "--beam-width does not apply"),
+}
+
+
+@pytest.mark.parametrize(("argv", "says"), FAST.values(), ids=FAST)
+def test_help_task_check_and_plan_mistakes_do_not_import_torch(argv, says, tmp_path):
     from search_doubles import random_task
 
     from shardwise.workload import save_task
@@ -137,8 +151,24 @@ def test_help_and_task_check_do_not_import_torch(argv, tmp_path):
         "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
         "print('torch' in sys.modules, 'mlflow' in sys.modules, 'kfp' in sys.modules, file=sys.stderr)"
     )
-    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert says in done.stdout + done.stderr  # it answered what was asked, not something else without torch
     assert done.stderr.strip().splitlines()[-1] == "False False False", done.stderr
+
+
+def test_a_policy_method_loads_its_networks_only_when_its_policy_is_used(tmp_path):
+    """DreamShard's entry is in the registry without its module (torch); loading a policy through it imports it."""
+    code = (
+        "import sys\n"
+        "from shardwise.search import get_method\n"
+        "spec = get_method('dreamshard')\n"
+        "print('shardwise.search.dreamshard' in sys.modules)\n"
+        "try:\n    spec.policy.load(sys.argv[1], 'cpu')\nexcept Exception as err:\n    print(type(err).__name__)\n"
+        "print('shardwise.search.dreamshard' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["False", "PolicyError", "True", "True"], done.stderr
 
 
 def test_flags_follow_field_names():

@@ -1,7 +1,8 @@
 """Neural cost models: networks, pre-training, honest evaluation, fast batched prediction.
 
 Evaluation (scipy, pandas) and training (pandas) load on first use of one of their names: planning with a
-trained model needs neither, and scipy.stats alone took 1.1 s of `shardwise plan`'s start."""
+trained model needs neither, and scipy.stats alone took 1.1 s of `shardwise plan`'s start. The model (torch) loads on
+first use too: a command's options (`shardwise plan --help`) are built without it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from shardwise.lazy import on_first_use
 
-from .model import ModelFileError, ModelMeta, NetworkConfig, NeuralCostModel
 from .types import CostModel
 
 if TYPE_CHECKING:
@@ -21,12 +21,14 @@ if TYPE_CHECKING:
         regression_metrics,
         torchrec_estimates,
     )
+    from .model import ModelFileError, ModelMeta, NetworkConfig, NeuralCostModel
     from .train import CostDataError, TrainConfig, TrainingReport, compute_samples, train_cost_model
 
 #: the modules that load on first use of one of their names
 __getattr__ = on_first_use(__name__, {
     "evaluate": ("ComputeSamples", "evaluate_compute", "format_table", "heldout_mape_pct", "regression_metrics",
                  "torchrec_estimates"),
+    "model": ("ModelFileError", "ModelMeta", "NetworkConfig", "NeuralCostModel"),
     "train": ("CostDataError", "TrainConfig", "TrainingReport", "compute_samples", "train_cost_model"),
 })
 

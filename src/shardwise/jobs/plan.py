@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
-from shardwise.costmodel.model import NeuralCostModel
-from shardwise.costmodel.types import CostModel
-from shardwise.integrations.mlflow import MlflowService
-from shardwise.profiling import DeviceName, MeasurementSettings, hardware_kind
+from shardwise.profiling import DeviceName, MeasurementSettings
 from shardwise.search import Plan, PlanError, Searcher, format_plan, get_method, make_searcher, save_plan
 from shardwise.workload import ShardingTask, load_task
 
 from .base import JobResult, JobSettings, SettingsError, refine_budget_field
-from .models import load_cost_model, with_policy
+
+if TYPE_CHECKING:
+    from shardwise.costmodel import CostModel, NeuralCostModel
+    from shardwise.integrations.mlflow import MlflowService
 
 
 class PlanSettings(JobSettings):
@@ -85,6 +85,8 @@ def build_searcher(
 ) -> Searcher:
     """The method's searcher, its trained policy (when it plans with one) and measurement settings (when it
     measures) filled in."""
+    from .models import with_policy  # the registry's client: loads only when planning
+
     spec = get_method(method)
     options = dict(options)
     if spec.measures:
@@ -101,6 +103,12 @@ def build_searcher(
 
 def run(settings: PlanSettings, *, mlflow: MlflowService | None = None) -> PlanJobResult:
     """Load the task and the cost model, search, record provenance, write the plan."""
+    # the cost model (torch) and the registry's client load only when planning: `plan --help` and a command line's
+    # mistakes answer without them
+    from shardwise.integrations.mlflow import MlflowService
+
+    from .models import load_cost_model
+
     task = load_task(settings.task)
     service = mlflow or MlflowService(settings.tracking_uri)
     spec = get_method(settings.method)
@@ -157,6 +165,7 @@ def _refine(task: ShardingTask, plan: Plan, model: CostModel | None, settings: P
     device up), and its rounds' table; refused when here is not the hardware the plan is for."""
     # the kernels and torchrec load only when refining
     from shardwise.evaluation.refine import measured_greedy_start, refine_plan, search_resplit
+    from shardwise.profiling import hardware_kind
 
     assert model is not None  # loaded as required when refining
     try:

@@ -9,26 +9,12 @@ import re
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
-from typing import Annotated, Any
+from typing import Any
 
 import torch
-from pydantic import AfterValidator
 
 from shardwise.errors import ShardwiseError
 from shardwise.extras import fbgemm_requirement, missing_fbgemm
-
-_DEVICE_NAME = re.compile(r"(cpu|cuda(:\d+)?)")
-
-
-def check_device_name(device: str | None) -> str | None:
-    """`device` when it names a device shardwise runs on (cpu, cuda, cuda:N); else a ValueError saying so."""
-    if device is not None and not _DEVICE_NAME.fullmatch(device):
-        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
-    return device
-
-
-#: a settings field naming a device (None: CUDA when present), checked where it is read
-DeviceName = Annotated[str | None, AfterValidator(check_device_name)]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -4,12 +4,14 @@ MeasurementSettings, the one value that says how a plan is measured (device, pro
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from .hardware import DeviceName, last_level_cache_bytes, resolve_device
+from .devices import DeviceName
+
+if TYPE_CHECKING:
+    import torch
 
 # Defaults of a plan measurement, each tied to what it was measured against:
 #: interleaved kernel timings per device shard, median per device: one timing swings on a shared CPU, and 9
@@ -85,6 +87,9 @@ class TimingProtocol(BaseModel):
     def for_device(self, device: str | torch.device | None) -> TimingProtocol:
         """This protocol with its automatic choices made for `device` (warm-up calls; normalisation: CPU on, CUDA
         off; the clock; the flush's size)."""
+        # torch loads where a device is asked about: the settings alone (a command's options) do without it
+        from .hardware import last_level_cache_bytes, resolve_device
+
         on_cpu = resolve_device(device).type == "cpu"
         update: dict[str, object] = {}
         if self.warmup_iters is None:

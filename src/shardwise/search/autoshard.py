@@ -27,8 +27,7 @@ from shardwise.workload import NUM_FEATURES, ShardingTask
 
 from .placement import PlacementTask, legal_devices, masked_logits, prepare_task, select_device
 from .policy_files import checked_policy, read_policy, save_policy
-from .policy_search import PolicyOptions, policy_factory
-from .registry import MethodSpec, PolicyHooks, register_method
+from .registry import PolicyHooks
 from .threads import single_thread
 
 METHOD = "autoshard"
@@ -320,13 +319,5 @@ def train_for_episodes(
                            progress=progress)
 
 
+#: what the registry's autoshard entry loads and trains with (registered in policy_methods.py, without torch)
 HOOKS = PolicyHooks(load=AutoShardPolicy.load, train=train_for_episodes)
-register_method(MethodSpec(
-    name=METHOD,
-    factory=policy_factory(METHOD, AutoShardPolicy.load),
-    options=PolicyOptions,
-    description="a recurrent actor-critic placement policy trained against the cost model",
-    needs_cost_model=True,
-    learned=True,
-    policy=HOOKS,
-))

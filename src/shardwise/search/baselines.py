@@ -6,24 +6,21 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from pydantic import BaseModel, Field
 
 from shardwise.costmodel.types import CostModel
-from shardwise.profiling import (
-    MeasurementSettings,
-    TimingProtocol,
-    measure_shard,
-    resolve_timing,
-)
+from shardwise.profiling import MeasurementSettings, TimingProtocol
 from shardwise.workload import ShardingTask, TableSpec
 
 from .plan import GIB, Plan, PlanError, Shard, check_memory_bounds, shard_state_bytes
 from .registry import MethodOptions, MethodSpec, NoOptions, register_method
 from .report import finish_plan
+
+if TYPE_CHECKING:
+    import torch
 
 #: what each greedy sorts and balances by (lookup = dim x pooling factor: floats moved per sample). size_lookup
 #: is the papers' key exactly: dim x pooling factor x log10(rows), as in the seeds' `size_lookup_greedy_shard`
@@ -72,6 +69,9 @@ class SingleTableTimings:
     def device_and_protocol(self) -> tuple[torch.device, TimingProtocol]:
         """The device timed on and the protocol timed with (reference calibrated on the first call)."""
         if self._setup is None:
+            # the kernels (torch, fbgemm) load when a table is first timed: listing the methods does without them
+            from shardwise.profiling import resolve_timing
+
             self._setup = resolve_timing(self.measurement)
         return self._setup
 
@@ -81,6 +81,8 @@ class SingleTableTimings:
 
     def table_ms(self, task: ShardingTask) -> np.ndarray:
         """[T] measured fwd+bwd ms of each of the task's tables alone."""
+        from shardwise.profiling import measure_shard  # the kernels: see device_and_protocol
+
         batch = self.batch_size(task)
         out = []
         for table in task.tables:

@@ -34,8 +34,7 @@ from .placement import (
 )
 from .plan import PlanError
 from .policy_files import checked_policy, read_policy, save_policy
-from .policy_search import PolicyOptions, policy_factory
-from .registry import MethodSpec, PolicyHooks, register_method
+from .registry import PolicyHooks
 from .threads import single_thread
 
 METHOD = "dreamshard"
@@ -426,13 +425,5 @@ def train_for_episodes(
     return train_dreamshard(cost_model, tasks, seed, config, device=device, progress=progress)
 
 
+#: what the registry's dreamshard entry loads and trains with (registered in policy_methods.py, without torch)
 HOOKS = PolicyHooks(load=DreamShardPolicy.load, train=train_for_episodes)
-register_method(MethodSpec(
-    name=METHOD,
-    factory=policy_factory(METHOD, DreamShardPolicy.load),
-    options=PolicyOptions,
-    description="a placement policy trained by REINFORCE on an estimated MDP of the cost model",
-    needs_cost_model=True,
-    learned=True,
-    policy=HOOKS,
-))

@@ -6,15 +6,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import torch
 
 from shardwise.costmodel.types import CostModel
 from shardwise.workload import ShardingTask, tables_features
 
 from .plan import Plan, PlanError, Shard, check_memory_bounds, shard_state_bytes
+
+if TYPE_CHECKING:
+    import torch
 
 #: rough log-scales of dim, rows, pooling factor and size in bytes, so policy inputs are O(1)
 _LOG_FEATURE_SCALE = np.array([8.0, 20.0, 6.0, 26.0])
@@ -163,6 +165,8 @@ def masked_logits(logits: torch.Tensor, legal: torch.Tensor) -> torch.Tensor:
 
 def select_device(device: str | None = None) -> torch.device:
     """The torch device to run policies on: `device` if given, else CUDA when present, else CPU."""
+    import torch  # here, not at the top: the search package's modules import without torch (`plan --help`)
+
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 

@@ -7,11 +7,12 @@ import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from shardwise.errors import ShardwiseError
+
+if TYPE_CHECKING:
+    import torch
 
 POLICY_FORMAT = "shardwise.policy/v1"
 POLICY_FILE = "policy.json"
@@ -25,6 +26,8 @@ class PolicyError(ShardwiseError, ValueError):
 def save_policy(directory: str | Path, method: str, config: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor],
                 provenance: Mapping[str, Any] | None = None) -> Path:
     """Write `policy.json` (format, method, config, provenance) and `weights.pt` (a state_dict) into `directory`."""
+    import torch  # here, not at the top: the search package's modules import without torch (`plan --help`)
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().cpu() for k, v in state_dict.items()}, directory / WEIGHTS_FILE)
@@ -75,6 +78,8 @@ def read_policy(directory: str | Path, method: str) -> tuple[dict[str, Any], dic
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise PolicyError(f"{directory}: no {WEIGHTS_FILE} beside {POLICY_FILE} (an incomplete policy directory)")
+    import torch  # see save_policy
+
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError... for a damaged file

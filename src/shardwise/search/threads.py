@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
-
 
 @contextmanager
 def single_thread() -> Iterator[None]:
@@ -15,6 +13,8 @@ def single_thread() -> Iterator[None]:
     machine the pool's spin-waits cost ten times more than they save (NeuroShard, 100 tables on 8 devices: 31 s
     vs 1.8 s). Subnormal results cost a microcode assist each on many CPUs and are worth nothing to a cost
     estimate (see `shardwise.costmodel.networks.zero_subnormal_weights`)."""
+    import torch  # here, not at the top: the search package's modules import without torch (`plan --help`)
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     flushing = torch.set_flush_denormal(True)  # False where the CPU cannot (then nothing changed)

@@ -5,16 +5,15 @@ TorchRec's table-wise and column-wise module plans, and a task's tables as a met
 
     DistributedModelParallel(model, plan=to_sharding_plan(plan, task, module_path="ebc"))
 
-torchrec is imported inside each function: it is heavy (seconds to import) and optional for most commands,
-while this module is imported with every `shardwise.search` (the torchrec baseline registers from it).
+torchrec (and torch) are imported inside each function: torchrec is heavy (seconds to import) and optional for most
+commands, while this module is imported with every `shardwise.search` (the torchrec baseline registers from it), which
+a command's options (`plan --help`) import without torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
-
-import torch
 
 from shardwise.workload import Optimizer, ShardingTask, row_wise_rows
 
@@ -198,6 +197,7 @@ def _table_kernel(sharding: ParameterSharding) -> TableKernel:
 
 def _optimizer_class(optimizer: Optimizer) -> type:
     """The torch optimizer class TorchRec's storage estimator reads for `optimizer`."""
+    import torch
     from torchrec.optim import RowWiseAdagrad  # torchrec: heavy, optional
 
     return {"rowwise_adagrad": RowWiseAdagrad, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}[optimizer]
@@ -205,6 +205,7 @@ def _optimizer_class(optimizer: Optimizer) -> type:
 
 def ebc_on_meta(task: ShardingTask) -> EmbeddingBagCollection:
     """The task's tables as an `EmbeddingBagCollection` on the meta device (one feature per table)."""
+    import torch
     from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig  # torchrec: heavy, optional
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
