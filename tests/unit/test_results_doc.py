@@ -1,17 +1,21 @@
-"""Docs that cannot drift: docs/results.md and docs/results-archive.md are rendered from the newest record of each
-name in benchmarks/results/<name>/, nothing else, and every name is placed on exactly one of them."""
+"""Docs that cannot drift: docs/results.md, docs/results-archive.md and README.md's Results bullets are rendered from
+the newest record of each name in benchmarks/results/<name>/, nothing else, and every name is placed on exactly one
+of the two pages."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE, ARCHIVE = ROOT / "docs" / "results.md", ROOT / "docs" / "results-archive.md"
+README = ROOT / "README.md"
 
 
 @pytest.fixture
@@ -46,14 +50,17 @@ def _placement(make_results, current=("a", "b"), archived=("c",)):
                                   archived={"Older": tuple((n, f"what superseded {n}") for n in archived)})
 
 
-def _paths(tmp_path):
+def _paths(tmp_path, make_results):
+    """A results folder and the three pages in `tmp_path`, the README with its markers between two lines of prose."""
     results = tmp_path / "results"
     results.mkdir()
-    return results, {"doc": tmp_path / "results.md", "archive": tmp_path / "results-archive.md"}
+    readme = tmp_path / "README.md"
+    readme.write_text("# title\n\nprose before\n\n" + "\n".join(make_results.README_MARKERS) + "\n\nprose after\n")
+    return results, {"doc": tmp_path / "results.md", "archive": tmp_path / "results-archive.md", "readme": readme}
 
 
 def test_results_pages_are_the_benchmarks_json(make_results):
-    stale = "docs/results.md or docs/results-archive.md is stale: run python benchmarks/make_results.py"
+    stale = "docs/results.md, docs/results-archive.md or README.md is stale: run python benchmarks/make_results.py"
     assert make_results.main(["--check"]) == 0, stale
 
 
@@ -75,17 +82,137 @@ def test_results_page_opens_with_the_headline_table_within_its_line_budget(make_
     assert page.splitlines()[first_table] == "| claim | figures | record |"
     assert page.index("## Headline claims") < page.index("\n## ", page.index("## Headline claims") + 1)
     assert page.index("| claim | figures | record |") < page.index("\n### ")
-    assert 6 <= len(make_results.PLACEMENT.headlines) <= 10
+    headlines = _shown(make_results).headlines
+    assert 6 <= len(headlines) <= 10
     lines = page.splitlines()
     headings = [i for i, line in enumerate(lines) if line.startswith(("## ", "### "))]
     anchors = dict(zip(headings, make_results._anchors([lines[i].split(" ", 1)[1] for i in headings])))
-    for headline in make_results.PLACEMENT.headlines:  # each claim links to its record's section on this page
-        at = lines.index(next(line for line in lines if line.startswith(f"`benchmarks/results/{headline.record}/")))
-        anchor = anchors[max(i for i in headings if i < at)]
-        assert f"[{headline.record}](#{anchor}) |" in page
+    for headline in headlines:  # each claim links to its records' sections on this page
+        row = next(line for line in lines if line.startswith(f"| {headline.claim} |"))
+        for name in headline.records:
+            at = lines.index(next(line for line in lines if line.startswith(f"`benchmarks/results/{name}/")))
+            assert f"[{name}](#{anchors[max(i for i in headings if i < at)]})" in row
+
+
+def _shown(make_results):
+    """The placement as the pages show it today: pending records without a record left out."""
+    return make_results.recorded(make_results.PLACEMENT, list(make_results.newest_records()))
+
+
+def _block(make_results, readme: str) -> str:
+    begin, end = make_results.README_MARKERS
+    return readme[readme.index(begin) + len(begin):readme.index(end)]
+
+
+def test_readme_bullets_are_the_headlines_each_naming_its_records_commit_and_date(make_results):
+    headlines, newest = _shown(make_results).headlines, make_results.newest_records()
+    bullets = [" ".join(b.split()) for b in _block(make_results, README.read_text()).strip().split("\n- ")]
+    assert len(bullets) == len(headlines)
+    for bullet, headline in zip(bullets, headlines):  # one claim each, in the placement's order
+        assert f"**{headline.claim}**: " in bullet
+        for name in headline.records:
+            doc = json.loads(newest[name].read_text())
+            when = f"commit {doc['commit']}" if doc["commit"] else "commit not recorded"
+            assert f"`{name}`" in bullet and f"{when}, {doc['date']})" in bullet or f"{when}, {doc['date']};" in bullet
+
+
+def test_a_readme_figure_edited_by_hand_fails_the_check_and_writing_restores_only_the_bullets(make_results,
+                                                                                                tmp_path, capsys):
+    readme, pages = tmp_path / "README.md", {"doc": tmp_path / "results.md", "archive": tmp_path / "archive.md"}
+    text = README.read_text()
+    begin = text.index(make_results.README_MARKERS[0])
+    figure = re.compile(r"\d\.\d+").search(text, begin)  # the first decimal figure among the bullets
+    edited = text[:figure.end() - 1] + str((int(text[figure.end() - 1]) + 1) % 10) + text[figure.end():]
+    readme.write_text(edited.replace("## Results", "## Results\n\nA line another engineer added."))
+    assert make_results.main(["--check"], readme=readme) == 1
+    assert f"{readme} is stale" in capsys.readouterr().err
+    assert make_results.main([], readme=readme, **pages) == 0
+    assert readme.read_text() == text.replace("## Results", "## Results\n\nA line another engineer added.")
+    assert make_results.main(["--check"], readme=readme) == 0
+
+
+def test_a_readme_without_its_markers_is_refused_naming_them(make_results, tmp_path, capsys):
+    results, pages = _paths(tmp_path, make_results)
+    for name in ("a", "b", "c"):
+        _result(results, name, [{"method": "neuroshard", "ratio": 0.84}])
+    pages["readme"].write_text("# title\n\n## Results\n\n- a hand-typed figure: 0.84\n")
+    assert make_results.main([], results=results, placement=_placement(make_results), **pages) == 2
+    assert make_results.README_MARKERS[0] in capsys.readouterr().err
+    assert pages["readme"].read_text().endswith("0.84\n") and not pages["doc"].exists()
+
+
+def test_a_pending_headline_is_left_out_until_its_record_exists_then_leads(make_results, tmp_path, capsys):
+    results, pages = _paths(tmp_path, make_results)
+    base = _placement(make_results)
+    new = make_results.Headline("p", "The new claim", lambda doc: f"new {make_results.value(doc, 'ratio', plan='x')}")
+    placement = make_results.Placement(
+        headlines=(new, replace(base.headlines[0], yields_to="p")), archived=base.archived,
+        current={"Family one": (("p", "what p shows"), *base.current["Family one"])}, pending=frozenset({"p"}))
+    for name in ("a", "b", "c"):
+        _result(results, name, [{"method": "neuroshard", "ratio": 0.84}])
+    assert make_results.main([], results=results, placement=placement, **pages) == 0
+    readme, page = pages["readme"].read_text(), pages["doc"].read_text()
+    assert "The new claim" not in readme + page and "Title of p" not in page
+    assert "- **NeuroShard against TorchRec**: ratio 0.84 (`b`, commit abc1234, 2026-11-23)" in readme
+
+    _result(results, "p", [{"plan": "x", "ratio": 0.91}], stamp="2026-12-02T100000Z-def5678")
+    assert make_results.main(["--check"], results=results, placement=placement, **pages) == 1
+    assert make_results.main([], results=results, placement=placement, **pages) == 0
+    readme, page = pages["readme"].read_text(), pages["doc"].read_text()
+    assert _block(make_results, readme).strip() == "- **The new claim**: new 0.91 (`p`, commit def5678, 2026-12-02)"
+    assert "NeuroShard against TorchRec" not in page and "| The new claim | new 0.91 | [p](#title-of-p), " in page
+    assert readme.startswith("# title\n\nprose before\n\n") and readme.endswith("\n\nprose after\n")
+
+    absent = replace(placement, pending=frozenset())  # only a pending record may be absent
+    (results / "p").rename(tmp_path / "p-moved")
+    assert make_results.main(["--check"], results=results, placement=absent, **pages) == 2
+    assert "placed but no record in benchmarks/results/<name>/: p" in capsys.readouterr().err
+
+
+def test_check_lists_the_headline_records_without_a_clean_commit_without_failing(make_results, tmp_path, capsys):
+    results, pages = _paths(tmp_path, make_results)
+    both = make_results.Headline("b", "Two runs", lambda b, a: f"{len(b['rows'])} and {len(a['rows'])}", also=("a",))
+    placement = replace(_placement(make_results), headlines=(both,))
+    _result(results, "b", [{"ratio": 1.0}], commit=None)
+    _result(results, "a", [{"ratio": 1.0}], stamp="2026-11-24T100000Z-abc1234-dirty", commit="abc1234-dirty")
+    _result(results, "c", [{"ratio": 1.0}], commit=None)  # archived: no headline reads it
+    assert make_results.main([], results=results, placement=placement, **pages) == 0
+    assert "(`b`, commit not recorded, 2026-11-23; `a`, commit abc1234-dirty, 2026-11-24)" in pages["readme"].read_text()
+    capsys.readouterr()
+    assert make_results.main(["--check"], results=results, placement=placement, **pages) == 0
+    out = capsys.readouterr().out
+    assert "headline records without a clean commit, 2" in out
+    assert "b/2026-11-23T100000Z-abc1234.json: commit not recorded, 2026-11-23" in out
+    assert "a/2026-11-24T100000Z-abc1234-dirty.json: commit abc1234-dirty, 2026-11-24 (src/ or benchmarks/" in out
+    assert "results/c/" not in out and len(out.splitlines()) == 3
+
+
+#: a real_models record's rows as benchmarks/experiments/real_models.py writes them (two sets, three plans each)
+_REAL_MODELS_ROWS = [{"set": name, "plan": plan, "session_1_ms": 1.0, "session_2_ms": 1.0, "ratio_to_torchrec": ratio,
+                      "ratio_moved": moved, "planning_s": seconds}
+                     for name in ("dcnv2", "criteo_kaggle")
+                     for plan, ratio, moved, seconds in (("champion", 0.962, 0.012, None), ("dropin", 1.013, 0.008, 12.31),
+                                                         ("torchrec", 1.0, 0.0, 1.12))]
+
+
+def test_the_real_models_headline_reads_the_rows_its_experiment_writes_and_leads_readme_in_its_budget(make_results,
+                                                                                                      tmp_path):
+    source = (ROOT / "benchmarks" / "experiments" / "real_models.py").read_text()
+    assert all(f'"{key}":' in source for key in _REAL_MODELS_ROWS[0]), "real_models.py's row keys changed"
+    docs = {name: make_results.load_result(path) for name, path in make_results.newest_records().items()}
+    docs["real_models"] = make_results.load_result(_result(tmp_path, "real_models", _REAL_MODELS_ROWS))
+    headlines = make_results.recorded(make_results.PLACEMENT, list(docs)).headlines
+    bullets = make_results.readme_bullets(headlines, docs)
+    assert " ".join(bullets.split("\n- ")[0].split()) == (
+        "- **Real models, slowest device / TorchRec's planner's**: DLRM-DCNv2 0.962x registered, 1.013x drop-in "
+        "(planned in 12.31 s, TorchRec 1.12 s; sessions 0.012 apart); Criteo Kaggle DLRM 0.962x registered, 1.013x "
+        "drop-in (planned in 12.31 s, TorchRec 1.12 s; sessions 0.012 apart) (`real_models`, commit abc1234, "
+        "2026-11-23)")
+    assert "torchrec_dropin" not in bullets  # its DCNv2 claim yields to the real models'
+    assert len(make_results.with_bullets(README.read_text(), bullets).splitlines()) < 120  # test_docs' page budget
 
 def test_check_fails_on_a_stale_page_and_writing_fixes_it(make_results, tmp_path):
-    results, pages = _paths(tmp_path)
+    results, pages = _paths(tmp_path, make_results)
     placement = _placement(make_results)
     _result(results, "b", [{"method": "neuroshard", "ratio": 0.84}, {"method": "torchrec", "ratio": 1.0}])
     _result(results, "a", [{"what": "x|y", "value": None, "ok": True}], notes="a note")
@@ -97,7 +224,8 @@ def test_check_fails_on_a_stale_page_and_writing_fixes_it(make_results, tmp_path
     assert page.index("## Title of a") < page.index("## Title of b")  # in the placement's order
     assert "| what | value | ok |" in page and "| x\\|y | - | yes |" in page
     assert "| neuroshard | 0.84 |" in page and "a note" in page
-    assert "| NeuroShard against TorchRec | ratio 0.84 | [b](#title-of-b) |" in page  # the figure read from b
+    assert "| NeuroShard against TorchRec | ratio 0.84 | [b](#title-of-b), commit abc1234, 2026-11-23 |" in page
+    assert "- **NeuroShard against TorchRec**: ratio 0.84 (`b`, commit abc1234, 2026-11-23)" in pages["readme"].read_text()
     assert "Title of c" not in page and "`benchmarks/results/c/2026-11-23T100000Z-abc1234.json`: what superseded c" in archive
     assert "```bash\npython -m benchmarks b --record" in page  # a current command is checked as one to run
     assert "```text\npython -m benchmarks c --record" in archive  # an archived one is history
@@ -113,7 +241,7 @@ def test_check_fails_on_a_stale_page_and_writing_fixes_it(make_results, tmp_path
 
 
 def test_a_record_in_no_group_is_refused_naming_it(make_results, tmp_path, capsys):
-    results, pages = _paths(tmp_path)
+    results, pages = _paths(tmp_path, make_results)
     for name in ("a", "b", "c", "new_study"):
         _result(results, name, [{"method": "neuroshard", "ratio": 0.84}])
     assert make_results.main([], results=results, placement=_placement(make_results), **pages) == 2
@@ -121,7 +249,7 @@ def test_a_record_in_no_group_is_refused_naming_it(make_results, tmp_path, capsy
 
 
 def test_a_record_placed_twice_or_a_headline_key_missing_is_refused(make_results, tmp_path, capsys):
-    results, pages = _paths(tmp_path)
+    results, pages = _paths(tmp_path, make_results)
     for name in ("a", "b", "c"):
         _result(results, name, [{"method": "neuroshard", "speedup": 2.0}])
     twice = _placement(make_results, current=("a", "b", "c"))
@@ -132,7 +260,7 @@ def test_a_record_placed_twice_or_a_headline_key_missing_is_refused(make_results
 
 
 def test_results_page_over_its_line_budget_is_refused(make_results, tmp_path, capsys, monkeypatch):
-    results, pages = _paths(tmp_path)
+    results, pages = _paths(tmp_path, make_results)
     for name in ("a", "b", "c"):
         _result(results, name, [{"method": "neuroshard", "ratio": 0.84}])
     monkeypatch.setattr(make_results, "MAX_LINES", 10)
