@@ -45,6 +45,19 @@ class FeatureCostModel:
         return np.stack([fwd, 1.2 * fwd], axis=-1)
 
 
+class WidthFreeCostModel(FeatureCostModel):
+    """The feature double whose lookups and all-to-alls cost the same at any width: a column half costs what the
+    whole table does, so splitting a table never pays."""
+
+    def table_embeddings(self, tables: Sequence[TableSpec]) -> np.ndarray:
+        """[T, 3]: count channel, lookups (128 x pooling, whatever the dim), size in elements."""
+        return np.array([[1.0, 128 * t.pooling_factor, t.rows * 128] for t in tables]).reshape(-1, 3)
+
+    def predict_comm(self, widths: np.ndarray, compute_ms: np.ndarray) -> np.ndarray:
+        """[N, D] -> [N, D, 2]: 0.05 ms each way on every device."""
+        return np.full((*np.shape(widths), 2), 0.05)
+
+
 def random_task(seed: int, num_tables: int, num_devices: int, memory_slack: float = 1.5) -> ShardingTask:
     """Synthetic DLRM-like tables with skewed sizes and poolings; memory = slack x total / devices."""
     from shardwise.workload import shard_memory_bytes

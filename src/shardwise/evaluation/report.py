@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from shardwise.extras import import_extra
+from shardwise.search.bottleneck import bottleneck_line, slowest_alone
 
 from .dlrm import DLRMThroughput
 from .measured_records import MeasuredPlanCost, PlanComparison, describe_comm_pricing
@@ -122,6 +123,20 @@ def device_rows(cost: MeasuredPlanCost, predicted_total_ms: Sequence[float] | No
     return rows
 
 
+def measured_bottleneck(cost: MeasuredPlanCost) -> dict[str, Any] | None:
+    """`search.bottleneck.slowest_alone` on measured ms: where the measured slowest device holds one shard alone
+    (its data-parallel replicas and row-wise blocks, on every device, not counted)."""
+    everywhere = set(cost.data_parallel) | set(cost.row_wise)
+    shards = [[name for name in d.shards if name.split("[", 1)[0] not in everywhere] for d in cost.devices]
+    return slowest_alone(shards, [d.total_ms for d in cost.devices], kind="measured")
+
+
+def _bottleneck_html(cost: MeasuredPlanCost) -> str:
+    """`measured_bottleneck`'s line as a paragraph; empty where the slowest device holds more than one shard."""
+    alone = measured_bottleneck(cost)
+    return f"<p>{html.escape(bottleneck_line(alone))}</p>" if alone else ""
+
+
 DEVICE_HEADER = (
     "device", "shards", "width", "fwd ms", "bwd ms", "a2a fwd ms", "a2a bwd ms", "total ms", "memory MiB"
 )
@@ -144,7 +159,7 @@ def summary_page(
     )
     per_plan = "".join(
         f"<h2>{html.escape(name)}: measured per device (plan cost {cost.max_cost_ms:.3f} ms, "
-        f"imbalance {cost.imbalance:.3f})</h2>" + _table(DEVICE_HEADER, device_rows(cost))
+        f"imbalance {cost.imbalance:.3f})</h2>" + _bottleneck_html(cost) + _table(DEVICE_HEADER, device_rows(cost))
         for name, cost in named_costs
     )
     body = f"<p>{html.escape(intro)}</p>" + _table(("figure", "value"), figures) + plots
@@ -193,7 +208,7 @@ def write_plan_report(
         f"{'-' if cost.reference_ms is None else format(cost.reference_ms, '.4f')}; "
         f"{describe_comm_pricing(cost.comm_pricing)}</p>"
     )
-    body = summary + _table(header, device_rows(cost, predicted_total_ms))
+    body = summary + _bottleneck_html(cost) + _table(header, device_rows(cost, predicted_total_ms))
     body += f"<img src='{cost_png.name}' alt='cost per device'><img src='{memory_png.name}' alt='memory per device'>"
     if refinement:
         body += refinement_section(refinement)

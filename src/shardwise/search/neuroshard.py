@@ -22,6 +22,10 @@ best data-parallel set (a table that fits on no device even split by columns is 
 them roots the beam beside the data-parallel set, so that column splits of the same tables compete with them. Only
 with a cost model that has a measured reduce-scatter.
 
+A table whose predicted cost alone exceeds a balanced device's share (the head on 1 / devices of every table's
+embedding) sets the slowest device wherever it goes: its column halves and quarters are priced with the beam's first
+depth (in its lockstep calls), so that a depth where one split alone does not help cannot stop the beam first.
+
 Tables that do not fit in HBM: before the search, `offload.place_within_memory` moves the tables cheapest to cache
 onto fbgemm's UVM kernels (the task's plan space allowing), and the search places them as any other table.
 """
@@ -62,6 +66,8 @@ ROW_WISE = -1
 ROW_WISE_MIN_SHARE = 0.75
 #: the most tables tried row-wise (prefixes 1, 2, 4, 8 of the costliest)
 ROW_WISE_MAX_TABLES = 8
+#: the most tables above a balanced device's share whose column halves and quarters root the beam (the costliest)
+BOTTLENECK_MAX_TABLES = 4
 
 
 @dataclass(frozen=True)
@@ -173,6 +179,15 @@ class _Placer:
         self.head_calls += 1
         for key, spec, e, c in zip(missing, specs, emb, cost):
             self._piece[key] = (e, float(c), shard_state_bytes(spec, self.task))
+
+    def balanced_share_ms(self) -> float:
+        """Predicted fwd+bwd ms of a device holding 1 / devices of every table: the head on the mean of the tables'
+        summed embeddings (a perfectly balanced device pays the kernel's fixed cost once, not once per table)."""
+        tables = range(len(self.task.tables))
+        self._fill([(i, 1) for i in tables])
+        mean = np.stack([self._piece[(i, 1)][0] for i in tables]).sum(axis=0) / self.task.num_devices
+        self.head_calls += 1
+        return float(np.asarray(self.model.compute_from_embeddings(mean[None, :]), dtype=np.float64).sum())
 
     def piece_cost(self, i: int, pieces: int) -> tuple[float, int]:
         """Predicted fwd+bwd ms of one piece alone, and its memory bytes."""
@@ -535,6 +550,23 @@ class NeuroShardSearch:
             _place_unless_bounded(placer, seen, bounded, state, min(_cost(seen, s) for s in [root, *states]))
         return min([root, *states], key=lambda state: _cost(seen, state))
 
+    def _column_roots(self, placer: _Placer, root: SplitState) -> list[SplitState]:
+        """`root` with a table whose predicted cost alone exceeds a balanced device's share in column halves, and in
+        quarters, as its plan space allows (the costliest BOTTLENECK_MAX_TABLES such tables), and, where several
+        exceed it, with all of them in halves: roots of the beam beside `root`. Such a table alone sets the slowest
+        device; a depth whose one split does not lower the plan's cost (quarters pay where halves do not, or a second
+        such table still sets it) would end the beam before the split that pays is priced."""
+        whole = [i for i, p in enumerate(root) if p == 1 and placer.max_pieces[i] >= 2]
+        if not whole:
+            return []
+        share = placer.balanced_share_ms()
+        alone = {i: placer.piece_cost(i, 1)[0] for i in whole}
+        over = sorted((i for i in whole if alone[i] > share), key=lambda i: -alone[i])[:BOTTLENECK_MAX_TABLES]
+        roots = [root[:i] + (p,) + root[i + 1:] for i in over for p in (2, 4) if p <= placer.max_pieces[i]]
+        if len(over) > 1:
+            roots.append(tuple(2 if i in over else p for i, p in enumerate(root)))
+        return roots
+
     def search(self, task: ShardingTask, cost_model: CostModel | None, seed: int) -> Plan:
         """The lowest-predicted-cost plan found; PlanError when nothing fits in memory."""
         if cost_model is None:
@@ -561,14 +593,19 @@ class NeuroShardSearch:
         # those tables by columns instead is tried too
         split_rows = self._row_wise_search(placer, seen, bounded, best, self._row_wise_order(placer, best))
         row_wise_sets = len(seen) + len(bounded) - 1 - data_parallel_sets
-        beam = list(dict.fromkeys([split_rows, best]))
+        beam, unsplit = list(dict.fromkeys([split_rows, best])), best
         best = split_rows
+        column_roots: list[SplitState] = []
         depth_reached = 0
         for depth in range(1, self.config.max_depth + 1):
             budget = self.config.time_budget_s
             if budget is not None and time.perf_counter() - started > budget:
                 break
-            children: list[SplitState] = []
+            if depth == 1:
+                # the tables that alone exceed a balanced device's share, in halves and quarters, priced beside the
+                # first depth's children (in the same lockstep calls): no depth's "no gain" can stop the beam first
+                column_roots = [s for s in self._column_roots(placer, unsplit) if s not in seen]
+            children: list[SplitState] = list(column_roots) if depth == 1 else []
             for state in beam:
                 for i in self._candidates(placer, state):
                     child = state[:i] + (state[i] * 2,) + state[i + 1 :]
@@ -610,6 +647,7 @@ class NeuroShardSearch:
                         },
                         "data_parallel_sets_tried": data_parallel_sets,
                         "row_wise_sets_tried": row_wise_sets,
+                        "column_roots_tried": len(column_roots),
                         "data_parallel_sets_bounded": data_parallel_bounded,
                         "row_wise_sets_bounded": len(bounded) - data_parallel_bounded,
                         "predicted_max_cost_ms": round(result.cost_ms, 4),

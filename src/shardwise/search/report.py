@@ -9,6 +9,7 @@ from shardwise import __version__
 from shardwise.costmodel.types import CostModel, KnowsItsTraining
 from shardwise.workload import ShardingTask
 
+from .bottleneck import bottleneck_line, slowest_alone
 from .plan import GIB, Plan, plan_host_memory_bytes, plan_memory_bytes, validate_plan
 from .simulator import ShardCostCache, balance_bound, simulate
 
@@ -36,7 +37,7 @@ def finish_plan(
         row["shards"].append(s.table if s.dim == dims[s.table] else f"{s.table}[{s.col_offset}:{s.col_offset + s.dim}]")
         row["dim"] += s.dim
     extra: dict[str, Any] = {
-        **plan.extra,
+        **{k: v for k, v in plan.extra.items() if k != "bottleneck"},  # a refined or reloaded plan's is found again
         "method": plan.method,
         "seed": seed,
         "planning_time_s": round(planning_time_s, 4),
@@ -66,6 +67,9 @@ def finish_plan(
         }
         for d, row in enumerate(devices):
             row.update({k: predicted[k][d] for k in ("fwd_ms", "bwd_ms", "comm_fwd_ms", "comm_bwd_ms", "total_ms")})
+        bottleneck = slowest_alone([row["shards"] for row in devices], predicted["total_ms"])
+        if bottleneck:
+            extra["bottleneck"] = bottleneck
         if isinstance(cost_model, KnowsItsTraining):
             outside = cost_model.outside_training(task.tables, task.batch_size, [len(row["shards"]) for row in devices])
             if outside:
@@ -135,6 +139,8 @@ def format_plan(plan: Plan) -> str:
                 f"balance bound {bound['bound_ms']:.3f} ms (the shards dealt evenly over the devices, or the largest one): the "
                 f"slowest device's compute is {bound['compute_over_bound']:.3f}x it"
             )
+        if "bottleneck" in extra:
+            lines.append(bottleneck_line(extra["bottleneck"]))
     else:
         lines.append("no cost model: predicted costs not shown")
     if "planning_time_s" in extra:
