@@ -126,7 +126,7 @@ def one_set(name: str, settings: RealModelsSettings, context: harness.Context) -
              "ratio_moved": round(abs(r[0] - r[1]), 3), "planning_s": None if seconds is None else round(seconds, 2)}
             for label, (_, seconds) in plans.items() for r in [[s[label] / s["torchrec"] for s in sessions]]]
     mape = {k: round(v, 2) for k, v in client.get_run(version.run_id).data.metrics.items()
-            if k == "neural_heldout_tables_total_mape_pct" or "top_decile" in k}  # the champion's own figures
+            if k in ("neural_heldout_tables_total_mape_pct", "heldout_top_decile_mape_pct")}  # the champion's own
     return rows, (f"{name}: {len(production.task.tables)} tables dim {production.task.tables[0].dim}, rows x "
                   f"{settings.row_scale}, {settings.devices} ranks x batch {BATCH_PER_RANK}; pipeline --preset "
                   f"{settings.preset} {pipeline_s:.0f} s; cost model {version.name} v{version.version} held-out "

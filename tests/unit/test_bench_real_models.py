@@ -107,6 +107,6 @@ def test_one_set_through_the_smoke_pipeline_is_registered_planned_and_measured_t
     assert rows["torchrec"]["planning_s"] > 0
     note = outcome.notes[0]
     assert "shardwise-plan-criteo_kaggle v1 registered, champion v1" in note, note
-    assert "neural_heldout_tables_total_mape_pct" in note and "--preset smoke" in note
+    assert "neural_heldout_tables_total_mape_pct" in note and "--preset smoke" in note and "fwd" not in note
     assert outcome.record_name == "real_models_smoke"
     assert (tmp_path / "smoke" / "criteo_kaggle" / "mlflow.db").is_file()  # the experiment's own store
