@@ -6,6 +6,7 @@ on scripted measurements against a real MLflow store."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -270,3 +271,85 @@ def test_publish_moves_champion_only_on_a_plan_measured_faster_beyond_the_noise(
     assert "device 1:" in shown
     figures = json.loads((Path(fourth.directory) / "files" / "figures.json").read_text())  # the last run's
     assert figures["plan_ms"] == 9.0 and figures["ratio_to_torchrec"] == pytest.approx(9 / 12)
+
+
+class _PublishRecorded:
+    """`shardwise publish` (dry run, scripted measurements) of a 4-table production task, the `refine=` each
+    ShardwisePlanner got recorded and held to `cap_s` seconds (the job's budget is minutes)."""
+
+    def __init__(self, tmp_path: Path, model, monkeypatch, cap_s: float) -> None:
+        from shardwise.integrations.mlflow import MlflowService
+        from shardwise.integrations.torchrec import production
+
+        self.given: list[float | None] = []
+        given = self.given
+
+        class Recorded(ShardwisePlanner):
+            def __init__(self, *args, refine=None, **kwargs):
+                given.append(refine)
+                super().__init__(*args, refine=min(refine, cap_s) if refine is not None else None, **kwargs)
+
+        monkeypatch.setattr(production, "ShardwisePlanner", Recorded)
+        self.model_dir = model.save(tmp_path / "model")
+        self.task = save_production_task(export_task(_model(tables=4), CPU, name="ranking",
+                                                     constraints=_constraints(4), batch_size=BATCH),
+                                         tmp_path / "ranking.task.json")
+        self.service = MlflowService(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        self.out = tmp_path / "out"
+
+    def __call__(self, **settings: object):
+        from shardwise.jobs import publish
+
+        measure = _Scripted()
+        measure.figures = [{"plan": 9.0, "torchrec": 10.0}]
+        (done,) = publish.run(publish.PublishSettings(task=(str(self.task),), model=str(self.model_dir),
+                                                      out=str(self.out), dry_run=True,
+                                                      measurement={"device": "cpu"}, **settings),
+                              mlflow=self.service, measure=measure, progress=False).tasks
+        return done, json.loads((Path(done.directory) / "files" / "figures.json").read_text())
+
+
+def test_publishs_default_refinement_budget_reaches_the_drop_in_and_zero_turns_it_off(tmp_path, tiny_cost_model,
+                                                                                       monkeypatch):
+    """The default budget is passed to the drop-in as `refine=` (its own default does not refine a plan whose cost
+    model needed no adaptation, as one trained on the user's tables); 0 is passed as 0."""
+    from shardwise.jobs import publish
+
+    run = _PublishRecorded(tmp_path, tiny_cost_model[0], monkeypatch, cap_s=0.0)  # the value, not the minutes
+    _, figures = run()
+    default = publish.PublishSettings.model_fields["refine_s"].default
+    assert run.given == [default] and default > 0 and figures["refine_s"] == default
+    done, figures = run(refine_s=0)
+    assert run.given[-1] == 0 and figures["refine_s"] == 0 and "refinement_s" not in figures
+    assert done.refinement_s is None and done.refinement() == "not refined (refine_s 0)"
+
+
+@pytest.mark.slow
+def test_publish_refines_on_this_machine_and_records_what_refinement_did(tmp_path, tiny_cost_model, monkeypatch):
+    """`refine=` given explicitly refines a plan the model needed no adaptation for; its outcome lands in the
+    plan's figures (the registered version's tags, `plan show`)."""
+    run = _PublishRecorded(tmp_path, tiny_cost_model[0], monkeypatch, cap_s=2.0)
+    done, figures = run()
+    assert "refinement_s" in figures, (done.refinement(), figures)
+    assert figures["refinement_s"] > 0 and done.refinement_s == figures["refinement_s"]
+    assert isinstance(figures["refinement_changed"], bool) and figures["refinement_after_ms"] > 0
+    assert figures["unrefined_predicted_ms"] > 0 and figures["predicted_ms"] > 0 and figures["refinement_start"]
+    assert figures["refinement_after_ms"] <= figures["refinement_before_ms"]
+    assert done.refinement().startswith("refined here for ")
+    from shardwise.jobs import publish
+
+    shown = publish.show(str(Path(done.directory) / "files"))  # what `plan show` says of the version
+    assert re.search(r"refinement changed the searched plan: (yes|no)\n", shown), shown
+    assert "refinement's budget here, s (0: off): 120" in shown and "refinement went on from the plan of: " in shown
+
+
+def test_publish_refuses_to_refine_with_a_cost_model_for_other_hardware_before_planning(tmp_path, tiny_cost_model):
+    from shardwise.jobs import publish
+
+    model = tiny_cost_model[0]
+    other = model.__class__.load(model.save(tmp_path / "model"))
+    other.hardware_kind = "cuda-some-other-gpu"
+    with pytest.raises(publish.SettingsError, match=r"refine_s 120: .*cuda-some-other-gpu.*--refine-s 0"):
+        publish._check_refinement(120.0, other, "cpu")
+    publish._check_refinement(0.0, other, "cpu")  # not refined: any model
+    publish._check_refinement(120.0, model, "cpu")  # this machine's

@@ -213,8 +213,16 @@ def test_production_tasks_are_published_after_evaluate_only_when_the_run_names_s
     assert group["inputs"]["parameters"]["pipelinechannel--profile-all-to-alls-Output"]["taskOutputParameter"][
         "producerTask"] == "profile-all-to-alls"
     for name, parameter in (("production_tasks", "production_tasks"), ("model_alias", "model_alias"),
-                            ("device", "device"), ("timing_rounds", "evaluate_timing_rounds")):
+                            ("device", "device"), ("timing_rounds", "evaluate_timing_rounds"),
+                            ("refine_s", "publish_refine_s")):
         assert inputs["parameters"][name] == {"componentInputParameter": f"pipelinechannel--{parameter}"}, name
+    # the production path refines by default in every preset that can publish; the smoke run too, briefly
+    declared = spec["root"]["inputDefinitions"]["parameters"]["publish_refine_s"]
+    assert declared["parameterType"] == "NUMBER_DOUBLE" and declared["defaultValue"] == DEFAULTS.publish_refine_s > 0
+    assert all(pipeline_params(preset_name=name).publish_refine_s > 0 for name in preset_names())
+    from shardwise.jobs.publish import PublishSettings
+
+    assert pipeline_params(preset_name="local").publish_refine_s == PublishSettings.model_fields["refine_s"].default
     # every value the step reads, its GPU count's included, is passed into the condition's group
     (component,) = [c for c in spec["components"].values() if "publish-plans" in c.get("dag", {}).get("tasks", {})]
     group_inputs = set(component["inputDefinitions"]["parameters"])

@@ -40,11 +40,11 @@ def step(tmp_path, monkeypatch):
 
     monkeypatch.setattr(publish, "run", run)
 
-    def call(tasks: str, *, device: str = "cuda", model_alias: str = "") -> dict[str, object]:
+    def call(tasks: str, *, device: str = "cuda", model_alias: str = "", refine_s: float = 0.0) -> dict[str, object]:
         outputs = {"published": _artifact(tmp_path / "published"), "summary": _artifact(tmp_path / "summary.md")}
         publish_plans.python_func(production_tasks=tasks, model=_artifact(tmp_path / "model"),
                                   model_alias=model_alias, hardware_kind="cuda-h100", device=device,
-                                  num_devices=2, refine_rounds=0, timing_rounds=3, seed=1, **outputs)
+                                  num_devices=2, refine_s=refine_s, timing_rounds=3, seed=1, **outputs)
         return {**seen, **outputs}
 
     return call
@@ -56,14 +56,25 @@ def test_the_job_gets_the_tasks_the_runs_model_and_measurement(tmp_path, step):
     settings = done["settings"]
     assert settings.task == ("s3://bucket/tasks/ranking.task.json", str(local))  # the job fetches objects
     assert settings.model == str(tmp_path / "model") and settings.out == str(tmp_path / "published")
-    assert settings.refine_s == 0.0 and settings.seed == 1  # refine_rounds 0: no refinement
+    assert settings.refine_s == 0.0 and settings.seed == 1
     assert (settings.measurement.device, settings.measurement.timing_rounds) == ("cuda", 3)
     result = json.loads((tmp_path / "published/publish.json").read_text())
     assert result["tasks"][0]["registered_name"] == "shardwise-plan-ranking"
     assert done["published"].metadata["plans"] == "shardwise-plan-ranking/1"
-    assert "| ranking | 1.000 | 1.200 | - | - | `shardwise-plan-ranking` v1 @champion |" in (
-        tmp_path / "summary.md").read_text()
+    markdown = (tmp_path / "summary.md").read_text()
+    # each task's plan against TorchRec's planner's leads, the table follows
+    lead = markdown.index("- ranking: plan 1.000 ms vs TorchRec's planner 1.200 ms (ratio 0.833)")
+    assert lead < markdown.index("| ranking | 1.000 | 1.200 | - | - | `shardwise-plan-ranking` v1 @champion |")
     assert step(str(local), model_alias="champion")["settings"].model == "models:/shardwise-cost-cuda-h100@champion"
+    assert step(str(local), refine_s=600.0)["settings"].refine_s == 600.0  # the pipeline's publish_refine_s
+
+
+def test_publish_refines_by_default_and_refine_s_zero_turns_it_off(tmp_path):
+    task = str(_task(tmp_path / "t.json", devices=2))
+    assert publish.PublishSettings(task=(task,)).refine_s > 0  # the production path refines unless told not to
+    assert publish.PublishSettings(task=(task,), refine_s=0).refine_s == 0
+    with pytest.raises(ValueError, match="refine_s"):
+        publish.PublishSettings(task=(task,), refine_s=-1)
 
 
 def test_the_job_copies_objects_and_refuses_more_ranks_than_gpus_before_planning(tmp_path, monkeypatch):

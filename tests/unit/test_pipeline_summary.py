@@ -77,6 +77,35 @@ def test_a_run_with_production_tasks_shows_the_publish_steps_table_or_says_the_s
     path.write_text(json.dumps(result.to_json()))
     assert _published(tmp_path, params) == path
     text = LocalRun(plan_path="p.json", plan_text="", report_path="r.html", comparison={}, elapsed_s=60,
-                    published=result.summary()).summary()
+                    published=result.table()).summary()
     assert "production tasks planned, measured and registered (publish step):\n" in text
     assert "shardwise-plan-ranking v2 @champion" in text
+
+
+def test_the_summary_leads_with_each_production_tasks_plan_against_torchrecs_before_the_evaluation_task():
+    from shardwise.jobs.publish import PublishedTask, PublishResult
+
+    tasks = [PublishedTask(task=name, registered_name=f"shardwise-plan-{name}", version="1", alias="champion",
+                           reason="no champion yet", plan_ms=plan_ms, torchrec_ms=2.0, champion_version=None,
+                           champion_ms=None, noise=None, directory="d", refine_s=120.0, refinement_s=118.0,
+                           refinement_changed=changed)
+             for name, plan_ms, changed in (("ranking", 1.79, True), ("ads", 2.0, False))]
+    result = PublishResult(tasks=tasks)
+    text = LocalRun(plan_path="p.json", plan_text="", report_path="r.html",
+                    comparison={"method_max_cost_ms": 3.0, "torchrec_max_cost_ms": 2.5, "ratio_to_torchrec": 1.2},
+                    elapsed_s=60, published=result.table(), production=[t.headline() for t in tasks]).summary()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    assert lines[:3] == ["your models, measured here (publish step):",
+                         "ranking: plan 1.790 ms vs TorchRec's planner 2.000 ms (ratio 0.895)",
+                         "ads: plan 2.000 ms vs TorchRec's planner 2.000 ms (ratio 1.000)"]
+    assert lines[3] == "the run's held-out evaluation task:" and lines[4].startswith("plan (p.json)")
+    assert text.index("ratio 0.895") < text.index("measured vs TorchRec's planner: 3.000 ms")
+    # the table at the end says what refinement did beside where each plan was registered
+    assert "refined here for 118 s of 120: changed the searched plan" in text
+    assert "refined here for 118 s of 120: kept the searched plan" in text
+    # publish's own summary and Markdown lead the same way
+    assert result.summary().splitlines()[0] == lines[1]
+    markdown = result.markdown()
+    assert markdown.index(f"- {lines[2]}") < markdown.index("| ranking | 1.790 |")
+    plain = LocalRun(plan_path="p.json", plan_text="", report_path="r.html", comparison={}, elapsed_s=60).summary()
+    assert "your models" not in plain and "held-out evaluation task" not in plain  # no production tasks: as before

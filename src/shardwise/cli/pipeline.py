@@ -36,13 +36,19 @@ class LocalRun(JobResult):
     report_path: str
     comparison: dict[str, float]
     elapsed_s: float
-    #: the publish step's table (shardwise publish's summary), where the run had production tasks
+    #: the publish step's table (shardwise publish's), where the run had production tasks
     published: str | None = None
+    #: each production task's plan against TorchRec's planner's, one line each: what the summary leads with
+    production: list[str] = []
 
     def summary(self) -> str:
-        """The plan, the report's path, measured cost and DLRM throughput against TorchRec's planner."""
+        """The user's production models against TorchRec's planner where the run had any; then the held-out
+        evaluation task's plan, the report's path, measured cost and DLRM throughput against TorchRec's planner."""
         c = self.comparison
+        lead = (["\nyour models, measured here (publish step):", *(f"  {line}" for line in self.production),
+                 "\nthe run's held-out evaluation task:"] if self.production else [])
         lines = [
+            *lead,
             f"\nplan ({self.plan_path}):\n{self.plan_text}",
             f"report: {self.report_path}",
             f"cost model on shards of held-out tables: MAPE {c.get('neural_heldout_tables_total_mape_pct', float('nan')):.2f}%, "
@@ -55,7 +61,7 @@ class LocalRun(JobResult):
         by_type = [f"{name} {c[key]:.2f}%" + (f" (noise floor {c[floor]:.2f}%)" if floor in c else "")
                    for name, key, floor in _KERNELS_BY_TYPE if key in c]
         if by_type:  # held-out tables' kernels of the other sharding types, profiled with them
-            lines.insert(3, "  their kernels as other sharding types, MAPE: " + ", ".join(by_type))
+            lines.insert(len(lead) + 3, "  their kernels as other sharding types, MAPE: " + ", ".join(by_type))
         predicted = {k.removesuffix("_predicted_ms"): v for k, v in c.items() if k.endswith("_predicted_ms")}
         if predicted:  # the searched plan's first, then the trained policies'
             lines.append("predicted plan cost on the task (the cost model's ms per iteration): "
@@ -118,15 +124,16 @@ def _run(args: argparse.Namespace) -> LocalRun:
     image = (args.image or containers.default_image()) if args.containers else None
     done = run.run_local(args.workdir, _params(args), tracking_uri=args.tracking_uri, verbose=args.verbose,
                          image=image)
-    published = None
+    published, production = None, []
     if done.published_path is not None:
         # the publish job's result type: imported only where a run published
         from shardwise.jobs.publish import PublishResult
 
-        published = PublishResult.model_validate_json(done.published_path.read_text()).summary()
+        result = PublishResult.model_validate_json(done.published_path.read_text())
+        published, production = result.table(), [t.headline() for t in result.tasks]
     return LocalRun(plan_path=str(done.plan_path), plan_text=format_plan(load_plan(done.plan_path)),
                     report_path=str(done.report_path), comparison=done.comparison,
-                    elapsed_s=time.monotonic() - started, published=published)
+                    elapsed_s=time.monotonic() - started, published=published, production=production)
 
 
 def _submit(args: argparse.Namespace) -> Submitted:

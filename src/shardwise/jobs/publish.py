@@ -52,9 +52,12 @@ class PublishSettings(JobSettings):
     tracking_uri: str | None = Field(default=None, description="MLflow tracking URI (else $MLFLOW_TRACKING_URI, "
                                      "else ./mlflow.db)")
     out: str = Field(default="publish", description="directory: each task's plans, measurements and report")
-    refine_s: float | None = Field(default=None, ge=0, allow_inf_nan=False,
-                                   description="seconds the drop-in planner may refine each plan on this machine "
-                                   "(default: the drop-in's, where it refines)")
+    # about 2 minutes a task: on MLPerf DLRM-DCNv2 (2 CPU cores) it took the registered plan from 1.000 of TorchRec's
+    # planner's to 0.895, where the drop-in's default refined nothing (its cost model needed no adaptation)
+    refine_s: float = Field(default=120.0, ge=0, allow_inf_nan=False,
+                            description="seconds the drop-in planner refines each plan on this machine's kernels "
+                            "before it is measured (from the search's plan, the measured-cost greedy's and TorchRec's "
+                            "planner's; it may split the slowest device's table); 0: off")
     min_gain: float | None = Field(default=None, ge=0, lt=1, description="the share by which a plan must measure "
                                    "faster than the champion to take @champion (default: the measured noise, how far "
                                    "the plan's ratio to the champion moves between two sessions)")
@@ -77,12 +80,36 @@ class PublishedTask(JobResult):
     champion_ms: float | None
     noise: float | None
     directory: str
+    #: refinement's budget, the seconds it took and whether it changed the searched plan (None: it did not run)
+    refine_s: float = 0.0
+    refinement_s: float | None = None
+    refinement_changed: bool | None = None
+
+    def headline(self) -> str:
+        """The plan against TorchRec's planner's, measured side by side here, in one line."""
+        ratio = self.plan_ms / self.torchrec_ms if self.torchrec_ms > 0 else math.nan
+        return (f"{self.task}: plan {self.plan_ms:.3f} ms vs TorchRec's planner {self.torchrec_ms:.3f} ms "
+                f"(ratio {ratio:.3f})")
+
+    def refinement(self) -> str:
+        """What refinement did, in words."""
+        if not self.refine_s:
+            return "not refined (refine_s 0)"
+        if self.refinement_s is None:
+            return f"not refined (refine_s {self.refine_s:g}: the planner's plan was not the search's)"
+        what = "changed the searched plan" if self.refinement_changed else "kept the searched plan"
+        return f"refined here for {self.refinement_s:.0f} s of {self.refine_s:g}: {what}"
 
 
 class PublishResult(JobResult):
     tasks: list[PublishedTask]
 
     def summary(self) -> str:
+        """Each task's plan against TorchRec's planner's, then the table of what was measured and registered."""
+        return "\n".join([*(t.headline() for t in self.tasks), self.table()])
+
+    def table(self) -> str:
+        """Each task's measured figures, where it was registered and why, and what refinement did."""
         head = f"{'task':<20} {'plan ms':>9} {'TorchRec ms':>12} {'champion ms':>12} {'noise':>6}  registered"
         lines = [head]
         for t in self.tasks:
@@ -90,22 +117,21 @@ class PublishResult(JobResult):
             noise = f"{t.noise:.1%}" if t.noise is not None else "-"
             where = f"{t.registered_name} v{t.version} @{t.alias}" if t.version else "not registered"
             lines.append(f"{t.task:<20} {t.plan_ms:>9.3f} {t.torchrec_ms:>12.3f} {champion:>12} {noise:>6}  {where}")
-            if t.reason:
-                lines.append(f"{'':<20} {t.reason}")
+            lines += [f"{'':<20} {why}" for why in (t.reason, t.refinement()) if why]
         lines.append(f"files: {', '.join(t.directory for t in self.tasks)}")
         return "\n".join(lines)
 
     def markdown(self) -> str:
-        """The same, as a Markdown table (the Kubeflow UI's step summary)."""
-        lines = ["# Your models' plans (measured on this node)", "",
-                 "| task | plan ms | TorchRec's planner ms | champion ms | noise | registered | why |",
-                 "|---|---|---|---|---|---|---|"]
+        """The same, as Markdown (the Kubeflow UI's step summary): each task's line, then the table."""
+        lines = ["# Your models' plans (measured on this node)", "", *(f"- {t.headline()}" for t in self.tasks), "",
+                 "| task | plan ms | TorchRec's planner ms | champion ms | noise | registered | why | refinement |",
+                 "|---|---|---|---|---|---|---|---|"]
         for t in self.tasks:
             champion = f"{t.champion_ms:.3f}" if t.champion_ms is not None else "-"
             noise = f"{t.noise:.1%}" if t.noise is not None else "-"
             where = f"`{t.registered_name}` v{t.version} @{t.alias}" if t.version else "not registered"
             lines.append(f"| {t.task} | {t.plan_ms:.3f} | {t.torchrec_ms:.3f} | {champion} | {noise} | {where} | "
-                         f"{t.reason} |")
+                         f"{t.reason} | {t.refinement()} |")
         return "\n".join(lines) + "\n"
 
 
@@ -119,30 +145,38 @@ def run(settings: PublishSettings, *, mlflow: MlflowService | None = None,
     service = mlflow or MlflowService(settings.tracking_uri)
     paths = _local_copies(settings.task, Path(settings.out) / "tasks")
     productions = [load_production_task(path) for path in paths]  # every file refused before minutes of work
-    _check_ranks(settings.task, productions, settings.measurement.device or "cpu")
+    device = _measuring_device(settings.measurement)
+    _check_ranks(settings.task, productions, device)
     cost_model, model_uri = load_cost_model(service, settings.model, device=None, required=True)
     assert cost_model is not None  # required
+    _check_refinement(settings.refine_s, cost_model, device)
     return PublishResult(tasks=[_publish(settings, service, cost_model, model_uri or "", Path(path), production,
-                                         measure, progress) for path, production in zip(paths, productions)])
+                                         measure, progress, device) for path, production in zip(paths, productions)])
 
 
 def _publish(settings: PublishSettings, service: MlflowService, cost_model: CostModel, model_uri: str, path: Path,
-             production: ProductionTask, measure: Measure, progress: bool) -> PublishedTask:
-    """One task: planned, measured beside TorchRec's planner's plan and its champion, registered and gated."""
+             production: ProductionTask, measure: Measure, progress: bool, device: str) -> PublishedTask:
+    """One task: planned (refined on the device it is measured on), measured beside TorchRec's planner's plan and
+    its champion, registered and gated."""
     from shardwise.integrations.torchrec.production import plan_production_task, torchrec_planner_plan
 
-    planned = plan_production_task(production, cost_model, refine_s=settings.refine_s, seed=settings.seed)
+    planned = plan_production_task(production, cost_model, refine_s=settings.refine_s, device=device,
+                                   seed=settings.seed)
     torchrec = torchrec_planner_plan(production)
     name = plan_name(production.name)
     champion = _champion(service, name, planned.torchrec.fingerprint) if not settings.dry_run else None
     out = Path(settings.out) / production.name
     session = _Session(production.task, cost_model, settings.measurement, measure, out / "measured", progress)
-    figures = session.first(planned.plan, torchrec, champion.plan if champion else None)
+    refinement = planned.refinement.figures() if planned.refinement else {}
+    figures: dict[str, Any] = {**session.first(planned.plan, torchrec, champion.plan if champion else None),
+                               "refine_s": settings.refine_s, "planning_s": planned.planning_s, **refinement}
     files = write_plan_files(out / "files", planned.plan, path, figures, planned.torchrec.model_dump(mode="json"))
     result = PublishedTask(task=production.name, registered_name=name, version=None, alias=None, reason="",
                            plan_ms=figures["plan_ms"], torchrec_ms=figures["torchrec_ms"],
                            champion_version=champion.version if champion else None,
-                           champion_ms=figures.get("champion_ms"), noise=figures.get("noise"), directory=str(out))
+                           champion_ms=figures.get("champion_ms"), noise=figures.get("noise"), directory=str(out),
+                           refine_s=settings.refine_s, refinement_s=refinement.get("refinement_s"),
+                           refinement_changed=refinement.get("refinement_changed"))
     if settings.dry_run:
         return result
     promotion = register_plan(
@@ -151,7 +185,7 @@ def _publish(settings: PublishSettings, service: MlflowService, cost_model: Cost
                             fingerprint=planned.torchrec.fingerprint),
         min_gain=settings.min_gain if settings.min_gain is not None else figures.get("noise", 0.0),
         tags={"task_digest": task_digest(path), "cost_model": model_uri,
-              **{f"figures.{k}": repr(v) for k, v in figures.items()}},
+              **{f"figures.{k}": repr(v) for k, v in figures.items() if v is not None}},
         params={"task": production.name, "cost_model": model_uri, "num_devices": production.task.num_devices,
                 "tables": len(production.task.tables)},
         metrics={k: v for k, v in figures.items() if isinstance(v, float) and math.isfinite(v)})
@@ -164,6 +198,27 @@ def _local_copies(tasks: Sequence[str], folder: Path) -> list[str]:
     tasks of one file name stay apart)."""
     return [str(fetch_object(task, folder / str(i) / task.rsplit("/", 1)[-1], what="production task"))
             if task.startswith("s3://") else task for i, task in enumerate(tasks)]
+
+
+def _measuring_device(measurement: MeasurementSettings) -> str:
+    """The device the plans are measured (and refined) on: the one named, else CUDA where present."""
+    import torch
+
+    return measurement.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _check_refinement(refine_s: float, cost_model: CostModel, device: str) -> None:
+    """Refinement times kernels on `device` for the cost model's hardware: refused before minutes of planning where
+    the model is for other hardware (the plan would be refined on kernels it was not searched for)."""
+    if not refine_s:
+        return
+    from shardwise.evaluation.adapt import cannot_adapt_here  # the drop-in refines under the same condition
+
+    reason = cannot_adapt_here(cost_model, device)
+    if reason:
+        reason = reason.replace("adaptation", "refinement").replace("adapt where", "publish where")
+        raise SettingsError(f"refine_s {refine_s:g}: {reason}; or refine_s 0 (--refine-s 0) to register the plan "
+                            "unrefined")
 
 
 def _check_ranks(given: Sequence[str], productions: Sequence[Any], device: str) -> None:
@@ -253,8 +308,16 @@ def show(uri: str, *, tracking_uri: str | None = None) -> str:
               "ratio_to_torchrec": "ratio to TorchRec's planner", "champion_ms": "champion then, ms",
               "ratio_to_champion": "ratio to the champion then",
               "ratio_to_champion_again": "ratio to the champion, a second session",
-              "noise": "noise: the ratio's move between the two sessions"}
-    lines += [f"  {labels.get(k, k)}: {v:.4g}" for k, v in registered.figures.items() if isinstance(v, int | float)]
+              "noise": "noise: the ratio's move between the two sessions",
+              "refine_s": "refinement's budget here, s (0: off)", "planning_s": "planning, s (refinement included)",
+              "refinement_s": "refinement, s", "refinement_changed": "refinement changed the searched plan",
+              "unrefined_predicted_ms": "searched plan before refinement, ms (predicted)",
+              "predicted_ms": "plan, ms (predicted)",
+              "unrefined_measured_ms": "searched plan before refinement, ms (refinement's first session)",
+              "refinement_start": "refinement went on from the plan of",
+              "refinement_before_ms": "refinement's start, ms (its last paired session)",
+              "refinement_after_ms": "refined plan, ms (the same session)"}
+    lines += [f"  {labels.get(k, k)}: {_shown(v)}" for k, v in registered.figures.items() if v is not None]
     for device in range(registered.plan.num_devices):
         shards = [s.table if s.dim == registered.task.table(s.table).dim else f"{s.table}[{s.col_offset}:{s.col_offset + s.dim}]"
                   for s in registered.plan.device_shards(device)]
@@ -264,6 +327,13 @@ def show(uri: str, *, tracking_uri: str | None = None) -> str:
     if registered.plan.row_wise:
         lines.append(f"  row-wise: {', '.join(registered.plan.row_wise)}")
     return "\n".join(lines)
+
+
+def _shown(value: Any) -> str:
+    """A figure as `plan show` prints it: numbers to 4 significant digits, yes/no, words as they are."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return f"{value:.4g}" if isinstance(value, int | float) else str(value)
 
 
 __all__ = ["PLAN_METRIC", "PublishResult", "PublishSettings", "PublishedTask", "run", "show"]

@@ -316,7 +316,7 @@ def publish_plans(
     hardware_kind: str,
     device: str,
     num_devices: int,
-    refine_rounds: int,
+    refine_s: float,
     timing_rounds: int,
     seed: int,
     published: Output[Artifact],
@@ -326,8 +326,9 @@ def publish_plans(
     with the cost model the plan step used, measure the plan beside the task's champion plan and TorchRec's
     planner's on this node, register it as `shardwise-plan-<task>` (the gate decides on `champion`): `shardwise
     publish`. `num_devices` is the step's GPU count (an input so that the compiler hands it to the step's condition
-    group; the job refuses a task with more ranks than GPUs). `published` holds each task's files and publish.json
-    (the job's result); `summary` its Markdown table."""
+    group; the job refuses a task with more ranks than GPUs). Each plan is refined on this node for `refine_s`
+    seconds (0: not refined). `published` holds each task's files and publish.json (the job's result); `summary` its
+    Markdown, each task's plan against TorchRec's planner's first."""
     import json
     import os
 
@@ -336,10 +337,9 @@ def publish_plans(
     from shardwise.profiling import MeasurementSettings
 
     uri = registered_model_uri(hardware_kind, model_alias) if model_alias else model.path
-    # refine_rounds 0 turns refinement off here as in the evaluate step; else the drop-in's own time budget
     result = job.run(job.PublishSettings(
         task=tuple(location.strip() for location in production_tasks.split(",")), model=uri, out=published.path,
-        seed=seed, refine_s=0.0 if refine_rounds == 0 else None,
+        seed=seed, refine_s=refine_s,
         measurement=MeasurementSettings(device=device, timing_rounds=timing_rounds),
     ), progress=False)
     print(result.summary())

@@ -75,6 +75,8 @@ class PipelineParams(BaseModel):
                                   "register as shardwise-plan-<task> (@champion gated on the measurement): "
                                   "comma-separated shardwise.task/v1 files with a 'torchrec' section (export_task), "
                                   "paths or s3://bucket/key; '' = none (no publish step)")
+    publish_refine_s: float = Field(ge=0, allow_inf_nan=False, description="seconds the publish step refines each "
+                                    "production task's plan on its hardware before measuring it (0: not refined)")
     seed: int = Field(description="seed of every random draw")
 
     @field_validator("dataset_uri")

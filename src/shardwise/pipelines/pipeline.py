@@ -288,7 +288,7 @@ def _evaluate_step(
 
 def _publish_step(
     evaluate: dsl.PipelineTask, pretrain: dsl.PipelineTask, comm: dsl.PipelineTask, gpu_product: str | None, *,
-    production_tasks: Any, model_alias: Any, device: Any, num_devices: Any, refine_rounds: Any, timing_rounds: Any,
+    production_tasks: Any, model_alias: Any, device: Any, num_devices: Any, refine_s: Any, timing_rounds: Any,
     seed: Any,
 ) -> dsl.PipelineTask:
     """The production tasks planned with the run's cost model, measured on the evaluate step's hardware, registered."""
@@ -303,7 +303,7 @@ def _publish_step(
                 # an input of the step, not only its GPU count: the compiler passes the GPU count's value into the
                 # condition's group only for a parameter some step in it takes
                 num_devices=num_devices,
-                refine_rounds=refine_rounds,
+                refine_s=refine_s,
                 timing_rounds=timing_rounds,
                 seed=seed,
             )
@@ -355,6 +355,7 @@ def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool =
         policy_tasks: int = DEFAULTS.policy_tasks,
         policy_episodes: int = DEFAULTS.policy_episodes,
         production_tasks: str = DEFAULTS.production_tasks,
+        publish_refine_s: float = DEFAULTS.publish_refine_s,
         seed: int = DEFAULTS.seed,
     ) -> dsl.Metrics:
         """The whole method; returns the measured comparison against TorchRec's planner."""
@@ -387,7 +388,7 @@ def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool =
         with dsl.If(production_tasks != "", name="production-tasks"):  # a run without them is unchanged
             publish = _publish_step(
                 evaluate, pretrain, comm, gpu_product, production_tasks=production_tasks, model_alias=model_alias,
-                device=device, num_devices=num_devices, refine_rounds=refine_rounds,
+                device=device, num_devices=num_devices, refine_s=publish_refine_s,
                 timing_rounds=evaluate_timing_rounds, seed=seed,
             )
             publish.set_caching_options(False)  # measures this run's hardware and registers: never from a cache

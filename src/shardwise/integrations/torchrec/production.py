@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,28 +25,92 @@ from .planner import ShardwisePlanner
 
 
 @dataclass(frozen=True)
+class RefinementOutcome:
+    """What refinement on this machine did to the searched plan: its time, whether the plan it returned is another
+    layout, the cost model's prediction of both, and refinement's own measurements (its sessions)."""
+
+    seconds: float
+    changed: bool
+    unrefined_predicted_ms: float | None
+    predicted_ms: float | None
+    #: the searched plan's slowest device measured beside the other starts, refinement's first session
+    unrefined_measured_ms: float | None
+    #: the plan refinement went on from ("neuroshard", "torchrec", ...) and it and the returned plan side by side
+    start: str
+    before_ms: float
+    after_ms: float
+
+    def figures(self) -> dict[str, Any]:
+        """As publish records them (`figures.json`, the registered version's tags)."""
+        return {"refinement_s": self.seconds, "refinement_changed": self.changed,
+                "unrefined_predicted_ms": self.unrefined_predicted_ms, "predicted_ms": self.predicted_ms,
+                "unrefined_measured_ms": self.unrefined_measured_ms, "refinement_start": self.start,
+                "refinement_before_ms": self.before_ms, "refinement_after_ms": self.after_ms}
+
+
+@dataclass(frozen=True)
 class PlannedTask:
-    """A production task's plan: shardwise's form (to measure), TorchRec's (to register), the planner's account."""
+    """A production task's plan: shardwise's form (to measure), TorchRec's (to register), the planner's account,
+    what refinement did (None where it did not run) and the planner's time."""
 
     plan: Plan
     torchrec: TorchRecPlanDoc
     stats: str | None
+    refinement: RefinementOutcome | None = None
+    planning_s: float = 0.0
 
 
 def plan_production_task(production: ProductionTask, cost_model: CostModel, *, refine_s: float | None = None,
-                         seed: int = 0) -> PlannedTask:
-    """`ShardwisePlanner`'s plan of the production task's model, with `cost_model` (refinement on this machine
-    for up to `refine_s` seconds where the drop-in refines)."""
+                         device: str | None = None, seed: int = 0) -> PlannedTask:
+    """`ShardwisePlanner`'s plan of the production task's model, with `cost_model`, refined on this machine for
+    `refine_s` seconds (0: not refined; None: the drop-in's default, only after adaptation ran). `device` is where
+    adaptation and refinement time kernels (default: the task topology's compute device), the one the plans are
+    measured on after."""
     context = production.context
     planner = ShardwisePlanner(**_planner_args(production), cost_model=cost_model, task=production.task,
                                refine=refine_s, seed=seed)
+    if device is not None:
+        planner.search.device_type = device
+    started = time.perf_counter()
     with _quiet_planner():
         sharding_plan = planner.plan(context.module(), context.torchrec_sharders())
+    planning_s = time.perf_counter() - started
     best = getattr(planner, "_best_plan", None) or []
     fingerprint = enumerated_fingerprint(planner._enumerator) or {}
     doc = plan_doc(best, planner.hash_planner_context_inputs_str(), fingerprint)
     return PlannedTask(plan=as_shardwise_plan(sharding_plan, production, "ShardwisePlanner"), torchrec=doc,
-                       stats=planner.last_stats)
+                       stats=planner.last_stats, refinement=_refinement_outcome(planner),
+                       planning_s=planning_s)
+
+
+def _refinement_outcome(planner: ShardwisePlanner) -> RefinementOutcome | None:
+    """What refinement did to the last search's plan; None where it did not run. The searched plan is searched
+    again (the search is deterministic for its seed, and seconds against refinement's minutes) to see whether the
+    refined plan is another layout."""
+    record, refined, task = planner.last_refinement, planner.last_plan, planner.last_task
+    if record is None or refined is None or task is None:
+        return None
+    search = planner.search
+    assert search.searcher is not None  # set when the search was made
+    unrefined = search.searcher.search(task, search.resolved_cost_model(), search.seed)
+    return RefinementOutcome(
+        seconds=search.last_seconds.get("refinement", record.seconds), changed=_layout(refined) != _layout(unrefined),
+        unrefined_predicted_ms=_predicted_ms(unrefined), predicted_ms=_predicted_ms(refined),
+        unrefined_measured_ms=record.starts.get(unrefined.method), start=record.start, before_ms=record.before_ms,
+        after_ms=record.after_ms)
+
+
+def _layout(plan: Plan) -> tuple[frozenset[frozenset[tuple[str, int, int]]], frozenset[str], frozenset[str]]:
+    """What makes two plans one layout: each device's column slices (devices are alike: in any order), the
+    data-parallel and the row-wise tables."""
+    devices = frozenset(frozenset((s.table, s.col_offset, s.dim) for s in plan.device_shards(d))
+                        for d in range(plan.num_devices))
+    return devices, frozenset(plan.data_parallel), frozenset(plan.row_wise)
+
+
+def _predicted_ms(plan: Plan) -> float | None:
+    predicted = plan.extra.get("predicted", {}).get("max_cost_ms")
+    return float(predicted) if predicted is not None else None
 
 
 def torchrec_planner_plan(production: ProductionTask) -> Plan:
