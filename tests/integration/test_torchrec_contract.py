@@ -7,6 +7,7 @@ model is a test double (the planner is under test). Last, plans made by `collect
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import pickle
@@ -244,17 +245,14 @@ def test_planning_errors_are_shardwises_planner_error(device, kind):
     assert isinstance(raised.value, PlannerError) and isinstance(raised.value, PlanError), type(raised.value).__mro__
 
 
-def test_a_dim_over_65536_reaches_the_caller_as_a_plan_or_a_planner_error(device, kind):
-    from pydantic import ValidationError
-
-    planner = _planner(_topology(device, 2, 4096 * MIB))
-    try:
-        sharding_plan = planner.plan(_model(kind, (50, 20), dim=70_000), [_sharder(kind)])
-    except TorchRecPlannerError:
-        return
-    except ValidationError as err:  # pragma: no cover - the failure this test is for
-        pytest.fail(f"shardwise's validation reached the caller: {err}")
-    assert set(sharding_plan.plan["sparse"]) == {"t0", "t1"}  # TorchRec's own options, kept
+def test_a_dim_over_65536_is_planned_from_torchrecs_options_where_torchrecs_planner_plans_it(device, kind):
+    topology = _topology(device, 2, 4096 * MIB)
+    theirs = _torchrec_planner(topology).plan(_model(kind, (50, 20), dim=70_000), [_sharder(kind)])
+    assert set(theirs.plan["sparse"]) == {"t0", "t1"}, "the control: TorchRec's planner plans these tables"
+    planner = _planner(topology)
+    ours = planner.plan(_model(kind, (50, 20), dim=70_000), [_sharder(kind)])  # neither shardwise's validation error
+    assert set(ours.plan["sparse"]) == {"t0", "t1"}                             # nor a PlannerError reaches the caller
+    assert all(sum(_column_widths(ours, t)) == 70_000 for t in ("t0", "t1"))
     assert "dim 70000" in (planner.last_stats or ""), "the stats say why shardwise left them to TorchRec"
 
 
@@ -323,16 +321,29 @@ def _placements(sharding_plan: ShardingPlan) -> dict[str, tuple]:
             for name, p in sharding_plan.plan["sparse"].items()}
 
 
+def _rotated(best_plan: list, world_size: int) -> list:
+    """The planner's chosen options with every shard moved to the next rank: a valid plan (each rank takes over a
+    neighbour's shards whole, within the same memory) that the deterministic search does not make."""
+    options = copy.deepcopy(best_plan)
+    for option in options:
+        for shard in option.shards:
+            shard.rank = (shard.rank + 1) % world_size
+    return options
+
+
 def _reloaded(topology: Topology, kind: str, rows: tuple[int, ...], sharders: list) -> None:
-    """A plan the planner made, stored as TorchRec stores a best plan, then loaded by a new planner: the same plan,
-    and no search."""
+    """A plan the planner made, its shards moved to other ranks and stored as TorchRec stores a best plan, then loaded
+    by a new planner: the stored plan, not the one a search makes, and no search."""
     first = _planner(topology)
     made = first.plan(_model(kind, rows), sharders)
-    loader = _Loader({o.storage_hash(): o for o in first._best_plan}, first.hash_planner_context_inputs_str())
+    stored = _rotated(first._best_plan, topology.world_size)
+    loader = _Loader({o.storage_hash(): o for o in stored}, first.hash_planner_context_inputs_str())
     again = _planner(topology, plan_loader=loader)
     loaded = again.plan(_model(kind, rows), sharders)
     assert loader.loads == 1 and again.last_plan is None
-    assert _placements(loaded) == _placements(made)
+    rotated = {name: (kind_, kernel, tuple((r + 1) % topology.world_size for r in ranks), shards)
+               for name, (kind_, kernel, ranks, shards) in _placements(made).items()}
+    assert _placements(loaded) == rotated != _placements(made)
 
 
 def test_a_plan_loader_plan_is_used_instead_of_a_search(device, kind):
@@ -401,9 +412,12 @@ def test_a_planner_error_keeps_its_type_through_pickle(device, kind):
 #: (name, rows, lookups per sample) of the trained model's tables
 TRAINED = (("t0", 400, 3), ("t1", 300, 2), ("t2", 200, 2), ("t3", 100, 1))
 TRAINED_DIM = 16
-#: what each DMP case's sharder offers (None: the sharder's own types) and its constraints
+#: what each DMP case's sharder offers (None: the sharder's own types) and its constraints; "unrestricted" is the
+#: control: what the planner picks where the sharder does not narrow it
 CASES = {
+    "unrestricted": (None, None),
     "table_wise": (("table_wise",), None),
+    "row_wise": (("row_wise",), None),
     "row_wise+table_wise": (("row_wise", "table_wise"), None),
     "fused-params": (None, {
         "t0": dict(compute_kernels=["fused"], stochastic_rounding=True, bounds_check_mode=BoundsCheckMode.FATAL),
@@ -457,6 +471,28 @@ def _fused_seen(dmp: nn.Module) -> dict[str, tuple]:
     return seen
 
 
+def _built_types(dmp: nn.Module) -> dict[str, str]:
+    """Each table's sharding as DistributedModelParallel built it, read from its state dict: a sharded tensor's
+    shards (one whole: table-wise; full rows: column-wise; full columns: row-wise), or a whole tensor on every rank
+    (data-parallel)."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    built = {}
+    for name, value in dmp.state_dict().items():
+        if not (".embedding_bags." in name or ".embeddings." in name) or not name.endswith(".weight"):
+            continue
+        table = name.split(".")[-2]
+        if not isinstance(value, ShardedTensor):
+            built[table] = "data_parallel"
+            continue
+        rows, dim = value.size()
+        shards = value.metadata().shards_metadata
+        built[table] = ("table_wise" if len(shards) == 1 else
+                        "column_wise" if all(s.shard_sizes[0] == rows for s in shards) else
+                        "row_wise" if all(s.shard_sizes[1] == dim for s in shards) else "other")
+    return built
+
+
 def _local_shards(dmp: nn.Module) -> dict[str, list[torch.Tensor]]:
     from torch.distributed._shard.sharded_tensor import ShardedTensor
 
@@ -502,7 +538,8 @@ def _dmp_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
                     "loss": float(loss.detach()),
                     "offered": sorted(sharder.sharding_types("cpu")),
                     "rank_types": sorted({planned[t] for t in after}),
-                    "module_types": sorted({t for m in dmp.modules() for t in getattr(m, "_sharding_types", [])}),
+                    "planned": planned,
+                    "built": _built_types(dmp),
                     "changed": sorted(t for t in after if any(
                         not torch.equal(a, b) for a, b in zip(before[t], after[t]))),
                     "held": sorted(after),
@@ -529,10 +566,17 @@ def test_collective_plans_train_one_step_in_distributed_model_parallel(tmp_path,
             result = results[key]
             assert torch.isfinite(torch.tensor(result["loss"])), key
             assert set(result["rank_types"]) <= set(result["offered"]), (key, rank, result["rank_types"])
-            assert set(result["module_types"]) <= set(result["offered"]), (key, rank, result["module_types"])
+            assert result["built"] == result["planned"], (key, rank)  # DMP built the plan, every table of it
+            assert set(result["built"].values()) <= set(result["offered"]), (key, rank, result["built"])
             assert result["changed"], f"{key}, rank {rank}: no shard it holds was trained"
             held |= set(result["held"])
         assert held == {n for n, *_ in TRAINED}, key  # every table is held somewhere
+    for kind in ("ebc", "ec"):  # the control: unrestricted, the planner picks a type some restricted sharder refuses
+        free = set(ranks[0][(kind, "unrestricted")]["planned"].values())
+        narrowed = [case for case, (offered, _) in CASES.items() if offered and free - set(offered)]
+        assert narrowed, (kind, free)
+        for case in narrowed:
+            assert set(ranks[0][(kind, case)]["planned"].values()) != free, (kind, case)
     for kind in ("ebc", "ec"):
         for rank, results in enumerate(ranks):
             fused = results[(kind, "fused-params")]["fused"]
