@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -138,32 +139,44 @@ def _ranks(sharding_plan) -> dict[str, list[int]]:
     return {table: list(p.ranks) for table, p in sharding_plan.plan["sparse.ebc"].items()}
 
 
-def _devices(plan) -> dict[str, list[int]]:
-    """Each table's devices in column order (one for a table-wise placement)."""
-    devices: dict[str, list[int]] = {}
-    for shard in sorted(plan.shards, key=lambda s: (s.table, s.col_offset)):
-        devices.setdefault(shard.table, []).append(shard.device)
-    return devices
+@pytest.fixture(scope="module")
+def moved(registered, tmp_path_factory):
+    """(the registered version's files with every shard moved to the next rank, in plan.json and torchrec_plan.json:
+    a valid plan that no planner here makes, each table's ranks as the loaded plan must give them)."""
+    _, files = registered
+    out = tmp_path_factory.mktemp("moved") / "files"
+    shutil.copytree(files, out)
+    doc = json.loads((out / "torchrec_plan.json").read_text())
+    for option in doc["options"]:
+        for shard in option["shards"]:
+            shard["rank"] = (shard["rank"] + 1) % CPU.world_size
+    (out / "torchrec_plan.json").write_text(json.dumps(doc))
+    plan = json.loads((out / "plan.json").read_text())
+    for shard in plan["shards"]:
+        shard["device"] = (shard["device"] + 1) % CPU.world_size
+    (out / "plan.json").write_text(json.dumps(plan))
+    return out, {o["name"]: [s["rank"] for s in o["shards"]] for o in doc["options"]}
 
 
-def test_torchrecs_planner_loads_the_registered_plan_through_the_loader(registered):
-    planned, files = registered
+def test_torchrecs_planner_loads_the_registered_plan_through_the_loader(moved):
+    files, ranks = moved
     enumerator = ShardwiseEnumerator(topology=CPU, batch_size=BATCH, constraints=_constraints())
     planner = EmbeddingShardingPlanner(topology=CPU, batch_size=BATCH, constraints=_constraints(), enumerator=enumerator,
                                        plan_loader=MlflowPlanLoader(files, enumerator=enumerator))
     loaded = _ranks(planner.plan(_model(), _sharders()))
-    assert loaded == _devices(planned.plan)
+    assert loaded == ranks
+    # the control: TorchRec's planner without the loader plans otherwise, so the placement came from the files
     own = _ranks(EmbeddingShardingPlanner(topology=CPU, batch_size=BATCH, constraints=_constraints()).plan(
         _model(), _sharders()))
-    assert set(own) == set(loaded)  # the same tables, which TorchRec's own plan may place otherwise
+    assert set(own) == set(loaded) and own != loaded
 
 
-def test_the_drop_in_loads_the_registered_plan_without_a_cost_model(registered, tmp_path, monkeypatch):
-    planned, files = registered
+def test_the_drop_in_loads_the_registered_plan_without_a_cost_model(moved, tmp_path, monkeypatch):
+    files, ranks = moved
     monkeypatch.chdir(tmp_path)  # no ./mlflow.db: no champion to find, and a training job loading its plan needs none
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     planner = ShardwisePlanner(CPU, batch_size=BATCH, constraints=_constraints(), plan_loader=MlflowPlanLoader(files))
-    assert _ranks(planner.plan(_model(), _sharders())) == _devices(planned.plan)
+    assert _ranks(planner.plan(_model(), _sharders())) == ranks
     assert f"the plan: loaded by the plan loader ({files})" in planner.last_stats
 
 
