@@ -14,6 +14,10 @@ the loader names what changed when they differ (a table's rows, a new table, ano
 is shardwise's where plans split tables into column slices: TorchRec's offers one column-wise option per table, and a
 registered option is matched by `storage_hash`, which counts the slices.
 
+Under TorchRec's own `collective_plan` only rank 0 plans, and the other ranks wait for its broadcast: where the
+loader refuses (a changed model, a plan that does not load), it sends its error to the waiting ranks before raising it,
+so that every rank raises the same one line at once instead of waiting out the process group's timeout.
+
 A registered plan holds, beside shardwise's plan, `torchrec_plan.json` (`shardwise.torchrec-plan/v1`): the context
 hash, the fingerprint, and per option its storage hash and shards (sizes, offsets, ranks, TorchRec's estimates).
 """
@@ -21,13 +25,16 @@ hash, the fingerprint, and per option its storage hash and shards (sizes, offset
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import torch
+import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 from torch import nn
+from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner.types import (
     Enumerator,
     ParameterConstraints,
@@ -192,21 +199,31 @@ class MlflowPlanLoader(PlanLoader):
 
     def plan_context_hash(self) -> str | None:
         """The registered plan's context hash; where the planner's enumerator is known and saw other inputs, a
-        `PlannerError` naming what changed."""
-        doc = self.doc
-        seen = enumerated_fingerprint(self.enumerator) if self.enumerator is not None else None
-        if seen is not None:
-            changed = changes(doc.fingerprint, seen)
+        `PlannerError` naming what changed (under TorchRec's `collective_plan`, raised on every rank)."""
+        waiting = _waiting_ranks()
+        try:
+            doc = self.doc
+            seen = enumerated_fingerprint(self.enumerator) if self.enumerator is not None else None
+            changed = changes(doc.fingerprint, seen) if seen is not None else []
+            planner = waiting.planner if waiting is not None else None
+            if not changed and planner is not None and planner.hash_planner_context_inputs_str() != doc.context_hash:
+                # TorchRec's planner would refuse it on this rank alone, the others left waiting
+                changed = ["the planner's context hash (its topology, storage reservation, sharders or options)"]
             if changed:
                 raise PlannerError(
                     f"{self.uri} (v{self.registered.version}) was planned for other inputs: {'; '.join(changed)}; "
                     "plan again (`shardwise publish`) or plan without plan_loader",
                     PlannerErrorType.PLANNER_INPUT_CONTEXT_MISMATCH)
+        except PlannerError as err:
+            _raise_on_every_rank(err, waiting)
         return doc.context_hash
 
     def load(self) -> dict[int, ShardingOption] | None:
         """The registered options by storage hash (TorchRec's planner takes their shards)."""
-        return {o.storage_hash: _option(o) for o in self.doc.options}
+        try:
+            return {o.storage_hash: _option(o) for o in self.doc.options}
+        except PlannerError as err:
+            _raise_on_every_rank(err, _waiting_ranks())
 
     def get_plan_id(self) -> str:
         return f"{self.registered.name}/{self.registered.version}" if self.registered.version else self.uri
@@ -221,3 +238,50 @@ def _option(doc: OptionDoc) -> ShardingOption:
         shards=[Shard(size=list(s.size), offset=list(s.offset), rank=s.rank,
                       storage=Storage(*s.storage) if s.storage else None,
                       perf=Perf(**s.perf) if s.perf else None) for s in doc.shards])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Waiting:
+    """Where TorchRec's `collective_plan` runs the planner on this rank: its group, the planning rank (as TorchRec
+    broadcasts from it) and the planner."""
+
+    group: Any
+    src: int
+    planner: Any
+
+
+def _waiting_ranks() -> _Waiting | None:
+    """The group whose other ranks wait for this rank's plan, where TorchRec's `collective_plan` runs this planner
+    (`invoke_on_rank_and_broadcast_result` on the stack, on its planning rank, in a group of several); else None."""
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_code is not invoke_on_rank_and_broadcast_result.__code__:
+        frame = frame.f_back
+    if frame is None:
+        return None
+    group, src, func = frame.f_locals.get("pg"), frame.f_locals.get("rank"), frame.f_locals.get("func")
+    if group is None or not isinstance(src, int) or group.size() < 2 or group.rank() != src:
+        return None
+    return _Waiting(group, src, getattr(func, "__self__", None))
+
+
+def _raise_on_every_rank(err: PlannerError, waiting: _Waiting | None) -> NoReturn:
+    """Raise `err` here, first sending it to the ranks waiting for this rank's plan (as TorchRec broadcasts the plan):
+    they raise it as they receive it."""
+    if waiting is not None:
+        dist.broadcast_object_list([_RaisedOnArrival(str(err), err.error_type.name)], waiting.src, group=waiting.group)
+    raise err
+
+
+@dataclasses.dataclass(frozen=True)
+class _RaisedOnArrival:
+    """The planning rank's error in place of its plan: unpickled on a waiting rank, it raises there."""
+
+    message: str
+    error_type: str
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return _raise_planner_error, (self.message, self.error_type)
+
+
+def _raise_planner_error(message: str, error_type: str) -> NoReturn:
+    raise PlannerError(message, PlannerErrorType[error_type])
