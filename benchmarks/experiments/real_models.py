@@ -1,5 +1,5 @@
 """Real models through the user's loop: TorchRec's DLRM_DCN on the MLPerf DLRM-DCNv2 tables (multi-hot) and DLRM on
-the Criteo Kaggle tables (one-hot), exported (4 CPU ranks, batch 512 a rank, memory 1.5x the tables' even share),
+the Criteo Kaggle tables (one-hot), exported (4 CPU ranks, batch 512 a rank, memory 2x the tables' even share),
 `shardwise pipeline run --local` on them in a store of each set's own (WORKDIR/<preset>/<set>/mlflow.db; a rerun adds
 versions), then in one session here, twice: (a) the registered @champion plan, (b) `ShardwisePlanner(cost_model=the
 store's champion, adapt=0, refine=0).plan(model, sharders)` and (c) TorchRec's planner given the same arguments.
@@ -22,7 +22,8 @@ from pydantic import Field
 
 from benchmarks import harness
 
-BATCH_PER_RANK, MEMORY_SLACK = 512, 1.5  # TorchRec's planner's default batch a rank; memory x the even share
+# TorchRec's default batch a rank; memory 2x the even share: at 1.5x TorchRec's DCNv2 plan overran shardwise's count
+BATCH_PER_RANK, MEMORY_SLACK = 512, 2.0  # of a rank's memory by 7%, and the publish step refused to measure it
 
 
 class RealModelsSettings(harness.ExperimentSettings):
