@@ -1,12 +1,13 @@
 """`ShardwisePlanner`: TorchRec's `EmbeddingShardingPlanner` with shardwise's stages in it.
 
-TorchRec's planner runs as it always does: its storage reservation, its enumerator (the options the sharders offer
-and the constraints allow, with their fused parameters), its plan loader, context hash, validation and stats, and
-its `PlannerError` where nothing fits. shardwise brings three stages: a proposer whose plan comes from a shardwise
-search on the learned cost model (`ShardwiseProposer`), a partitioner that keeps the ranks that search gave
-(`PlacedPartitioner`), and a perf model that rates plans by the cost model (`ShardwisePerfModel`); its stats stage
-(`ShardwiseStats`) says what it did. Tables the cost model has not learned get TorchRec's planner's own plan, unless
-`adapt=` or `refine=` asks to measure them here (`ShardwiseSearch.defers`).
+TorchRec's planner runs as it always does: its storage reservation, its plan loader, context hash, validation and
+its `PlannerError` where nothing fits. shardwise's stages go through TorchRec's constructor, each made with what it
+needs and the proposer, perf model and stats with one shared `ShardwiseSearch`: an enumerator that adds the column
+splits the search lays out (`ShardwiseEnumerator`), a proposer whose plan comes from a shardwise search on the
+learned cost model (`ShardwiseProposer`), a partitioner that keeps the ranks that search gave (`PlacedPartitioner`),
+a perf model that rates plans by the cost model (`ShardwisePerfModel`) and stats that say what was done
+(`ShardwiseStats`). Tables the cost model has not learned get TorchRec's planner's own plan, unless `adapt=` or
+`refine=` asks to measure them here (`ShardwiseSearch.defers`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torchrec.distributed.comm import get_local_size, get_topology_domain_multiple
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.constants import BATCH_SIZE
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
@@ -38,6 +40,7 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ShardingPlan
+from torchrec.distributed.utils import get_device_type
 
 from shardwise.costmodel.types import CostModel
 from shardwise.search import Plan, Searcher
@@ -121,46 +124,36 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
             storage_reservation = FixedPercentageStorageReservation(float(storage_reservation))
         elif storage_reservation is None and budget_from_task:
             storage_reservation = FixedPercentageStorageReservation(0.0)  # a task states its budget already
+        if topology is None:  # as TorchRec's planner takes it, so that shardwise's stages are made with it
+            topology = _process_group_topology()
+        batch_size = batch_size or BATCH_SIZE
         self.search = ShardwiseSearch(
-            method=method, searcher=searcher, cost_model=cost_model, tracking_uri=tracking_uri, seed=seed,
-            device_type=(topology.compute_device if topology is not None else device_type) or (
-                "cuda" if torch.cuda.is_available() else "cpu"),
-            adapt=adapt, adapt_dataset=adapt_dataset, refine=refine)
-        # TorchRec's planner makes the topology itself where none is given (from the process group)
-        super().__init__(topology=topology, batch_size=batch_size or BATCH_SIZE, enumerator=enumerator,
+            topology, method=method, searcher=searcher, cost_model=cost_model, tracking_uri=tracking_uri, seed=seed,
+            constraints=constraints, task=task, optimizer=optimizer, adapt=adapt, adapt_dataset=adapt_dataset,
+            refine=refine)
+        # TorchRec's enumerator, with the column splits shardwise's search lays out
+        enumerator = enumerator or ShardwiseEnumerator(topology=topology, batch_size=batch_size, constraints=constraints)
+        if isinstance(plan_loader, MlflowPlanLoader) and plan_loader.enumerator is None:
+            plan_loader.enumerator = enumerator  # so that a registered plan for other inputs names what changed
+        self.shardwise_stats = ShardwiseStats(self.search, plan_loader)
+        super().__init__(topology=topology, batch_size=batch_size, enumerator=enumerator,
                          storage_reservation=storage_reservation, constraints=constraints, debug=debug,
                          callbacks=callbacks, timeout_seconds=timeout_seconds, plan_loader=plan_loader,
-                         proposer=proposer, partitioner=partitioner or PlacedPartitioner(),
-                         performance_model=performance_model, stats=stats)
-        self.search.device_type = self._topology.compute_device
-        if enumerator is None:  # TorchRec's, with the column splits shardwise's search lays out
-            self._enumerator = ShardwiseEnumerator(topology=self._topology, batch_size=self._batch_size,
-                                                   constraints=constraints)
-        if isinstance(plan_loader, MlflowPlanLoader) and plan_loader.enumerator is None:
-            plan_loader.enumerator = self._enumerator  # so that a registered plan for other inputs names what changed
-        self.proposer = ShardwiseProposer(
-            self.search, self._topology, constraints=constraints, task=task,
-            optimizer=task.optimizer if task else optimizer,
-            weights_precision=task.weights_precision if task else "fp32")
-        if proposer is None:
-            self._proposers = [self.proposer]
-        perf_model = ShardwisePerfModel(self.proposer)
-        if performance_model is None:
-            self._perf_model = perf_model
-        self.shardwise_stats = ShardwiseStats(self.proposer, perf_model, plan_loader)
-        if stats is None:
-            self._stats = [self.shardwise_stats]
+                         proposer=proposer or ShardwiseProposer(self.search),
+                         partitioner=partitioner or PlacedPartitioner(),
+                         performance_model=performance_model or ShardwisePerfModel(self.search),
+                         stats=self.shardwise_stats if stats is None else stats)
 
     # -- what the last plan was made of ------------------------------------------------------------------------
     @property
     def last_plan(self) -> Plan | None:
         """The shardwise plan the last search made (None where it found none, or where TorchRec's planner planned)."""
-        return self.proposer.last_search
+        return self.search.last_plan
 
     @property
     def last_task(self) -> ShardingTask | None:
-        """The shardwise task of the tables the last search placed."""
-        return self.proposer.last_task
+        """The shardwise task of the tables the last search placed (None where no search ran)."""
+        return self.search.last_task
 
     @property
     def last_stats(self) -> str | None:
@@ -183,8 +176,7 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
     def plan(self, module: nn.Module, sharders: list[Any] | None = None) -> ShardingPlan:
         """TorchRec's planner's plan of `module` for `sharders` (TorchRec's default sharders where None); where none
         fits, TorchRec's error as shardwise's `PlannerError` in one line, with why shardwise's search found none."""
-        self.proposer.space = None  # set again where proposals run: none ran where the plan loader's plan is taken
-        self.proposer.deferred = None
+        self.search.load(None)  # the proposer loads the search space where proposals run: none where a plan is loaded
         if self.plan_loader is None:
             self.search.resolved_cost_model()  # a missing model is its own error, before any proposal is rated
         try:
@@ -194,7 +186,7 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
                 raise
             log.info("%s", err)  # TorchRec's own account: storage, reservation and what to try
             lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-            why = self.proposer.last_error or (lines[-1] if len(lines) > 1 else "")
+            why = self.search.last_error or (lines[-1] if len(lines) > 1 else "")
             raise PlannerError(f"{lines[0].rstrip(' .')}{': ' + why if why else ''}", err.error_type) from None
 
     def collective_plan(self, module: nn.Module, sharders: list[Any] | None = None, pg: Any = None) -> ShardingPlan:
@@ -218,6 +210,12 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
         if isinstance(holder[0], _PlanFailure):
             raise holder[0].error
         return holder[0]
+
+
+def _process_group_topology() -> Topology:
+    """The topology TorchRec's planner takes from the initialised process group where it is given none."""
+    return Topology(local_world_size=get_local_size(), world_size=dist.get_world_size(),
+                    compute_device=get_device_type(), pod_size=get_topology_domain_multiple())
 
 
 def _topology(task: ShardingTask | None, world_size: int | None, local_world_size: int | None,

@@ -10,19 +10,17 @@ learned), it proposes what TorchRec's default proposers propose from TorchRec's 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from torchrec.distributed.planner.proposers import GreedyProposer, GridSearchProposer, UniformProposer
 from torchrec.distributed.planner.types import Enumerator, Proposer, ShardingOption, Topology
 
-from shardwise.search import Plan, PlanError
-from shardwise.workload import Optimizer, ShardingTask, WeightsPrecision
+from shardwise.search import PlanError
 
 from .enumerator import ShardwiseEnumerator
 from .errors import PlannerError
 from .search import LEARNED_PLAN_HOWTO, ShardwiseSearch
-from .space import PlanSpace, device_tier, rank_capacity
+from .space import device_tier, rank_capacity
 
 log = logging.getLogger("shardwise.torchrec")
 
@@ -45,29 +43,14 @@ def torchrec_proposers() -> list[Proposer]:
 
 
 class ShardwiseProposer(Proposer):
-    """Proposes TorchRec's greedy proposal, then the plan `search` makes of the tables shardwise searches."""
+    """Proposes TorchRec's greedy proposal, then the plan `search` makes of the tables shardwise searches (the plan
+    space, the search's task and plan, or why it found none, kept on `search` for the other stages)."""
 
-    def __init__(self, search: ShardwiseSearch, topology: Topology, *, constraints: Mapping[str, Any] | None = None,
-                 task: ShardingTask | None = None, optimizer: Optimizer = "rowwise_adagrad",
-                 weights_precision: WeightsPrecision = "fp32") -> None:
+    def __init__(self, search: ShardwiseSearch) -> None:
         self.search = search
-        self.topology = topology
-        self.constraints = constraints
-        self.known = task
-        self.optimizer: Optimizer = optimizer
-        self.weights_precision: WeightsPrecision = weights_precision
-        self.space: PlanSpace | None = None
-        #: the shardwise task and plan of the last search, and why it found none
-        self.last_task: ShardingTask | None = None
-        self.last_search: Plan | None = None
-        self.last_error: str | None = None
-        #: `proposal_key` of the last search's proposal
-        self.last_key: frozenset[tuple[Any, ...]] | None = None
-        #: why the last plan was left to TorchRec's proposers (`ShardwiseSearch.defers`; None: it was not)
-        self.deferred: str | None = None
         self._greedy = GreedyProposer()
         self._torchrec: list[Proposer] = []
-        self._enumerator: Enumerator | None = None
+        self._enumerated_by: Enumerator | None = None
         self._storage: Topology | None = None
         self._phase = "greedy"
         self._first_fitted: bool | None = None
@@ -75,31 +58,22 @@ class ShardwiseProposer(Proposer):
         self._replans = 0
 
     def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None) -> None:
-        self.space = PlanSpace(search_space, constraints=self.constraints, known=self.known, optimizer=self.optimizer,
-                               weights_precision=self.weights_precision, world_size=self.topology.world_size)
-        self._enumerator = enumerator
+        space = self.search.load(search_space)
+        assert space is not None  # loaded from a search space
+        self._enumerated_by = enumerator
         self._storage = None
         self._phase, self._first_fitted, self._memory_cut, self._replans = "greedy", None, 0, 0
-        self.last_task = self.last_search = self.last_error = self.last_key = None
-        self.search.forget()
-        self.deferred = self.search.defers([t.spec for t in self.space.searched if t.spec is not None])
-        if self.deferred is None:
+        deferred = self.search.defers(space.described)
+        if deferred is None:
             self._greedy.load(search_space, enumerator)
             return
         log.warning("ShardwisePlanner: the plan is TorchRec's planner's own, the cost model has not learned these "
-                    "tables (%s); %s", self.deferred, LEARNED_PLAN_HOWTO)
+                    "tables (%s); %s", deferred, LEARNED_PLAN_HOWTO)
         own = enumerator.torchrec_options(search_space) if isinstance(enumerator, ShardwiseEnumerator) else search_space
         self._torchrec = torchrec_proposers()
         for proposer in self._torchrec:
             proposer.load(own, enumerator)
         self._phase = "deferred"
-
-    def space_of(self, options: list[ShardingOption]) -> PlanSpace:
-        """The plan space `options` lie in: the one loaded, else (another proposer's plan) one of their own."""
-        if self.space is not None and {o.fqn for o in options} <= {t.fqn for t in self.space.tables}:
-            return self.space
-        return PlanSpace(options, constraints=self.constraints, known=self.known, optimizer=self.optimizer,
-                         weights_precision=self.weights_precision, world_size=self.topology.world_size)
 
     def propose(self) -> list[ShardingOption] | None:
         while self._phase == "deferred" and self._torchrec:  # each of TorchRec's proposers until it has no more
@@ -109,27 +83,23 @@ class ShardwiseProposer(Proposer):
             self._torchrec.pop(0)
         if self._phase in ("greedy", "torchrec"):
             return self._greedy.propose()
-        if self._phase != "search" or self.space is None or self._storage is None:
+        space = self.search.space
+        if self._phase != "search" or space is None or self._storage is None:
             return None
-        space = self.space
         tier = device_tier(self._storage)
         budget = rank_capacity(self._storage, tier) - space.kept_bytes(tier) - self._memory_cut
         if not space.searched or budget <= 0:
-            self.last_error = "no table to search" if not space.searched else (
+            self.search.last_error = "no table to search" if not space.searched else (
                 f"nothing is left of each rank's {tier.upper()} for the tables shardwise searches after the others")
             return self._fall_back()
-        self.last_task = space.task(budget)
         try:
-            self.last_search = self.search.plan(self.last_task)
+            plan = self.search.plan(space.task(budget))  # kept as the search's last_task and last_plan
         except PlannerError:
             raise  # a setting the planner cannot honour (adapt, refine, the cost model): the caller's to fix
-        except PlanError as err:
-            self.last_error = str(err)
+        except PlanError as err:  # kept as the search's last_error
             log.info("ShardwisePlanner: %s", err)
             return self._fall_back()
-        proposal = space.proposal(self.last_search, self._enumerator)
-        self.last_key = proposal_key(proposal)
-        return proposal
+        return space.proposal(plan, self._enumerated_by)
 
     def _fall_back(self) -> list[ShardingOption] | None:
         """TorchRec's greedy proposals after its first, where the search has no plan that fits: TorchRec's planner
@@ -156,7 +126,7 @@ class ShardwiseProposer(Proposer):
             self._phase = "done"
             return
         if self._replans > ACCOUNTING_REPLANS:
-            self.last_error = (f"its plan is over a rank's storage by TorchRec's estimate after {ACCOUNTING_REPLANS} "
+            self.search.last_error = (f"its plan is over a rank's storage by TorchRec's estimate after {ACCOUNTING_REPLANS} "
                                "searches with less memory")
             self._fall_back()
             return

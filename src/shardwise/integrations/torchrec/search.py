@@ -1,7 +1,11 @@
 """How the drop-in makes a shardwise plan for the tables it searches: the cost model (given, or this hardware's
 champion), the search, the model adapted on this machine and the search run again where that pays, and the plan
 refined on this machine's kernels after adaptation ran. By default, tables the cost model has not learned are left
-to TorchRec's planner (`ShardwiseSearch.defers`): its plan in its time, and one line saying how to get a learned one."""
+to TorchRec's planner (`ShardwiseSearch.defers`): its plan in its time, and one line saying how to get a learned one.
+
+`ShardwiseSearch` is the one object shardwise's TorchRec stages share, each given it at construction (the proposer,
+the perf model, the stats): the topology and what describes the tables (constraints, a shardwise task, the optimizer),
+and, for the plan under way, its plan space (`load`) and the search's task, plan or why it found none."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shardwise.costmodel.model import NeuralCostModel
 from shardwise.costmodel.types import CostModel, KnowsItsTraining
@@ -20,12 +24,15 @@ from shardwise.errors import ServiceError, ShardwiseError
 from shardwise.profiling import MeasurementSettings, hardware_kind
 from shardwise.search import Plan, PlanError, Searcher, get_method, make_searcher
 from shardwise.search.simulator import ShardCostCache
-from shardwise.workload import ShardingTask, TableSpec
+from shardwise.workload import Optimizer, ShardingTask, TableSpec, WeightsPrecision
 
 from ..mlflow import MlflowService, champion_uri, cost_model_name
 from .errors import PlannerError
+from .space import PlanSpace
 
 if TYPE_CHECKING:
+    from torchrec.distributed.planner.types import ShardingOption, Topology
+
     from shardwise.evaluation.adapt import AdaptRecord
     from shardwise.evaluation.refine import Refinement
 
@@ -59,15 +66,25 @@ REFINE_TIMING_ROUNDS = 3
 
 @dataclass
 class ShardwiseSearch:
-    """A shardwise search method with its cost model, adaptation and refinement: `plan(task)`; `defers(tables)`
-    says where TorchRec's planner plans instead."""
+    """A shardwise search method with its cost model, adaptation and refinement for the ranks of `topology`:
+    `plan(task)`; `defers(tables)` says where TorchRec's planner plans instead. The stages given it share the plan
+    under way through it (`load`, `space_of`, `last_task`, `last_plan`, `last_error`)."""
 
+    topology: Topology
     method: str = "neuroshard"
     searcher: Searcher | None = None
     cost_model: CostModel | str | Path | None = None
     tracking_uri: str | None = None
     seed: int = 0
-    device_type: str = "cpu"
+    #: where adaptation and refinement time kernels, and whose champion is the default cost model ("": the
+    #: topology's compute device)
+    device_type: str = ""
+    #: TorchRec's `ParameterConstraints` by table name, as the planner is given them (their `min_partition`)
+    constraints: dict[str, Any] | None = None
+    #: a shardwise task whose tables (matched by name) give measured access skew and pooling factors
+    task: ShardingTask | None = None
+    optimizer: Optimizer = "rowwise_adagrad"
+    weights_precision: WeightsPrecision = "fp32"
     #: seconds to adapt the cost model on this machine (None: where it pays, `_adapts`, if `refine` is given, else
     #: never: `defers`; 0: never)
     adapt: float | None = None
@@ -79,6 +96,12 @@ class ShardwiseSearch:
     last_refinement: Refinement | None = None
     #: seconds the last plan's search, adaptation and refinement took
     last_seconds: dict[str, float] = field(default_factory=dict)
+    #: the plan under way's search space in shardwise's terms (`load`; None: no proposals ran)
+    space: PlanSpace | None = None
+    #: the shardwise task and plan of the last search, and why the last plan has none (None: it has)
+    last_task: ShardingTask | None = None
+    last_plan: Plan | None = None
+    last_error: str | None = None
     _adapted_to: set[frozenset[TableSpec]] = field(default_factory=set)
     _defers: dict[frozenset[TableSpec], str | None] = field(default_factory=dict)
 
@@ -92,6 +115,28 @@ class ShardwiseSearch:
                                "training, the step is well above the kernels' overhead and this machine is the "
                                "model's hardware)")
         self.searcher = self.searcher or make_searcher(self.method)
+        self.device_type = self.device_type or self.topology.compute_device
+        if self.task is not None:  # the task states how its tables are trained and stored
+            self.optimizer, self.weights_precision = self.task.optimizer, self.task.weights_precision
+
+    # -- the plan under way, shared by the stages ----------------------------------------------------------------
+    def load(self, search_space: Sequence[ShardingOption] | None) -> PlanSpace | None:
+        """Start a plan from `search_space` (the enumerator's options; None: no proposals run, where a plan loader's
+        plan is taken): its plan space, and nothing of the last plan's search."""
+        self.forget()
+        self.last_task = self.last_plan = self.last_error = None
+        self.space = None if search_space is None else self._space(search_space)
+        return self.space
+
+    def space_of(self, options: Sequence[ShardingOption]) -> PlanSpace:
+        """The plan space `options` lie in: the loaded one, else (a plan no `load` began) one of their own."""
+        if self.space is not None and {o.fqn for o in options} <= {t.fqn for t in self.space.tables}:
+            return self.space
+        return self._space(options)
+
+    def _space(self, options: Sequence[ShardingOption]) -> PlanSpace:
+        return PlanSpace(options, constraints=self.constraints, known=self.task, optimizer=self.optimizer,
+                         weights_precision=self.weights_precision, world_size=self.topology.world_size)
 
     def resolved_cost_model(self) -> CostModel | None:
         """The cost model to plan with: the one given, loaded from a directory or URI, else the champion."""
@@ -141,15 +186,21 @@ class ShardwiseSearch:
 
     def plan(self, task: ShardingTask) -> Plan:
         """The searched plan of `task` (PlanError where the search finds none): searched, adapted for and searched
-        again where that pays, refined after adaptation."""
+        again where that pays, refined after adaptation; kept as `last_task` and `last_plan` (`last_error`)."""
         self.forget()
+        self.last_task, self.last_plan, self.last_error = task, None, None
         model = self.resolved_cost_model()
-        plan = self._searched(task, model)
-        if model is not None and self._adapts(task, model, plan):
-            adapted = self._adapted_cost_model(task, model)
-            if adapted is not model:
-                model, plan = adapted, self._searched(task, adapted)
-        return self._refined(task, plan, model)
+        try:
+            plan = self._searched(task, model)
+            if model is not None and self._adapts(task, model, plan):
+                adapted = self._adapted_cost_model(task, model)
+                if adapted is not model:
+                    model, plan = adapted, self._searched(task, adapted)
+        except PlanError as err:
+            self.last_error = str(err)
+            raise
+        self.last_plan = self._refined(task, plan, model)
+        return self.last_plan
 
     def _searched(self, task: ShardingTask, model: CostModel | None) -> Plan:
         assert self.searcher is not None  # set in __post_init__

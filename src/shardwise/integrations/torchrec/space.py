@@ -120,6 +120,11 @@ class PlanSpace:
         return [t for t in self.tables if t.spec is not None]
 
     @property
+    def described(self) -> list[TableSpec]:
+        """Every table shardwise can describe, as the cost model prices it (`ShardwiseSearch.defers` asks of them)."""
+        return [t.priced for t in self.tables if t.priced is not None]
+
+    @property
     def kept(self) -> list[SpaceTable]:
         return [t for t in self.tables if t.spec is None]
 

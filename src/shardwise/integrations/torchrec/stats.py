@@ -18,7 +18,8 @@ from shardwise.search.bottleneck import bottleneck_line, slowest_alone
 
 from .errors import PlannerError
 from .perf_model import RankCosts, ShardwisePerfModel
-from .proposer import ShardwiseProposer, proposal_key
+from .proposer import proposal_key
+from .search import ShardwiseSearch
 from .space import torchrec_ms
 
 log = logging.getLogger("shardwise.torchrec")
@@ -27,14 +28,13 @@ GIB = 2**30
 
 class ShardwiseStats(EmbeddingStats):
     """TorchRec's stats table, then shardwise's account of the best plan at INFO (its caveats at WARNING), kept in
-    `last`."""
+    `last`: the plan under way as `search` holds it, priced by its cost model; `plan_loader` names a loaded plan."""
 
-    def __init__(self, proposer: ShardwiseProposer, perf_model: ShardwisePerfModel,
-                 plan_loader: PlanLoader | None = None) -> None:
+    def __init__(self, search: ShardwiseSearch, plan_loader: PlanLoader | None = None) -> None:
         super().__init__()
-        self.proposer = proposer
-        self.perf_model = perf_model
+        self.search = search
         self.plan_loader = plan_loader
+        self.perf_model = ShardwisePerfModel(search)  # its own: the planner's may be another
         #: the last plan's account (None before the first plan)
         self.last: str | None = None
         #: its caveats: what the cost model did not see or price
@@ -46,16 +46,22 @@ class ShardwiseStats(EmbeddingStats):
                     best_plan, *args, **kwargs)
         if not best_plan or any(s.rank is None or s.rank < 0 for o in best_plan for s in o.shards):
             return  # no plan: TorchRec's planner raises its PlannerError next
-        proposer, search = self.proposer, self.proposer.search
-        loaded = proposer.space is None and self.plan_loader is not None  # no proposal ran: the loader's plan
+        search = self.search
+        loaded = num_proposals == 0  # no proposal ran: TorchRec's planner took the plan loader's plan
         costs = self._loaded_costs(best_plan) if loaded else self.perf_model.costs(best_plan)
-        ours = proposer.last_key is not None and proposer.last_key <= proposal_key(best_plan)
-        source = (f"loaded by the plan loader ({_plan_id(self.plan_loader)})" if loaded else
+        space = None if loaded else search.space
+        proposed = space is not None and {o.fqn for o in best_plan} <= {t.fqn for t in space.tables}
+        deferred = proposed and space is not None and search.defers(space.described) is not None
+        ours = proposed and space is not None and search.last_plan is not None and proposal_key(
+            space.proposal(search.last_plan, None)) <= proposal_key(best_plan)
+        loader = f" ({_plan_id(self.plan_loader)})" if self.plan_loader is not None else ""
+        source = (f"loaded by the plan loader{loader}" if loaded else
+                  "the planner's proposers' (no ShardwiseProposer among them)" if not proposed else
                   "TorchRec's planner's own (its proposers and estimates: the cost model has not learned these "
-                  "tables), predicted ms by TorchRec's estimates" if proposer.deferred else
+                  "tables), predicted ms by TorchRec's estimates" if deferred else
                   f"shardwise's {search.method} search" if ours else
                   "TorchRec's greedy proposal (shardwise's search found no plan that fits)"
-                  if proposer.last_error or proposer.last_search is None else
+                  if search.last_error or search.last_plan is None else
                   "TorchRec's greedy proposal (the cost model rates it at least as fast as the search's)")
         lines = [f"ShardwisePlanner: {len(best_plan)} tables on {topology.world_size} ranks ({topology.local_world_size}"
                  f" per host), batch {batch_size} per rank, {num_plans} of {num_proposals} proposals placed in "
@@ -80,7 +86,7 @@ class ShardwiseStats(EmbeddingStats):
         if in_host:
             lines.append(in_host)
         # where TorchRec's planner planned, the proposer's one warning says why and how to get a learned plan
-        self.notes = [] if proposer.deferred and not loaded else self._notes(best_plan, costs.by_torchrec, ours)
+        self.notes = [] if deferred else self._notes(best_plan, costs.by_torchrec, ours, proposed)
         lines += self.notes
         if search.last_adaptation is not None:
             lines.append(search.last_adaptation.line())
@@ -99,12 +105,14 @@ class ShardwiseStats(EmbeddingStats):
         try:
             return self.perf_model.costs(best_plan)
         except PlannerError:
-            space = self.proposer.space_of(best_plan)
+            space = self.search.space_of(best_plan)
             return RankCosts(tuple(torchrec_ms(best_plan, space.world_size)), tuple(t.key for t in space.tables))
 
-    def _notes(self, best_plan: list[ShardingOption], by_torchrec: tuple[str, ...], ours: bool) -> list[str]:
+    def _notes(self, best_plan: list[ShardingOption], by_torchrec: tuple[str, ...], ours: bool,
+               proposed: bool) -> list[str]:
         """What the plan's figures rest on beyond the cost model's measurements."""
-        proposer, space = self.proposer, self.proposer.space
+        search = self.search
+        space = search.space if proposed else None
         notes: list[str] = []
         if by_torchrec:
             notes.append(f"priced by TorchRec's estimator (the cost model has not measured them): "
@@ -115,11 +123,11 @@ class ShardwiseStats(EmbeddingStats):
         sequence = [o.name for o in best_plan if not o.is_pooled]
         if sequence:
             notes.append(f"sequence tables (EmbeddingCollection), costed as pooled lookups: {', '.join(sequence)}")
-        if proposer.last_error and not ours:
-            notes.append(f"shardwise's search found no plan: {proposer.last_error}")
-        model = proposer.search.resolved_cost_model() if ours else None
-        if isinstance(model, KnowsItsTraining) and proposer.last_task is not None:
-            outside = model.outside_training(proposer.last_task.tables, model.batch_size)  # type: ignore[attr-defined]
+        if proposed and search.last_error and not ours:
+            notes.append(f"shardwise's search found no plan: {search.last_error}")
+        model = search.resolved_cost_model() if ours else None
+        if isinstance(model, KnowsItsTraining) and search.last_task is not None:
+            outside = model.outside_training(search.last_task.tables, model.batch_size)  # type: ignore[attr-defined]
             if outside:
                 notes.append(outside)
         return notes
