@@ -194,6 +194,45 @@ def test_a_spent_time_budget_starts_no_round_and_says_so(fixed_all_to_all):
     assert refined.extra["refinement"]["stopped"] == record.stopped
 
 
+def test_a_budget_spent_mid_round_drops_the_round_and_returns_the_plan_measured_so_far(fixed_all_to_all,
+                                                                                        monkeypatch):
+    """The clock jumps past the budget two kernel timings into round 1's measurement: the round stops there, its
+    change is recorded unmeasured and not kept, no final check runs, and the plan returned is the start as the first
+    session measured it. Real kernels; the clock is read before every timing, not only between rounds."""
+    import time
+    import types
+
+    from shardwise.evaluation import refine_measure
+
+    task = _task()
+    plan, _ = _bad_and_good()  # both heavy tables on device 0: round 1 moves one off it
+    jump_s = [0.0]
+    monkeypatch.setattr(refine_measure, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter()
+                                                                      + jump_s[0]))
+    timed = []
+    first_session = task.num_devices * MEASUREMENT.timing_rounds  # the start's 3 device shards, 3 timings each
+    real = refine_measure.time_shards_in_rounds
+
+    def timing(shards, rounds, **kwargs):
+        timed.append(len(shards))
+        if len(timed) == first_session + 2:
+            jump_s[0] = 1e6  # far past the budget, after this timing
+        return real(shards, rounds, **kwargs)
+
+    monkeypatch.setattr(refine_measure, "time_shards_in_rounds", timing)
+    refined, record = refine_plan(task, plan, FeatureCostModel(), MEASUREMENT, rounds=5, time_budget_s=1e5,
+                                  progress=False)
+    assert len(timed) == first_session + 2  # the fault landed mid-round, and nothing was timed after it
+    (dropped,) = record.rounds
+    assert dropped.change and not dropped.kept and dropped.after_ms is None
+    assert record.stopped == ("the 100000 s budget was spent in round 1: its change was not measured to the end, "
+                              "nor kept")
+    validate_plan(refined, task)
+    assert sorted(refined.shards, key=lambda s: s.table) == sorted(plan.shards, key=lambda s: s.table)
+    assert record.before_ms == record.after_ms == record.starts["bad"] > 0  # measured, in the first session
+    assert refined.extra["refinement"]["stopped"] == record.stopped
+
+
 def _row_wise_task(device_memory_bytes: int = 2**30) -> ShardingTask:
     """`_task()` with one more table, "r", to be split row-wise (3 blocks of 10,000 rows)."""
     task = _task()
@@ -370,7 +409,7 @@ def _scripted_sessions(monkeypatch, *sessions: list[float]) -> list[int]:
 
     script, seen = iter(sessions), []
 
-    def side_by_side(refiner, layouts):
+    def side_by_side(refiner, layouts, first_round=False):
         totals = next(script)
         assert len(totals) == len(layouts)
         seen.append(len(layouts))
@@ -420,7 +459,7 @@ def test_a_refined_plan_is_measured_again_beside_the_starts_given_and_its_own_st
     monkeypatch.setattr(refine, "_plan_round", lambda refiner, layout, measured, comm, refused: (
         refine._Layout(moved), [change], 9.0))
     # the round's paired figures (the two devices changed, then as they were) and no exchange: the change is kept
-    monkeypatch.setattr(refine._Refiner, "measure", lambda self, groups: [9.0, 9.0, 11.0, 11.0])
+    monkeypatch.setattr(refine._Refiner, "measure", lambda self, groups, first_round=False: [9.0, 9.0, 11.0, 11.0])
     monkeypatch.setattr(refine._Refiner, "measure_comm", lambda self, layouts: [np.zeros(3) for _ in layouts])
     refined, record = refine_plan(task, bad, FeatureCostModel(), MEASUREMENT, rounds=1, starts=[good],
                                   progress=False)

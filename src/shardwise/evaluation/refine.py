@@ -8,6 +8,11 @@ session of before and after measures the slowest device faster. Other plans of t
 beside it, and the plan returned is never measured slower than the searched one or any start. Each round is
 recorded in the plan's `extra["refinement"]`.
 
+With a time budget, the clock is read between every two shard timings, not only between rounds: a round starts only
+where it and the final check fit in what is left, a round the budget cuts short anyway is dropped (its change not
+measured to the end, nor kept), a session of layouts side by side (the starts', the final check's) keeps the timings
+done by then, at least one of every device shard, and the plan measured fastest so far is returned.
+
 The refiner's measuring of a layout lives in `refine_measure`, the moves, swaps and splits a round can make in
 `refine_moves`; the rounds, from the starts to the plan returned, and their record (`Refinement`) here.
 """
@@ -36,13 +41,16 @@ from shardwise.search.report import finish_plan
 from shardwise.search.simulator import simulate
 from shardwise.workload import ShardingTask
 
-from .refine_measure import _distinct, _Layout, _layout_key, _Refiner, _side_by_side
+from .refine_measure import Clock, OutOfTime, _distinct, _Layout, _layout_key, _Refiner, _side_by_side
 from .refine_moves import _Change as _Change  # re-exported: a round's change, as callers build one
 from .refine_moves import _holding_up, _plan_round, _split_change
 
 #: a plan of the task with the named table split into this many column slices and the other tables placed around
 #: them (None: none fits); refinement asks for one where a shard holds the measured slowest device up
 Resplit = Callable[[str, int], "Plan | None"]
+#: the most of refinement's budget the measured-cost greedy start may take (its tables timed one by one): the rest
+#: is for measuring the starts side by side, the rounds and the final check
+GREEDY_START_SHARE = 0.25
 
 
 def search_resplit(searcher: Searcher, task: ShardingTask, cost_model: CostModel, seed: int = 0) -> Resplit | None:
@@ -89,9 +97,12 @@ class Refinement(BaseModel):
     #: the measured slowest device of each plan refinement could start from, by method; it went on from the fastest
     starts: dict[str, float] = {}
     start: str = ""
+    #: starts asked for and not measured, and why (the measured-cost greedy when its tables' timings did not fit)
+    left_out: dict[str, str] = {}
     #: the start's and the returned plan's measured slowest device, side by side in one session: the second paired
     #: session's where the plan departs from the starts given, else the final paired check's when a round kept a
-    #: change, else the first session's (nothing changed); so they may differ from `starts`
+    #: change, else the first session's (nothing changed); so they may differ from `starts`. Where the time budget
+    #: left no room for the final check, the first session's and the last kept round's
     before_ms: float
     after_ms: float
     seconds: float
@@ -109,6 +120,7 @@ class Refinement(BaseModel):
         if len(self.starts) > 1:
             lines.insert(0, "start: " + ", ".join(f"{m} {ms:.3f} ms" for m, ms in self.starts.items())
                          + f" measured; refined from {self.start}")
+        lines[:0] = [f"start {method} left out: {why}" for method, why in self.left_out.items()]
         lines.append(f"refinement: {self.outcome()}")
         return "\n".join(lines)
 
@@ -119,21 +131,47 @@ class Refinement(BaseModel):
                 f"{self.seconds:.1f} s" + (f"; stopped: {self.stopped}" if self.stopped else ""))
 
 
-def measured_greedy_start(task: ShardingTask, measurement: MeasurementSettings) -> list[Plan]:
+def measured_greedy_start(task: ShardingTask, measurement: MeasurementSettings, *,
+                          time_budget_s: float | None = None) -> list[Plan]:
     """The greedy on each table's measured single-table cost, as a start for refinement ([] when it finds no
-    plan within memory: the searched plan is then the only start)."""
+    plan within memory, or, with `time_budget_s`, when timing its tables one by one would take longer: the searched
+    plan is then the only start)."""
+    return _greedy_start(task, measurement, Clock(time_budget_s))[0]
+
+
+def _greedy_start(task: ShardingTask, measurement: MeasurementSettings, clock: Clock) -> tuple[list[Plan], str]:
+    """The measured-cost greedy's plan within what is left on `clock`, and why there is none ("" where it found one
+    and where no plan fits in memory, as without a budget)."""
+    greedy = GreedySearch(MEASURED_KEY, measurement=measurement)
+    assert greedy.timings is not None  # the measured key times its tables
+    tables = len(task.tables)
+    first_s = 0.0  # the first table's seconds: it also loads the kernels, so the estimate starts after it
+    for i, table in enumerate(task.tables):
+        # the tables are timed one by one (each cached for the search below), so a start that would not fit is
+        # given up after its first tables instead of after all of them
+        spent_s = clock.elapsed_s()
+        if i >= 2 and (spent_s - first_s) / (i - 1) * (tables - i) > clock.left_s():
+            need_s = first_s + (spent_s - first_s) / (i - 1) * (tables - 1)
+            return [], (f"timing its {tables} tables alone would take about {need_s:.0f} s, more than the "
+                        f"{clock.budget_s:g} s allowed it")
+        greedy.timings.table_ms(task.model_copy(update={"tables": (table,)}))
+        if i == 0:
+            first_s = clock.elapsed_s()
     try:
-        return [GreedySearch(MEASURED_KEY, measurement=measurement).search(task, None, 0)]
+        return [greedy.search(task, None, 0)], ""
     except PlanError:
-        return []
+        return [], ""
 
 
 def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measurement: MeasurementSettings | None = None,
                 *, rounds: int = 3, time_budget_s: float | None = None, dataset: str | Path | None = None,
-                starts: Sequence[Plan] = (), progress: bool = True,
+                starts: Sequence[Plan] = (), measured_greedy: bool = False, progress: bool = True,
                 resplit: Resplit | None = None, exchange: bool = True) -> tuple[Plan, Refinement]:
     """`plan` refined on this machine's kernels (see the module docstring); the refinement record. With
-    `starts`, other plans of the task are measured too and refinement goes on from the fastest. With `resplit`
+    `time_budget_s`, it returns within about that many seconds (the module docstring says how). With
+    `starts`, other plans of the task are measured too and refinement goes on from the fastest; `measured_greedy`
+    adds the greedy on measured single-table costs, its tables timed within `GREEDY_START_SHARE` of the budget. With
+    `resplit`
     (`search_resplit`), a table whose shard alone keeps the slowest device above the mean (predicted or measured)
     is tried split in a re-searched plan first. With `dataset`
     (a cost dataset directory or s3:// prefix), every device shard it times is appended there (`provenance`
@@ -151,11 +189,18 @@ def refine_plan(task: ShardingTask, plan: Plan, cost_model: CostModel, measureme
                             f"{', ...' if len(candidate.kernels) > 3 else ''}): plan without --refine")
         if candidate.row_wise or candidate.data_parallel:
             simulate(candidate, task, cost_model)  # the refined plan is priced so: a model that cannot fails first
-    started = time.perf_counter()
+    clock = Clock(time_budget_s)
     if dataset is not None:
         prepare_dataset(dataset)  # a path that cannot hold the dataset fails before anything is measured
-    with _open_refiner(task, cost_model, measurement, progress, dataset, exchange) as refiner:
-        return _refine(refiner, plan, starts, rounds, time_budget_s, started, resplit)
+    left_out: dict[str, str] = {}
+    if measured_greedy:
+        share = Clock(None if time_budget_s is None else clock.left_s() * GREEDY_START_SHARE)
+        greedy, why = _greedy_start(task, measurement or MeasurementSettings(), share)
+        starts = [*starts, *greedy]
+        if why:
+            left_out[f"{MEASURED_KEY}_greedy"] = why
+    with _open_refiner(task, cost_model, measurement, progress, dataset, exchange, clock) as refiner:
+        return _refine(refiner, plan, starts, rounds, resplit, left_out)
 
 
 def measure_side_by_side(task: ShardingTask, plans: Sequence[Plan], cost_model: CostModel,
@@ -174,16 +219,22 @@ def measure_side_by_side(task: ShardingTask, plans: Sequence[Plan], cost_model: 
 
 @contextlib.contextmanager
 def _open_refiner(task: ShardingTask, cost_model: CostModel, measurement: MeasurementSettings | None,
-                  progress: bool, dataset: str | Path | None, exchange: bool = True) -> Iterator[_Refiner]:
+                  progress: bool, dataset: str | Path | None, exchange: bool = True,
+                  clock: Clock | None = None) -> Iterator[_Refiner]:
     """A refiner with its all-to-all process group open (none on one device, or without `exchange`), closed on
     the way out."""
     measurement = measurement or MeasurementSettings()
+    clock = clock or Clock(None)
     with contextlib.ExitStack() as stack:
         session = None
         if task.num_devices > 1 and exchange:
             backend = default_backend(resolve_timing(measurement)[0].type)
+            opening = time.perf_counter()
             session = stack.enter_context(AllToAllSession(task.num_devices, backend=backend))
-        yield _Refiner(task, cost_model, measurement, progress, dataset, session)
+            # its ranks leave the group in about half the time they took to join it (4 gloo ranks on 2 busy cores:
+            # 12.8 s to join, 5.7 s to leave): the budget keeps that back, so refinement returns within it
+            clock.closing_s = (time.perf_counter() - opening) / 2
+        yield _Refiner(task, cost_model, measurement, progress, dataset, session, clock)
 
 
 
@@ -229,7 +280,13 @@ def _try_split(refiner: _Refiner, layout: _Layout, measured: list[float], comm: 
         else:
             validate_plan(other, task)
             trial = _Layout.of(other)
-            kernels, comms, paired = _side_by_side(refiner, [layout, trial])
+            try:
+                kernels, comms, paired = _side_by_side(refiner, [layout, trial])
+            except OutOfTime:  # the split is left unmeasured; the rounds see the clock spent and stop
+                history.append(RefinementRound(round=1, measured_max_ms=float(max(np.array(measured) + comm)),
+                                               slowest_device=slowest, change=f"{_split_change(split)}: not measured",
+                                               seconds=time.perf_counter() - round_started))
+                return layout, measured, comm
             kept = paired[1] < paired[0]
             history.append(RefinementRound(round=1, measured_max_ms=paired[0], slowest_device=slowest,
                                            change=_split_change(split),
@@ -259,6 +316,8 @@ def _measure_change(refiner: _Refiner, layout: _Layout, trial: _Layout, touched:
         # the kernels gained: the exchanges decide, the changed layout's timed paired with the current one's
         # (a change the kernels refuse is refused without them: moving a shard keeps the total width, and
         # the exchange's change is small next to a kernel's)
+        if refiner.clock.spent():
+            raise OutOfTime
         trial_comm, current_comm = refiner.measure_comm([trial, layout])
         now = float(max(np.array(current) + current_comm))
         after = float(max(np.array(trial_measured) + trial_comm))
@@ -266,15 +325,16 @@ def _measure_change(refiner: _Refiner, layout: _Layout, trial: _Layout, touched:
 
 
 def _rounds(refiner: _Refiner, layout: _Layout, measured: list[float], comm: np.ndarray, rounds: int,
-            time_budget_s: float | None, started: float,
-            history: list[RefinementRound]) -> tuple[_Layout, list[float], np.ndarray, str]:
-    """Up to `rounds` rounds of changes off the slowest devices, each kept where measured faster; the layout, its
-    kernel ms and ms beside them after, and why the rounds stopped."""
+            reserve_s: float, history: list[RefinementRound]) -> tuple[_Layout, list[float], np.ndarray, str]:
+    """Up to `rounds` rounds of changes off the slowest devices, each kept where measured faster, none started where
+    it and `reserve_s` (the final check's) would not fit in the budget; the layout, its kernel ms and ms beside them
+    after, and why the rounds stopped."""
+    clock = refiner.clock
     refused: set[str] = set()
     stopped = f"{rounds} round{'s' if rounds > 1 else ''} done"
     for _ in range(rounds):
-        if time_budget_s is not None and time.perf_counter() - started > time_budget_s:
-            stopped = f"the {time_budget_s:g} s budget was spent"
+        if clock.left_s() <= reserve_s:
+            stopped = clock.why() if clock.spent() else f"the {clock.budget_s:g} s budget left no time for a round"
             break
         round_started = time.perf_counter()
         costs = np.array(measured) + comm
@@ -288,16 +348,22 @@ def _rounds(refiner: _Refiner, layout: _Layout, measured: list[float], comm: np.
             break
         change = "; ".join(c.description for c in changes)
         touched = sorted({d for c in changes for d in c.devices})
-        if time_budget_s is not None:
+        if clock.budget_s is not None:
             # a round is started only where its measurement fits in what is left, at the seconds a device shard
             # has taken so far (sessions, exchanges and all): one run past the budget cost the drop-in 30 s
-            elapsed = time.perf_counter() - started
-            need = elapsed / max(refiner.devices_measured, 1) * 2 * len(touched)
-            if elapsed + need > time_budget_s:
-                stopped = (f"the {time_budget_s:g} s budget was spent: the next round's {2 * len(touched)} device "
-                           f"shards would take about {need:.0f} s")
+            need = (time.perf_counter() - refiner.opened) / max(refiner.devices_measured, 1) * 2 * len(touched)
+            if need + reserve_s > clock.left_s():
+                stopped = (f"the {clock.budget_s:g} s budget left no time for the next round: its "
+                           f"{2 * len(touched)} device shards would take about {need:.0f} s")
                 break
-        trial_measured, trial_comm, now, after = _measure_change(refiner, layout, trial, touched, measured, comm)
+        try:
+            trial_measured, trial_comm, now, after = _measure_change(refiner, layout, trial, touched, measured, comm)
+        except OutOfTime:  # the round took longer than the rounds before: its change is dropped unmeasured
+            history.append(RefinementRound(round=len(history) + 1, measured_max_ms=float(costs.max()),
+                                           slowest_device=slowest, change=change, predicted_max_ms=predicted_max,
+                                           seconds=time.perf_counter() - round_started))
+            stopped = f"{clock.why()} in round {len(history)}: its change was not measured to the end, nor kept"
+            break
         kept = after < now
         history.append(RefinementRound(round=len(history) + 1, measured_max_ms=now, slowest_device=slowest,
                                        change=change, predicted_max_ms=predicted_max, after_ms=after, kept=kept,
@@ -318,7 +384,7 @@ def _measured_again(refiner: _Refiner, layout: _Layout, candidates: Sequence[tup
     """The refined layout measured once more beside every start, in one paired session: the fastest layout, the
     start's and the fastest's slowest device there, and what to add to why refinement stopped."""
     layouts = [layout, *(c for _, c in candidates)]
-    final = _side_by_side(refiner, layouts)[2]
+    final = _side_by_side(refiner, layouts, first_round=True)[2]
     after_ms, before = final[0], final[1 + best]
     if (fastest := int(np.argmin(final))) > 0:
         return layouts[fastest], before, final[fastest], (
@@ -349,7 +415,9 @@ def _confirmed_beside_starts(refiner: _Refiner, plan: Plan, starts: Sequence[Pla
     if start_key not in keys:
         session.append(candidates[best])
         keys.append(start_key)
-    confirm = _side_by_side(refiner, [c for _, c in session])[2]
+    if refiner.clock.spent():
+        return layout, before, after_ms, "; no time was left for a second session to confirm it faster than the starts"
+    confirm = _side_by_side(refiner, [c for _, c in session], first_round=True)[2]
     before = confirm[keys.index(start_key)]
     fastest = int(np.argmin(confirm))
     (name, layout), after_ms = session[fastest], confirm[fastest]
@@ -375,37 +443,42 @@ def _refined_plan(refiner: _Refiner, plan: Plan, layout: _Layout, record: Refine
     return refined.model_copy(update={"extra": {**refined.extra, "refinement": record.model_dump()}}), record
 
 
-def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, time_budget_s: float | None,
-            started: float, resplit: Resplit | None = None) -> tuple[Plan, Refinement]:
+def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, resplit: Resplit | None,
+            left_out: dict[str, str]) -> tuple[Plan, Refinement]:
     """The phases of refinement: the starts measured side by side, a table split, the rounds, the refined layout
     measured again beside the starts, the plan returned and its record."""
+    clock = refiner.clock
     candidates, tried = _start_candidates(refiner, plan, starts, resplit)
     # a start with another's layout (the measured greedy and TorchRec's planner often agree) is measured once
     candidates, same_as = _distinct(candidates, refiner.task.num_devices)
     # the start and the slowest device are chosen on measured kernels and exchanges, every start's side by side
-    measured_of, comm_of, totals = _side_by_side(refiner, [layout for _, layout in candidates])
+    measured_of, comm_of, totals = _side_by_side(refiner, [layout for _, layout in candidates], first_round=True)
+    # the final check measures the refined layout beside every start: the rounds leave it at least its first timing
+    reserve_s = refiner.first_round_s(len(candidates) + 1)
     best = int(np.argmin(totals))
     start, layout = candidates[best]
     measured, comm, before = measured_of[best], comm_of[best], totals[best]
     refiner.hold(layout)
     history: list[RefinementRound] = []
-    in_budget = time_budget_s is None or time.perf_counter() - started <= time_budget_s
-    if resplit is not None and in_budget:
+    if resplit is not None and not clock.spent():
         layout, measured, comm = _try_split(refiner, layout, measured, comm, resplit, tried, history)
-    layout, measured, comm, stopped = _rounds(refiner, layout, measured, comm, rounds, time_budget_s, started,
-                                              history)
+    layout, measured, comm, stopped = _rounds(refiner, layout, measured, comm, rounds, reserve_s, history)
     after_ms = before  # nothing kept: the start, as first measured (a refused round leaves its figures alone)
     if any(r.kept for r in history):
         # the rounds' figures come from sessions minutes apart, and a shared machine drifts between them: the
         # refined layout is measured once more beside every start, in one paired session, and the fastest of them
         # is returned (never a plan measured slower than the one searched)
-        layout, before, after_ms, note = _measured_again(refiner, layout, candidates, best)
-        stopped += note
+        after_ms = [r.after_ms for r in history if r.kept and r.after_ms is not None][-1]
+        if clock.spent():
+            stopped += "; no time was left to measure the refined plan again beside the starts"
+        else:
+            layout, before, after_ms, note = _measured_again(refiner, layout, candidates, best)
+            stopped += note
     layout, before, after_ms, note = _confirmed_beside_starts(refiner, plan, starts, candidates, same_as, best,
                                                               layout, before, after_ms)
     stopped += note
     starts_ms = {m: ms for (m, _), ms in zip(candidates, totals, strict=True)}
     record = Refinement(rounds=history, starts=starts_ms | {m: starts_ms[other] for m, other in same_as.items()},
-                        start=start, before_ms=before, after_ms=after_ms, seconds=time.perf_counter() - started,
-                        devices_measured=refiner.devices_measured, stopped=stopped)
-    return _refined_plan(refiner, plan, layout, record, rounds, time_budget_s)
+                        start=start, left_out=left_out, before_ms=before, after_ms=after_ms,
+                        seconds=clock.elapsed_s(), devices_measured=refiner.devices_measured, stopped=stopped)
+    return _refined_plan(refiner, plan, layout, record, rounds, clock.budget_s)

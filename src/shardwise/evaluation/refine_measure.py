@@ -1,15 +1,18 @@
 """The refiner's measuring of a layout: a plan's shards as refinement changes them (`_Layout`), each device's
-kernels, all-to-all and tables on every device timed on this machine (`_Refiner`), and layouts measured side by
-side in one session (`_side_by_side`)."""
+kernels, all-to-all and tables on every device timed on this machine (`_Refiner`), layouts measured side by side in
+one session (`_side_by_side`), and refinement's clock (`Clock`), read between every two shard timings."""
 
 from __future__ import annotations
 
+import math
 import statistics
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from shardwise.costmodel.data_parallel import gradient_bytes
 from shardwise.costmodel.types import CostModel
@@ -32,6 +35,35 @@ from .measured import (
     price_comm,
     time_shards_in_rounds,
 )
+
+
+class OutOfTime(Exception):
+    """Refinement's budget ran out in the middle of a measurement that decides nothing unfinished (a round's change, a
+    check): the plan measured so far stands."""
+
+
+@dataclass
+class Clock:
+    """Refinement's time budget: seconds since `started` (time.perf_counter), none when `budget_s` is None."""
+
+    budget_s: float | None
+    started: float = field(default_factory=time.perf_counter)
+    #: seconds kept back at the end of the budget for what follows the measuring (closing the process group)
+    closing_s: float = 0.0
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
+
+    def left_s(self) -> float:
+        """Seconds left of the budget for measuring (infinite without one, negative once spent)."""
+        return math.inf if self.budget_s is None else self.budget_s - self.closing_s - self.elapsed_s()
+
+    def spent(self) -> bool:
+        return self.left_s() <= 0
+
+    def why(self) -> str:
+        """Why refinement stopped early, as its record says it."""
+        return f"the {self.budget_s:g} s budget was spent"
 
 
 @dataclass
@@ -83,8 +115,13 @@ def _specs(shards: Sequence[Shard], task: ShardingTask) -> list[TableSpec]:
 
 class _Refiner:
     def __init__(self, task: ShardingTask, cost_model: CostModel, measurement: MeasurementSettings,
-                 progress: bool, dataset: str | Path | None, comm: AllToAllSession | None) -> None:
+                 progress: bool, dataset: str | Path | None, comm: AllToAllSession | None,
+                 clock: Clock | None = None) -> None:
         self.task, self.model = task, cost_model
+        self.clock = clock or Clock(None)
+        self.opened = time.perf_counter()  #: when measuring began (a start timed before it is not a device shard)
+        # what a shard timing and a layout's exchanges have taken so far: what the final check is expected to take
+        self.timing_s, self.timings, self.comm_s, self.comm_layouts = 0.0, 0, 0.0, 0
         self.device, self.protocol = resolve_timing(measurement)
         self.measurement = measurement
         self.rounds = measurement.timing_rounds
@@ -154,13 +191,13 @@ class _Refiner:
         write_part(self.dataset, [row])
         self.written.add(config)
 
-    def measure(self, groups: Sequence[Sequence[Shard]]) -> list[float]:
-        """Measured fwd + bwd ms of each group of shards (one device's), median over interleaved rounds."""
+    def measure(self, groups: Sequence[Sequence[Shard]], *, first_round: bool = False) -> list[float]:
+        """Measured fwd + bwd ms of each group of shards (one device's), median over interleaved rounds. The clock is
+        read before every shard's timing: once the budget is spent, OutOfTime, or with `first_round` (the figures
+        refinement cannot start without) the rounds done so far, the first of them always finished."""
         shards = [KernelShard(_specs(g, self.task), self.batch, self.task.optimizer, self.task.weights_precision)
                   for g in groups if g]
-        timed = iter(time_shards_in_rounds(shards, self.rounds, device=self.device, protocol=self.protocol,
-                                           progress=self.progress))
-        self.devices_measured += len(distinct_shards(shards)[0])  # a shard given twice is timed once
+        timed = iter(self._time_in_rounds(shards, first_round))
         out = []
         for g in groups:
             if not g:
@@ -170,6 +207,30 @@ class _Refiner:
             self._store(_specs(g, self.task), timings)
             out.append(statistics.median(t.fwd_ms + t.bwd_ms for t in timings))
         return out
+
+    def _time_in_rounds(self, shards: Sequence[KernelShard], first_round: bool) -> list[list[ShardTiming]]:
+        """Each shard's timings, the distinct shards timed once per round in turn (as `time_shards_in_rounds`), the
+        rounds cut short where the clock says so (see `measure`): a round left unfinished is dropped whole, so every
+        shard keeps as many timings as the others, taken in the same rounds."""
+        unique, index = distinct_shards(shards)
+        timings: list[list[ShardTiming]] = [[] for _ in unique]
+        with tqdm(total=self.rounds * len(unique), desc="measure shards", unit="shard",
+                  disable=not self.progress) as bar:
+            for done in range(self.rounds):
+                for shard, row in zip(unique, timings, strict=True):
+                    if self.clock.spent() and not (first_round and done == 0):
+                        if first_round:
+                            return [timings[i][:done] for i in index]
+                        raise OutOfTime
+                    timing_started = time.perf_counter()
+                    row += time_shards_in_rounds([shard], 1, device=self.device, protocol=self.protocol,
+                                                 progress=False)[0]
+                    self.timing_s += time.perf_counter() - timing_started
+                    self.timings += 1
+                    if done == 0:  # a shard given twice is timed once
+                        self.devices_measured += 1
+                    bar.update()
+        return [timings[i] for i in index]
 
     def predicted(self, groups: Sequence[Sequence[Shard]]) -> np.ndarray:
         return self.cache.compute_ms([_specs(g, self.task) for g in groups]).sum(axis=1)
@@ -181,6 +242,7 @@ class _Refiner:
         """Each layout's ms per device beside its own shards' kernels: the fwd + bwd all-to-all, interleaved in the
         session's process group and priced over these layouts as the measurement's `comm_pricing` says (none on one
         device), and its tables on every device (`beside`)."""
+        started = time.perf_counter()
         exchanges = [np.zeros(self.task.num_devices) for _ in layouts]
         if self.session is not None:
             widths = [self.widths(layout) for layout in layouts]
@@ -188,7 +250,16 @@ class _Refiner:
                                  session=self.session)
             priced = price_comm(widths, timed, self.measurement.comm_pricing)
             exchanges = [np.array([fwd + bwd for fwd, bwd in devices]) for devices in priced]
-        return [ms + self.beside(layout) for ms, layout in zip(exchanges, layouts, strict=True)]
+        beside = [ms + self.beside(layout) for ms, layout in zip(exchanges, layouts, strict=True)]
+        self.comm_s += time.perf_counter() - started
+        self.comm_layouts += len(layouts)
+        return beside
+
+    def first_round_s(self, layouts: int) -> float:
+        """Seconds that `layouts` layouts side by side take for one timing of each device shard and their exchanges,
+        at what timings and exchanges have taken so far: the least a final check takes."""
+        timing_s = self.timing_s / max(self.timings, 1)
+        return layouts * (timing_s * self.task.num_devices + self.comm_s / max(self.comm_layouts, 1))
 
     def fits(self, shards: Sequence[Shard], device: int) -> bool:
         """Whether `shards` fit on `device` beside its row blocks and the data-parallel replicas (`hold`)."""
@@ -199,13 +270,16 @@ class _Refiner:
             task.weights_precision) <= task.device_memory_bytes - self.reserved_bytes
 
 
-def _side_by_side(refiner: _Refiner, layouts: Sequence[_Layout]) -> tuple[list[list[float]], list[np.ndarray],
-                                                                          list[float]]:
+def _side_by_side(refiner: _Refiner, layouts: Sequence[_Layout], *,
+                  first_round: bool = False) -> tuple[list[list[float]], list[np.ndarray], list[float]]:
     """Layouts measured in one session, kernels interleaved then all-to-alls interleaved, so their figures compare:
     each one's per-device kernel ms, per-device ms beside them (exchange, tables on every device) and slowest
-    device."""
+    device. The clock as `_Refiner.measure` reads it (`first_round`: the session refinement starts from, cut short
+    but never empty)."""
     n = refiner.task.num_devices
-    timed = refiner.measure([layout.on(d) for layout in layouts for d in range(n)])
+    timed = refiner.measure([layout.on(d) for layout in layouts for d in range(n)], first_round=first_round)
     kernels = [timed[i * n:(i + 1) * n] for i in range(len(layouts))]
+    if refiner.clock.spent() and not first_round:
+        raise OutOfTime
     comm = refiner.measure_comm(layouts)
     return kernels, comm, [float(max(np.array(k) + c)) for k, c in zip(kernels, comm, strict=True)]

@@ -21,11 +21,27 @@ class JobSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def refine_budget_field() -> Any:
-    """The `refine_budget_s` setting of every job that refines a plan (plan, evaluate, benchmark)."""
+#: refinement's time budget on a plan where `plan` and `evaluate` (the pipeline's evaluate step too) are given none:
+#: seconds per table of the task, at least REFINE_MIN_S and at most REFINE_MAX_S. The starts' first session alone
+#: measures every device's shard of each start 9 times, so the budget grows with the tables it times
+REFINE_S_PER_TABLE = 2.0
+REFINE_MIN_S = 30.0
+REFINE_MAX_S = 600.0
+
+
+def default_refine_budget_s(num_tables: int) -> float:
+    """Refinement's time budget for a task of `num_tables` tables where none is given."""
+    return min(max(REFINE_S_PER_TABLE * num_tables, REFINE_MIN_S), REFINE_MAX_S)
+
+
+def refine_budget_field(*, scaled: bool = False) -> Any:
+    """The `refine_budget_s` setting of every job that refines a plan (plan, evaluate, benchmark); `scaled`: its
+    default is the task's (`default_refine_budget_s`), else the rounds alone limit refinement."""
+    default = (f"{REFINE_S_PER_TABLE:g} s per table, at least {REFINE_MIN_S:g} s, at most {REFINE_MAX_S:g} s"
+               if scaled else "the rounds alone limit it")
     return Field(default=None, gt=0, allow_inf_nan=False,
-                 description="start no new refinement round after this many seconds on a plan (default: the rounds "
-                             "alone limit it)")
+                 description="stop refining a plan after this many seconds, mid-round where needed, with the plan "
+                             f"measured fastest so far (default: {default})")
 
 
 class JobResult(BaseModel):

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from shardwise.evaluation import MeasuredPlanCost, PlanComparison, evaluate_plans
-from shardwise.evaluation.refine import Refinement, measured_greedy_start, refine_plan
+from shardwise.evaluation.refine import Refinement, refine_plan
 from shardwise.evaluation.report import summary_page
 from shardwise.extras import require, require_fbgemm
 from shardwise.integrations.mlflow import MlflowService
@@ -17,7 +17,7 @@ from shardwise.profiling import MeasurementSettings
 from shardwise.search import Plan, PlanError, load_plan, save_plan, validate_plan
 from shardwise.workload import ShardingTask, load_task
 
-from .base import JobResult, JobSettings, SettingsError, refine_budget_field
+from .base import JobResult, JobSettings, SettingsError, default_refine_budget_s, refine_budget_field
 from .models import load_cost_model
 
 EXPERIMENT = "shardwise-evaluate"
@@ -47,7 +47,7 @@ class EvaluateSettings(JobSettings):
         description=f"refine the first plan on this machine for up to this many rounds (needs --model; default "
                     f"{DEFAULT_REFINE_ROUNDS} with --model, 0 without): the refined plan is measured beside the others "
                     "as <name>-refined")
-    refine_budget_s: float | None = refine_budget_field()
+    refine_budget_s: float | None = refine_budget_field(scaled=True)
     refine_from_greedy: bool = Field(
         default=True, description="refinement also measures the greedy on measured single-table costs and goes on "
                                   "from the faster of the two plans (each table timed alone once)")
@@ -137,11 +137,11 @@ def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, prog
                                 "measured residuals")
         measurement = settings.measurement.for_cost_model(getattr(cost_model, "reference_ms", None),
                                                           cost_model.batch_size)
+        budget_s = settings.refine_budget_s or default_refine_budget_s(len(task.tables))
         try:
-            starts = measured_greedy_start(task, measurement) if settings.refine_from_greedy else []
             refined, refinement = refine_plan(task, plans[0], cost_model, measurement, rounds=rounds,
-                                              time_budget_s=settings.refine_budget_s,
-                                              dataset=settings.refine_dataset, starts=starts, progress=progress)
+                                              time_budget_s=budget_s, dataset=settings.refine_dataset,
+                                              measured_greedy=settings.refine_from_greedy, progress=progress)
         except ValueError as err:  # measurement settings the machine cannot honour
             raise SettingsError(str(err)) from None
         names.append(f"{names[0]}-refined")

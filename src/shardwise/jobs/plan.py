@@ -10,7 +10,7 @@ from shardwise.profiling import DeviceName, MeasurementSettings
 from shardwise.search import Plan, PlanError, Searcher, format_plan, get_method, make_searcher, save_plan
 from shardwise.workload import ShardingTask, load_task
 
-from .base import JobResult, JobSettings, SettingsError, refine_budget_field
+from .base import JobResult, JobSettings, SettingsError, default_refine_budget_s, refine_budget_field
 
 if TYPE_CHECKING:
     from shardwise.costmodel import CostModel, NeuralCostModel
@@ -41,7 +41,7 @@ class PlanSettings(JobSettings):
         default=0, ge=0, le=50, description="refine the plan on this machine's kernels and all-to-alls for up to "
         "this many rounds, from the faster of it and the greedy on measured single-table costs (the plan must be "
         "for this machine's hardware: the cost model's kind; 0: off)")
-    refine_budget_s: float | None = refine_budget_field()
+    refine_budget_s: float | None = refine_budget_field(scaled=True)
     adapt: float = Field(
         default=0, ge=0, le=3600, description="seconds to adapt the cost model on this machine before searching: "
         "the task's tables timed alone and in fused groups, the model fine-tuned on them (the model must be for this "
@@ -164,7 +164,7 @@ def _refine(task: ShardingTask, plan: Plan, model: CostModel | None, settings: P
     """The searched plan refined here (asking `searcher` for a plan with a table split where one holds the slowest
     device up), and its rounds' table; refused when here is not the hardware the plan is for."""
     # the kernels and torchrec load only when refining
-    from shardwise.evaluation.refine import measured_greedy_start, refine_plan, search_resplit
+    from shardwise.evaluation.refine import refine_plan, search_resplit
     from shardwise.profiling import hardware_kind
 
     assert model is not None  # loaded as required when refining
@@ -178,7 +178,7 @@ def _refine(task: ShardingTask, plan: Plan, model: CostModel | None, settings: P
                             f"`shardwise evaluate --model ... --refine N`")
     measurement = MeasurementSettings(device=settings.device).for_cost_model(
         getattr(model, "reference_ms", None), model.batch_size)
-    refined, record = refine_plan(task, plan, model, measurement, rounds=settings.refine,
-                                  time_budget_s=settings.refine_budget_s, starts=measured_greedy_start(task, measurement),
-                                  resplit=search_resplit(searcher, task, model, settings.seed))
+    budget_s = settings.refine_budget_s or default_refine_budget_s(len(task.tables))
+    refined, record = refine_plan(task, plan, model, measurement, rounds=settings.refine, time_budget_s=budget_s,
+                                  measured_greedy=True, resplit=search_resplit(searcher, task, model, settings.seed))
     return refined, record.table()
