@@ -95,6 +95,8 @@ class LoggedRun:
 
 
 def _how_to_register(name: str | None) -> str:
+    if name and name.startswith("shardwise-plan-"):  # plan_registry.plan_name's
+        return "plan and register one with `shardwise publish --task TASK` (the pipeline's publish step runs it)"
     if name and name.startswith("shardwise-policy-"):
         method = name.removeprefix("shardwise-policy-").split("-", 1)[0]
         return f"train one with `shardwise train-policy --method {method} ...` or pass a policy directory"

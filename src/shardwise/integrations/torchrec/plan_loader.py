@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
 from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 from torchrec.distributed.planner.types import (
@@ -178,8 +179,13 @@ class MlflowPlanLoader(PlanLoader):
         if self._registered is None:
             try:
                 self._registered = load_registered_plan(self.uri, tracking_uri=self.tracking_uri)
+            except json.JSONDecodeError as err:  # which file: the version's files are shardwise's, all JSON
+                raise PlannerError(f"{self.uri}: a file of the registered plan is not JSON ({err}); register it "
+                                   "again with `shardwise publish`", PlannerErrorType.PLAN_LOADING_FAILED) from None
             except Exception as err:  # a registry that is down, a version not found: TorchRec's error, one line
-                raise PlannerError(f"{self.uri}: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
+                line = str(err).splitlines()[0] if str(err) else type(err).__name__
+                # the registry's errors name the URI already
+                raise PlannerError(line if line.startswith(self.uri) else f"{self.uri}: {line}",
                                    PlannerErrorType.PLAN_LOADING_FAILED) from None
         return self._registered
 
@@ -192,9 +198,11 @@ class MlflowPlanLoader(PlanLoader):
                                    "planner); plan it with `shardwise publish`", PlannerErrorType.PLAN_LOADING_FAILED)
             try:
                 self._doc = TorchRecPlanDoc.model_validate(raw)
-            except ValueError as err:
-                raise PlannerError(f"{self.uri}: {FILE}: {str(err).splitlines()[0]}",
-                                   PlannerErrorType.PLAN_LOADING_FAILED) from None
+            except ValidationError as err:
+                first = err.errors()[0]
+                where = ".".join(str(part) for part in first["loc"])
+                raise PlannerError(f"{self.uri}: {FILE}: {where}: {first['msg']} (not a {FORMAT} file); plan it "
+                                   "again with `shardwise publish`", PlannerErrorType.PLAN_LOADING_FAILED) from None
         return self._doc
 
     def plan_context_hash(self) -> str | None:
