@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,55 @@ def test_a_moved_champion_is_picked_up_and_each_version_has_its_own_entry(store,
     assert _mark(store, f"models:/{NAME}/{second}") == "second"
     entries = sorted(p.name for p in (cache_root() / "models").iterdir() if not p.name.startswith("."))
     assert len(entries) == 2 and entries[0].startswith(f"{NAME}-v{first}-") and entries[1].startswith(f"{NAME}-v{second}-")
+
+
+#: a fresh interpreter printing the champion's mark with MLflow unimportable: only the kept answer and the cached
+#: files can serve it
+_WITHOUT_MLFLOW = (
+    "import json, sys\n"
+    "class NoMlflow:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] == 'mlflow':\n"
+    "            raise ImportError('mlflow was imported')\n"
+    "sys.meta_path.insert(0, NoMlflow())\n"
+    "from shardwise.integrations.mlflow import MlflowService\n"
+    "print(MlflowService(sys.argv[1]).load(sys.argv[2], lambda d: json.loads((d / 'policy.json').read_text())['mark']))\n"
+)
+
+
+def _without_mlflow(uri: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", _WITHOUT_MLFLOW, uri, champion_uri(NAME)], capture_output=True,
+                          text=True, timeout=300, env=os.environ)
+
+
+def _still(db: Path, ago_s: float) -> None:
+    """The store's file (and its write-ahead log, if any) last written `ago_s` seconds ago: as if nothing wrote it
+    since (a store written within STILL_S seconds keeps no answer)."""
+    for path in (db, db.with_name(f"{db.name}-wal")):
+        if path.exists():
+            os.utime(path, (time.time() - ago_s, time.time() - ago_s))
+
+
+def test_the_champion_is_read_from_the_cache_without_mlflow_until_the_store_changes(store, tmp_path):
+    db = tmp_path / "reg.db"
+    _register(store, tmp_path / "p1", "first")
+    assert _without_mlflow(store).returncode != 0  # nothing kept yet: MLflow's client must be asked
+    _still(db, 60)
+    assert _mark(store) == "first"  # asked of MLflow's client; the answer kept with the store's stamp
+    done = _without_mlflow(store)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "first", done.stderr[-2000:]
+    # the alias moves (a second version wins the gate): the store's file changes, so the kept answer is not served
+    _register(store, tmp_path / "p2", "second")
+    _still(db, 30)
+    done = _without_mlflow(store)
+    assert done.returncode != 0 and "mlflow was imported" in done.stderr, done.stdout
+    assert _mark(store) == "second"
+    done = _without_mlflow(store)
+    assert done.returncode == 0 and done.stdout.split()[-1] == "second", done.stderr[-2000:]
+    # a store written just now keeps no answer: a second write within the file time's resolution could not be seen
+    MlflowService(store)._client().set_registered_model_alias(NAME, "champion", "1")
+    assert _mark(store) == "first"
+    assert _without_mlflow(store).returncode != 0
 
 
 def test_a_store_made_again_at_the_same_path_is_not_served_its_old_copy(store, tmp_path):

@@ -53,6 +53,7 @@ from .mlflow_registry import (
     RegisteredVersion,
     RegistryError,
     StoreError,
+    cached_version,
     champion_uri,
     cost_model_name,
     find_version,
@@ -224,7 +225,8 @@ class MlflowService:
 
     def _version(self, uri: str, name: str, alias: str | None, version: str | None) -> RegisteredVersion:
         """The version `uri` names: of a tracking server, asked over its REST API without MLflow; of any other store
-        (an embedded sqlite file among them), through MLflow's client, which alone reads its tables."""
+        (an embedded sqlite file among them), through MLflow's client, which alone reads its tables (an embedded
+        store's answer kept in the local cache until its file changes: `cached_version`)."""
         try:
             found = find_version(self.registry_uri, name, alias=alias, version=version)
         except RegistryError as err:
@@ -233,6 +235,11 @@ class MlflowService:
             raise type(err)(f"{uri}: {err}") from None
         if found is not None:
             return found
+        return cached_version(self.registry_uri, name, alias, version,
+                              lambda: self._client_version(uri, name, alias, version))
+
+    def _client_version(self, uri: str, name: str, alias: str | None, version: str | None) -> RegisteredVersion:
+        """The version `uri` names, asked of MLflow's client."""
         from mlflow.exceptions import MlflowException  # heavy: a store only MLflow's client reads
 
         client = self._client()

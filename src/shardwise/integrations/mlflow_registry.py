@@ -6,6 +6,8 @@ MLflow answers both but takes seconds to import, so of a tracking server shardwi
 MLflow's public REST API with urllib and a timeout. A store of any other kind (an embedded sqlite file, a database
 server, Databricks) is asked through MLflow's client (`MlflowService`): its tables are MLflow's to read. Every
 version downloaded is kept in a local cache keyed by (registry, name, version), so its files are downloaded once.
+An embedded sqlite store's answer is kept there too, with its file's stamp (`store_stamp`): until the file changes,
+the next plan reads which version `champion` names from the cache, without MLflow (`cached_version`).
 
 The cache lives in $SHARDWISE_CACHE, else $XDG_CACHE_HOME/shardwise, else ~/.cache/shardwise. An entry is written
 under a temporary name and renamed into place once whole, with a manifest of its files (size, sha256): concurrent
@@ -49,6 +51,11 @@ CACHE_ENV = "SHARDWISE_CACHE"
 ENTRY_FORMAT = "shardwise.cache-entry/v1"
 ENTRY_FILE = "entry.json"  #: the manifest, written last: an entry without it is not used
 FILES_DIR = "files"  #: the version's files as MLflow downloaded them
+ANSWER_FORMAT = "shardwise.cache-answer/v1"
+#: a sqlite store written less than this long ago may be written again within its file time's resolution (1 s and
+#: more on some file systems) and keep the same stamp: its answers are not kept until its file has been still this
+#: long (as git treats an index entry as "racily clean")
+STILL_S = 2.0
 #: what MLflow calls a version that can be used
 READY = "READY"
 _REST = "/api/2.0/mlflow"
@@ -269,6 +276,49 @@ def check_server(uri: str, service: str, timeout_s: float | None = None) -> None
 
 
 # -- the cache ------------------------------------------------------------------------------------------------
+def store_stamp(registry_uri: str) -> list[int] | None:
+    """What changes whenever an embedded sqlite store is written: its file's and its write-ahead log's inode, size
+    and modification time (ns). None for any other store, a store that is not there, a store being written (its
+    rollback journal present) or written less than STILL_S seconds ago: its answers are not kept."""
+    path = sqlite_path(registry_uri) if urllib.parse.urlparse(registry_uri).scheme == "sqlite" else None
+    if path is None or os.environ.get("MLFLOW_WORKSPACE"):  # another workspace's answers: not keyed here
+        return None
+    if path.with_name(f"{path.name}-journal").exists():
+        return None
+    stamp: list[int] = []
+    for file in (path, path.with_name(f"{path.name}-wal")):
+        try:
+            stat = file.stat()
+        except FileNotFoundError:
+            if file == path:
+                return None
+            stamp += [0, 0, 0]
+            continue
+        except OSError:
+            return None
+        if time.time_ns() - stat.st_mtime_ns < STILL_S * 1e9:
+            return None
+        stamp += [stat.st_ino, stat.st_size, stat.st_mtime_ns]
+    return stamp
+
+
+def cached_version(registry_uri: str, name: str, alias: str | None, version: str | None,
+                   ask: Callable[[], RegisteredVersion]) -> RegisteredVersion:
+    """`ask()`'s answer (MLflow's client reading the store) to which version `alias` (or number `version`) of `name`
+    is, or the answer it gave last, kept in the local cache, where the store is an embedded sqlite file that has not
+    changed since (`store_stamp`): a moved alias writes the file, so it is asked again."""
+    stamp = store_stamp(registry_uri)  # before asking: a write while the client reads leaves the answer unmatched
+    cache = ModelCache()
+    if stamp is not None:
+        kept = cache.answer(registry_uri, name, alias, version, stamp)
+        if kept is not None:
+            return kept
+    ref = ask()
+    if stamp is not None and cache.writable():
+        cache.keep_answer(registry_uri, name, alias, version, stamp, ref)
+    return ref
+
+
 def cache_root() -> Path:
     """Where downloaded registry versions are kept: $SHARDWISE_CACHE, else $XDG_CACHE_HOME/shardwise, else
     ~/.cache/shardwise."""
@@ -352,6 +402,42 @@ class ModelCache:
             raise OSError(f"{final}: could not be replaced")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def _answer_file(self, registry_uri: str, name: str, alias: str | None, version: str | None) -> Path:
+        asked = ["alias", alias] if alias is not None else ["version", version]
+        key = hashlib.sha256(json.dumps([registry_key(registry_uri), name, *asked]).encode()).hexdigest()[:16]
+        return self.root.parent / "answers" / f"{key}.json"
+
+    def answer(self, registry_uri: str, name: str, alias: str | None, version: str | None,
+               stamp: list[int]) -> RegisteredVersion | None:
+        """The version a lookup of `alias` (or `version`) of `name` answered, kept while the store had `stamp`."""
+        try:
+            doc = json.loads(self._answer_file(registry_uri, name, alias, version).read_text())
+            asked = [doc["format"], doc["registry"], doc["name"], doc["alias"], doc["asked_version"], doc["stamp"]]
+            if asked != [ANSWER_FORMAT, registry_key(registry_uri), name, alias, version, stamp]:
+                return None
+            found = doc["version"]
+            return RegisteredVersion(registry_key(registry_uri), name, str(found["version"]), str(found["source"]),
+                                     int(found["created_ms"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def keep_answer(self, registry_uri: str, name: str, alias: str | None, version: str | None, stamp: list[int],
+                    ref: RegisteredVersion) -> None:
+        """Keep `ref` as the answer to a lookup of `alias` (or `version`) of `name` while the store has `stamp`
+        (written whole under a temporary name, then renamed in: a reader sees the old answer or the new one)."""
+        path = self._answer_file(registry_uri, name, alias, version)
+        doc = {"format": ANSWER_FORMAT, "registry": registry_key(registry_uri), "name": name, "alias": alias,
+               "asked_version": version, "stamp": stamp,
+               "version": {"version": ref.version, "source": ref.source, "created_ms": ref.created_ms}}
+        tmp = path.with_name(f".tmp-{uuid.uuid4().hex}.json")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, path)
+        except OSError:  # a cache that cannot be written only costs the next plan MLflow's client
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     def clear_stale_temporaries(self, older_than_s: float = 3600.0) -> None:
         """Remove what interrupted writers left (temporary and trash directories older than `older_than_s`)."""
