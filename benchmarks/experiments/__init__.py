@@ -3,6 +3,7 @@ and the modules kept beside the harness (harness, record, plan_runs, profiles), 
 (tests/unit/test_bench_harness.py checks)."""
 
 from . import (  # noqa: F401
+    cli_startup,
     costmodel_seeds,
     data_parallel_accuracy,
     data_parallel_choice,
