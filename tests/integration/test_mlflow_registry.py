@@ -31,6 +31,7 @@ from shardwise.costmodel import TrainConfig, train_cost_model
 from shardwise.integrations.mlflow import (
     CHALLENGER,
     CHAMPION,
+    COST_MODEL_GUARD_METRIC,
     COST_MODEL_METRIC,
     MlflowService,
     RegistryError,
@@ -243,6 +244,9 @@ def test_gate_compares_a_champion_calibrated_at_another_reference_time_in_the_ne
     # compared in the new units the champion is exactly as accurate as on its own profile
     assert newer.promotion.champion_value == pytest.approx(first.promotion.new_value)
     assert newer.promotion.champion_value < newer.promotion.new_value
+    # and so is the guard's figure, its MAPE over the costliest tenth of the same shards
+    ours, theirs = newer.promotion.guard_values[COST_MODEL_GUARD_METRIC]
+    assert theirs == pytest.approx(first.promotion.guard_values[COST_MODEL_GUARD_METRIC][0]) and ours > 0
 
 
 def test_load_cost_model_names_a_missing_source_and_store(tmp_path, named_store):

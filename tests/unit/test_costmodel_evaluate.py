@@ -6,6 +6,7 @@ from shardwise.costmodel.evaluate import (
     format_table,
     noise_floor_table,
     regression_metrics,
+    top_decile_mape_pct,
     torchrec_estimates,
 )
 from shardwise.workload import TableSpec
@@ -18,6 +19,23 @@ def test_regression_metrics_known_values():
     assert m["spearman"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="shape"):
         regression_metrics(np.ones(2), np.ones(3))
+
+
+def test_top_decile_mape_is_taken_over_the_costliest_tenth_by_measured_ms():
+    """20 shards: the top decile is the 2 with the largest measured ms, whatever the prediction says; a cheap
+    shard's large error and an overpriced cheap shard do not count."""
+    measured = np.arange(1.0, 21.0)
+    predicted = measured.copy()
+    predicted[19] = 18.0  # measured 20, 10% low: the slowest device's kind of error
+    predicted[0] = 2.0  # measured 1, 100% off, but cheap
+    predicted[1] = 40.0  # measured 2, predicted the costliest: picked by measured ms, so not in the top decile
+    order = np.random.default_rng(0).permutation(20)
+    assert top_decile_mape_pct(predicted[order], measured[order]) == pytest.approx((10 + 0) / 2)
+    metrics = regression_metrics(predicted, measured)
+    assert metrics["top_decile_mape_pct"] == pytest.approx(5.0) and metrics["mape_pct"] > 5.0
+    # at least one shard: of 5, the costliest alone
+    assert top_decile_mape_pct(np.array([1.0, 2, 3, 4, 4.4]), np.array([1.0, 2, 3, 4, 5])) == pytest.approx(12.0)
+    assert np.isnan(top_decile_mape_pct(np.zeros(0), np.zeros(0)))
 
 
 def test_torchrec_estimator_sums_tables_and_grows_with_pooling():

@@ -306,3 +306,34 @@ def test_profiled_dense_kernels_fit_the_data_parallel_line_evaluated_held_out_be
     with pytest.raises(CostDataError, match="'num_devices' of kind='data_parallel'"):
         train_cost_model(pd.concat([df, pd.DataFrame(dense[:1]).assign(num_devices=np.nan)]), 0,
                          TrainConfig(epochs=1, progress=False))
+
+
+def test_cost_weighted_loss_lowers_the_costliest_shards_error():
+    """A network that cannot tell cheap shards from costly ones (a bias alone): with each shard's error weighted by
+    its measured ms, the fit moves toward the costly shards, whose error falls while the cheap ones' rises."""
+    from shardwise.costmodel.train import _fit, cost_weights
+
+    costs_ms = np.array([[1.0, 1.5]] * 30 + [[20.0, 30.0]] * 10)
+    costly, cheap = slice(30, None), slice(None, 30)
+    xy = (torch.zeros(len(costs_ms), 1), torch.from_numpy(np.log(costs_ms).astype(np.float32)))
+
+    def errors(power: float) -> tuple[float, float]:
+        torch.manual_seed(0)
+        net = torch.nn.Linear(1, 2)
+        weights = cost_weights(costs_ms, power)
+        assert weights.shape == (40, 1) and weights.mean() == pytest.approx(1.0)
+        _fit(net, net, xy, xy, TrainConfig(lr=0.05, weight_decay=0, patience=300, progress=False), 300, 0, "test",
+             weights=(weights, weights))
+        relative = np.abs(np.exp(net(xy[0]).detach().numpy()) - costs_ms) / costs_ms
+        return float(relative[costly].mean()), float(relative[cheap].mean())
+
+    plain, weighted = errors(0.0), errors(1.0)
+    assert weighted[0] < 0.5 * plain[0]  # the costly shards' error at least halves
+    assert weighted[1] > plain[1]  # paid for on the cheap ones
+
+
+def test_cost_weight_power_reaches_training(frame):
+    plain, _ = train_cost_model(frame, 0, TrainConfig(epochs=3, cost_weight_power=0.0, progress=False))
+    weighted, _ = train_cost_model(frame, 0, TrainConfig(epochs=3, cost_weight_power=1.0, progress=False))
+    shards = compute_samples(frame).shards[:20]
+    assert not np.allclose(plain.predict_compute(shards), weighted.predict_compute(shards))

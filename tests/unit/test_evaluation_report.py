@@ -30,6 +30,21 @@ def test_plan_report_holds_the_per_device_table_and_plots(tmp_path) -> None:
         assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000
 
 
+def test_plan_report_shows_the_cost_models_error_on_the_costliest_shards_and_the_slowest_device(tmp_path) -> None:
+    figures = {"heldout_mape_pct": 5.1, "heldout_top_decile_mape_pct": 9.87, "seed": 0}
+    (page, *_) = write_plan_report(_cost(), tmp_path, name="p", predicted_total_ms=[4.0, 6.0, 6.975],
+                                   cost_model_figures=figures)
+    html = page.read_text()
+    assert ("<h2>Cost model</h2><p>held-out MAPE 5.10%; on the costliest tenth of the held-out shards 9.87%; the "
+            "slowest device (device 2) predicted 6.975 ms, measured 7.750 ms (-10.0%)</p>") in html
+    # a model without the figures (an older one) still shows the slowest device; without predictions, nothing
+    (older, *_) = write_plan_report(_cost(), tmp_path, name="o", predicted_total_ms=[4.0, 6.0, 8.0],
+                                    cost_model_figures={"seed": 0})
+    assert "Cost model</h2><p>the slowest device (device 2) predicted 8.000 ms" in older.read_text()
+    (bare, *_) = write_plan_report(_cost(), tmp_path, name="b")
+    assert "Cost model" not in bare.read_text()
+
+
 def test_benchmark_report_holds_the_method_comparison(tmp_path) -> None:
     rows = [
         {"task_set": "4dev", "method": m, "tasks": 2, "failed": 0, "mean_cost_ms": c, "mean_compute_ms": c / 2, "ratio_to_torchrec": c / 10.0,

@@ -74,3 +74,21 @@ def test_repeats_are_spread_over_the_run() -> None:
     assert max(positions[1]) < min(positions[2])
     assert min(positions[2]) < len(jobs) - 5
     assert _schedule(4, repeats=0, repeat_shards=10) == _schedule(4, repeats=3, repeat_shards=0)
+
+
+def test_a_share_of_shards_is_seeded_with_the_heaviest_tables_some_alone() -> None:
+    tables = population(30)  # heaviest tenth by pooling x (dim + 16): 6 x 128, 5 x 124, 6 x 100
+    heavy = ["t27", "t26", "t20"]
+    plain = sample_shard_configs(tables, 300, batch_size=256, seed=0, max_tables=6)
+    assert sample_shard_configs(tables, 300, batch_size=256, seed=0, max_tables=6, heavy_share=0.0) == plain
+    seeded = sample_shard_configs(tables, 300, batch_size=256, seed=0, max_tables=6, heavy_share=0.3)
+    # spread over the run (3 in every 10: the 4th, 7th and 10th), seeded with each heaviest table in turn
+    at = [i for i in range(300) if int((i + 1) * 0.3) > int(i * 0.3)]
+    assert len(at) == 90 and [seeded[i][0].name for i in at[:6]] == heavy * 2
+    # in rounds of the three: the first round alone, the next two with companions, and so on
+    assert [len(seeded[i]) == 1 for i in at[:9]] == [True] * 3 + [False] * 6
+    alone = [s[0].name for s in seeded if len(s) == 1 and s[0].name in heavy]
+    assert len(alone) >= 30 and set(alone) == set(heavy)  # a third of the 90 seeded shards, each table alone
+    assert len([s for s in plain if len(s) == 1 and s[0].name in heavy]) < 10
+    with pytest.raises(ValueError, match="heavy_share"):
+        sample_shard_configs(tables, 3, batch_size=256, seed=0, heavy_share=1.5)

@@ -12,6 +12,7 @@ from shardwise.workload import (
     reuse_histogram,
     sample_batch,
 )
+from shardwise.workload.augment import cost_proxy, heaviest
 
 
 def _tableset() -> TableSet:
@@ -72,3 +73,45 @@ def test_measured_tables_keep_their_skew_when_resampled():
 def test_refuses_bad_dims():
     with pytest.raises(ValueError, match="dims: 6"):
         augment_tables(_tableset(), seed=0, dims=(4, 6))
+
+
+def _users_tables() -> TableSet:
+    """The heaviest by pooling x (dim + 16) is "wide" (30 x 144), not "many" (40 x 32): the proxy, not pooling."""
+    return TableSet(
+        batch_size=256,
+        tables=(
+            TableSpec(name="wide", rows=4000, dim=128, pooling_factor=30.0, zipf_alpha=1.0),
+            TableSpec(name="many", rows=300, dim=16, pooling_factor=40.0, zipf_alpha=0.5),
+            *(TableSpec(name=f"s{i}", rows=100 * (i + 2), dim=32, pooling_factor=1.0 + i, zipf_alpha=0.8)
+              for i in range(8)),
+            TableSpec(name="long", rows=90_000, dim=8, pooling_factor=2.0, zipf_alpha=1.2),
+        ),
+    )
+
+
+def test_heaviest_ranks_by_pooling_times_dim_plus_16():
+    assert [t.name for t in heaviest(_users_tables().tables)] == ["wide", "many"]  # ceil(10% of 11)
+    assert heaviest(_users_tables().tables, share=0.01) == [_users_tables().table("wide")]
+    assert cost_proxy(_users_tables().table("many")) == pytest.approx(40 * 32)
+
+
+def test_covering_extremes_spans_the_users_pooling_max_at_the_widest_dim_and_their_row_range():
+    ts = _users_tables()
+    plain = augment_tables(ts, seed=0)
+    out = augment_tables(ts, seed=0, cover_extremes=True)
+    assert out.tables[: len(plain.tables)] == plain.tables  # the usual augmentation, then the extremes
+    added = {t.name: t for t in out.tables[len(plain.tables):]}
+    assert len({t.name for t in out.tables}) == len(out.tables)
+    # the heaviest tables at pooling 40 (the users' max) and dim 128 (their widest): "wide" was at 30; "many", at 40
+    # already, has its dim copy at 128 from the usual augmentation
+    extreme = added["wide^max"]
+    assert (extreme.pooling_factor, extreme.dim, extreme.rows) == (40.0, 128, 4000)
+    assert "many^max" not in added and plain.table("many@d128").pooling_factor == 40.0
+    # and at the fewest (200) and most (90,000) rows, each with index data of its own, its reuse bins measured on it
+    assert added["wide^rows_min"].rows == 200 and added["wide^rows_max"].rows == 90_000
+    assert added["many^rows_min"].rows == 200 and "many^rows_max" in added
+    for spec in added.values():
+        assert spec.source is None and spec.zipf_alpha == ts.table(spec.name.split("^")[0]).zipf_alpha
+        _, indices = sample_batch(spec, ts.batch_size, index_seed(spec))
+        np.testing.assert_allclose(spec.reuse_bins, reuse_histogram(indices))
+    assert not any("^" in t.name for t in plain.tables)  # synthetic populations (no cover_extremes) unchanged

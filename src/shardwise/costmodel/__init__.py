@@ -18,7 +18,9 @@ if TYPE_CHECKING:
         evaluate_compute,
         format_table,
         heldout_mape_pct,
+        heldout_metrics,
         regression_metrics,
+        top_decile_mape_pct,
         torchrec_estimates,
     )
     from .model import ModelFileError, ModelMeta, NetworkConfig, NeuralCostModel
@@ -26,8 +28,8 @@ if TYPE_CHECKING:
 
 #: the modules that load on first use of one of their names
 __getattr__ = on_first_use(__name__, {
-    "evaluate": ("ComputeSamples", "evaluate_compute", "format_table", "heldout_mape_pct", "regression_metrics",
-                 "torchrec_estimates"),
+    "evaluate": ("ComputeSamples", "evaluate_compute", "format_table", "heldout_mape_pct", "heldout_metrics",
+                 "regression_metrics", "top_decile_mape_pct", "torchrec_estimates"),
     "model": ("ModelFileError", "ModelMeta", "NetworkConfig", "NeuralCostModel"),
     "train": ("CostDataError", "TrainConfig", "TrainingReport", "compute_samples", "train_cost_model"),
 })
@@ -46,7 +48,9 @@ __all__ = [
     "evaluate_compute",
     "format_table",
     "heldout_mape_pct",
+    "heldout_metrics",
     "regression_metrics",
+    "top_decile_mape_pct",
     "torchrec_estimates",
     "train_cost_model",
 ]

@@ -49,7 +49,8 @@ def evaluate_plans(
         paths.append(save_measured(cost, out / f"{name}.measured.json"))
         # a refined plan's file carries its rounds: its report shows them
         refinement = Refinement.model_validate(plan.extra["refinement"]) if "refinement" in plan.extra else None
-        paths += write_plan_report(cost, out, name=name, predicted_total_ms=pred, refinement=refinement)
+        paths += write_plan_report(cost, out, name=name, predicted_total_ms=pred, refinement=refinement,
+                                   cost_model_figures=getattr(getattr(cost_model, "meta", None), "info", None))
     comparison = compare_measured(
         list(zip(names, costs)),
         predicted_max_ms=[max(p) if p else None for p in predicted],

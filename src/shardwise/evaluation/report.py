@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -185,6 +185,27 @@ def refinement_section(refinement: Refinement) -> str:
     return "<h2>Refinement on this hardware</h2>" + intro + _table(header, rows)
 
 
+#: a cost model's held-out figures (`cost_model.json`'s info) a plan's report shows: key, label
+COST_MODEL_FIGURES = (("heldout_mape_pct", "held-out MAPE"),
+                      ("heldout_top_decile_mape_pct", "on the costliest tenth of the held-out shards"))
+
+
+def cost_model_section(cost: MeasuredPlanCost, predicted_total_ms: Sequence[float] | None,
+                       figures: Mapping[str, Any] | None = None) -> str:
+    """The cost model that priced the plan: its held-out MAPE, overall and on the costliest tenth of the held-out
+    shards (what the slowest device's error is like), and on this plan the measured slowest device's predicted ms
+    against its measured ms; empty where there is neither."""
+    shown = [f"{label} {figures[key]:.2f}%" for key, label in COST_MODEL_FIGURES
+             if figures and isinstance(figures.get(key), int | float)]
+    if predicted_total_ms is not None and cost.devices:
+        slowest = max(range(len(cost.devices)), key=lambda i: cost.devices[i].total_ms)
+        measured, predicted = cost.devices[slowest].total_ms, float(predicted_total_ms[slowest])
+        error = f" ({predicted / measured - 1:+.1%})" if measured > 0 else ""
+        shown.append(f"the slowest device (device {cost.devices[slowest].device}) predicted {predicted:.3f} ms, "
+                     f"measured {measured:.3f} ms{error}")
+    return f"<h2>Cost model</h2><p>{html.escape('; '.join(shown))}</p>" if shown else ""
+
+
 def write_plan_report(
     cost: MeasuredPlanCost,
     out_dir: str | Path,
@@ -193,9 +214,10 @@ def write_plan_report(
     predicted_total_ms: Sequence[float] | None = None,
     throughput: Sequence[DLRMThroughput] = (),
     refinement: Refinement | None = None,
+    cost_model_figures: Mapping[str, Any] | None = None,
 ) -> list[Path]:
     """`<name>.html` with the per-device table and plots `<name>_cost.png`, `<name>_memory.png` (and the rounds
-    of the refinement that made the plan); returns paths."""
+    of the refinement that made the plan, and the cost model's figures, `cost_model_section`); returns paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cost_png = plot_device_costs(cost, out / f"{name}_cost.png", predicted_total_ms)
@@ -210,6 +232,7 @@ def write_plan_report(
     )
     body = summary + _bottleneck_html(cost) + _table(header, device_rows(cost, predicted_total_ms))
     body += f"<img src='{cost_png.name}' alt='cost per device'><img src='{memory_png.name}' alt='memory per device'>"
+    body += cost_model_section(cost, predicted_total_ms, cost_model_figures)
     if refinement:
         body += refinement_section(refinement)
     if throughput:

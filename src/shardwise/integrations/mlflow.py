@@ -18,10 +18,11 @@ otherwise; `mlflow_process`): a server that is down is one line in seconds, not 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,9 +70,9 @@ if TYPE_CHECKING:
     from shardwise.costmodel import TrainConfig, TrainingReport
 
 #: what callers import from here, the gate's names (`promotion`) and the hardening's (`mlflow_process`) among them
-__all__ = ["CHALLENGER", "CHAMPION", "COST_MODEL_METRIC", "DEFAULT_TRACKING_URI", "FILES_PATH", "GATE_SETTLE_S",
-           "MODEL_NAME", "PARAM_CHARS", "POLICY_EXPERIMENT", "POLICY_FILE", "POLICY_METRIC", "POLICY_PATH",
-           "PRETRAIN_EXPERIMENT", "LoggedRun", "MlflowService", "Promotion", "RegistryError", "StoreError",
+__all__ = ["CHALLENGER", "CHAMPION", "COST_MODEL_GUARD_METRIC", "COST_MODEL_METRIC", "DEFAULT_TRACKING_URI",
+           "FILES_PATH", "GATE_SETTLE_S", "MODEL_NAME", "PARAM_CHARS", "POLICY_EXPERIMENT", "POLICY_FILE",
+           "POLICY_METRIC", "POLICY_PATH", "PRETRAIN_EXPERIMENT", "LoggedRun", "MlflowService", "Promotion", "RegistryError", "StoreError",
            "champion_uri", "cost_model_name", "local_store_path", "policy_name", "redacted"]
 
 T = TypeVar("T")
@@ -80,6 +81,7 @@ DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 PRETRAIN_EXPERIMENT = "shardwise-pretrain"
 POLICY_EXPERIMENT = "shardwise-policies"
 COST_MODEL_METRIC = "heldout_mape_pct"  # lower is better: MAPE of total compute ms on held-out tables
+COST_MODEL_GUARD_METRIC = "heldout_top_decile_mape_pct"  # no worse than the champion's: the costliest tenth's MAPE
 POLICY_METRIC = "validation_plan_cost"  # lower is better: mean predicted plan cost on validation tasks
 MODEL_NAME = "model"  # the pyfunc model's name within a pretraining run
 FILES_PATH = "cost_model"  # the cost model's weights + JSON as plain run artifacts (`runs:/<id>/cost_model`)
@@ -358,11 +360,12 @@ class MlflowService:
         register: bool = True,
     ) -> LoggedRun:
         """Log params, metrics, `tags`, the evaluation table and the model (a pyfunc, and its files at
-        `cost_model/`); register it as `shardwise-cost-<kind>` and gate `champion` on held-out MAPE."""
+        `cost_model/`); register it as `shardwise-cost-<kind>` and gate `champion` on held-out MAPE, guarded by the
+        MAPE over the costliest tenth of the same shards (no worse than the champion's)."""
         import mlflow  # heavy: only when logging
 
         # scipy and pandas: only when logging (the plan path never imports them)
-        from shardwise.costmodel.evaluate import format_table, heldout_mape_pct
+        from shardwise.costmodel.evaluate import format_table, heldout_metrics
 
         from . import mlflow_pyfunc  # imports mlflow.pyfunc at the top
 
@@ -392,7 +395,8 @@ class MlflowService:
         if not register:
             return LoggedRun(run_id, info.model_uri, None)
 
-        def champion_mape(uri: str) -> float | None:
+        @functools.cache
+        def champion_metrics(uri: str) -> dict[str, float] | None:
             champion = self.load_cost_model(uri)
             # a champion profiled at another batch size is not comparable: the newer model (this batch size) wins
             if champion.batch_size != model.batch_size:
@@ -400,11 +404,17 @@ class MlflowService:
             # the held-out shards are in the new model's units: a champion calibrated at another reference time
             # is compared in them (else a slower reference on the day decides, not the models)
             scale = model.reference_ms / champion.reference_ms if model.reference_ms and champion.reference_ms else 1.0
-            return heldout_mape_pct(champion, report.test, scale)
+            return heldout_metrics(champion, report.test, scale)
 
+        def champion_value(key: str) -> Callable[[str], float | None]:
+            return lambda uri: None if (found := champion_metrics(uri)) is None else found[key]
+
+        new = heldout_metrics(model, report.test)
+        top_decile = gate.Guard(COST_MODEL_GUARD_METRIC, new["top_decile_mape_pct"],
+                                champion_value("top_decile_mape_pct"))
         promotion = self.promote(
-            name, str(info.registered_model_version), metric=COST_MODEL_METRIC,
-            new_value=heldout_mape_pct(model, report.test), champion_value=champion_mape,
+            name, str(info.registered_model_version), metric=COST_MODEL_METRIC, new_value=new["mape_pct"],
+            champion_value=champion_value("mape_pct"), guards=(top_decile,),
         )
         return LoggedRun(run_id, info.model_uri, promotion)
 
@@ -477,12 +487,13 @@ class MlflowService:
         new_value: float,
         champion_value: Callable[[str], float | None] | None,
         min_gain: float = 0.0,
+        guards: Sequence[gate.Guard] = (),
     ) -> Promotion:
         """Give `version` the `champion` alias if its `metric` (lower is better) beats the champion's by more than
-        `min_gain` of it, else `challenger`, keeping the evidence on the version and its run (`promotion.promote`
-        says how)."""
+        `min_gain` of it (and it is no worse on each of `guards`), else `challenger`, keeping the evidence on the
+        version and its run (`promotion.promote` says how)."""
         return gate.promote(self._client(), name, version, metric=metric, new_value=new_value,
-                           champion_value=champion_value, stores=self._stores(), min_gain=min_gain)
+                           champion_value=champion_value, stores=self._stores(), min_gain=min_gain, guards=guards)
 
 
 def _find_cost_model_dir(root: Path) -> Path:

@@ -3,14 +3,15 @@
 Cost models and placement policies both go through `promote`: the new version's metric (lower is better) is
 compared with the champion's, the version takes `champion` if it wins and `challenger` if not, and the evidence
 (metric, both values, the champion it was compared with, the decision) is kept as tags on the model version and
-as metrics and tags on its run."""
+as metrics and tags on its run. A `Guard` is a second metric the version must also be no worse on than the
+champion (a cost model's error on the costliest held-out shards, which decide a plan)."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .mlflow_process import _finite
@@ -35,6 +36,19 @@ class Promotion:
     champion_version: str | None
     champion_value: float | None
     reason: str = ""
+    #: each guard's metric -> (the new version's value, the champion's; None where it had none)
+    guard_values: dict[str, tuple[float, float | None]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A second metric (lower is better) the new version must be no worse on than the champion, measured on the same
+    data: `champion_value` gives the champion's from its models:/<name>/<version> URI; None (a champion without
+    it) leaves the decision to the gate's metric alone."""
+
+    metric: str
+    new_value: float
+    champion_value: Callable[[str], float | None]
 
 
 #: seconds between moving `champion` and reading it back: longer than another run takes between reading the
@@ -54,10 +68,12 @@ def promote(
     champion_value: Callable[[str], float | None] | None,
     stores: str,
     min_gain: float = 0.0,
+    guards: Sequence[Guard] = (),
 ) -> Promotion:
     """Give `version` the `champion` alias if its `metric` (lower is better) beats the champion's by more than
     `min_gain` of it (a measured noise), else `challenger`; keep the evidence on the version (tags) and on its run
-    (metrics, tags).
+    (metrics, tags). A version that wins on `metric` but is worse than the champion on a `guards` metric takes
+    `challenger`, the reason naming that metric; a champion without a guard's value is compared on `metric` alone.
 
     No champion yet: the new version wins. A champion that cannot be compared (`champion_value` is None or
     returns None for its models:/<name>/<version> URI): the newer version wins. No finite `new_value`
@@ -69,6 +85,7 @@ def promote(
     GATE_SETTLE_S after (a run that moved it in between is compared with, and the better takes it back)."""
     version = str(version)
     compared: dict[str, float | None] = {}  # champion version -> its metric (each compared once)
+    guarded: dict[tuple[str, str], float | None] = {}  # (champion version, guard metric) -> its value
 
     def decide(current: str | None) -> tuple[bool, str]:
         if current is None:
@@ -85,7 +102,25 @@ def promote(
         bar = compared[current] * (1.0 - min_gain)  # type: ignore[operator]
         wins = new_value < bar
         than = f"champion v{current}'s {compared[current]:.6g}" + (f" less {min_gain:.2%}" if min_gain else "")
-        return wins, f"{metric} {new_value:.6g} {'<' if wins else '>='} {than}"
+        reason = f"{metric} {new_value:.6g} {'<' if wins else '>='} {than}"
+        for guard in guards:  # each compared (the evidence has both figures), a refusal only where it would win
+            worse, said = check_guard(guard, current)
+            reason += f"; {said}"
+            wins = wins and not worse
+        return wins, reason
+
+    def check_guard(guard: Guard, current: str) -> tuple[bool, str]:
+        """Whether the new version is worse than champion `current` on `guard`, and what was found."""
+        key = (current, guard.metric)
+        if key not in guarded:
+            value = guard.champion_value(f"models:/{name}/{current}")
+            guarded[key] = value if value is not None and math.isfinite(value) else None
+        theirs = guarded[key]
+        if theirs is None or not math.isfinite(guard.new_value):
+            return False, f"{guard.metric}: {'champion' if theirs is None else 'this version'} has none, {metric} alone"
+        worse = guard.new_value > theirs
+        return worse, (f"{guard.metric} {guard.new_value:.6g} {'>' if worse else '<='} champion v{current}'s "
+                       f"{theirs:.6g}" + (": worse than the champion" if worse else ""))
 
     current = _champion_version(client, name)
     for _ in range(_GATE_ROUNDS):
@@ -98,6 +133,9 @@ def promote(
             "gate.champion_value": "" if compared.get(current or "") is None else repr(compared[current or ""]),
             "gate.decision": alias,
             "gate.reason": reason,
+            **{f"gate.{g.metric}.{k}": "" if v is None else repr(float(v))
+               for g in guards for k, v in (("value", g.new_value),
+                                            ("champion_value", guarded.get((current or "", g.metric))))},
         }
         for key, value in evidence.items():
             client.set_model_version_tag(name, version, key, value)
@@ -121,14 +159,17 @@ def promote(
     if run_id:
         from mlflow.entities import Metric, RunTag
 
-        metrics = _finite({f"gate_new_{metric}": new_value, f"gate_champion_{metric}": champ_value})
+        metrics = _finite({f"gate_new_{metric}": new_value, f"gate_champion_{metric}": champ_value,
+                           **{f"gate_{side}_{g.metric}": value for g in guards for side, value in
+                              (("new", g.new_value), ("champion", guarded.get((current or "", g.metric))))}})
         tags = {**evidence, "registered_name": name, "registered_version": version, "alias": alias}
         client.log_batch(
             run_id,
             metrics=[Metric(k, v, _now_ms(), 0) for k, v in metrics.items()],
             tags=[RunTag(k, v) for k, v in tags.items()],
         )
-    return Promotion(name, version, alias, metric, float(new_value), current, champ_value, reason)
+    guard_values = {g.metric: (float(g.new_value), guarded.get((current or "", g.metric))) for g in guards}
+    return Promotion(name, version, alias, metric, float(new_value), current, champ_value, reason, guard_values)
 
 
 def _champion_version(client: MlflowClient, name: str) -> str | None:

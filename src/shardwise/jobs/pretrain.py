@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
 from shardwise.costmodel import TrainConfig, format_table, train_cost_model
+from shardwise.costmodel.train import HELDOUT_TOP_DECILE_METRIC
 from shardwise.extras import require
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import check_device_name, load_costs
@@ -16,6 +18,7 @@ from shardwise.workload import load_tables
 from .base import JobResult, JobSettings
 
 _TRAIN = TrainConfig.model_fields  # training's own defaults, shared rather than repeated
+_MAPE = "neural_heldout_tables_total_mape_pct"
 
 
 #: the MLflow run tag naming the Kubeflow Pipelines run a model was trained in
@@ -36,6 +39,10 @@ class PretrainSettings(JobSettings):
     holdout_tables: str | None = Field(
         default=None, description="tables file whose source tables are the held-out ones (default: found in the data)"
     )
+    cost_weight_power: float = Field(
+        default=_TRAIN["cost_weight_power"].default, ge=0, le=2,
+        description="each training shard's error weighted by its measured ms to this power (the costliest shards "
+                    "set a plan's slowest device; 0: every shard alike)")
     holdout_num_tables: tuple[int, ...] = Field(
         default=_TRAIN["holdout_num_tables"].default,
         description="shard sizes kept out of training and reported separately (default: none, every size trained on)",
@@ -69,17 +76,29 @@ class PretrainResult(JobResult):
     heldout_mape_pct: float | None = None
     champion_version: str | None = None
     champion_mape_pct: float | None = None
+    #: the gate's second figure: MAPE over the costliest tenth of the held-out shards, this model's and the champion's
+    heldout_top_decile_mape_pct: float | None = None
+    champion_top_decile_mape_pct: float | None = None
+    reason: str = ""
 
     def summary(self) -> str:
         """The evaluation table, notes, the model and the registry outcome."""
         lines = [self.evaluation_table]
         lines.append(f"model: {self.out} ({self.hardware_kind}, batch {self.batch_size}, "
                      f"{self.train_shards} training shards)")
+        mape, top = (self.metrics.get(k, math.nan) for k in (_MAPE, HELDOUT_TOP_DECILE_METRIC))
+        lines.append(f"held-out tables: MAPE {mape:.2f}%, {top:.2f}% on the costliest tenth of their shards")
         if self.registered_name:
             versus = ("" if self.champion_mape_pct is None
                       else f" vs champion v{self.champion_version} {self.champion_mape_pct:.2f}%")
+            top_versus = ("" if self.champion_top_decile_mape_pct is None
+                          else f" vs {self.champion_top_decile_mape_pct:.2f}%")
+            top_decile = ("" if self.heldout_top_decile_mape_pct is None
+                          else f", costliest tenth {self.heldout_top_decile_mape_pct:.2f}%{top_versus}")
             lines.append(f"registered {self.registered_name} v{self.registered_version} as {self.alias!r} "
-                         f"(held-out MAPE {self.heldout_mape_pct:.2f}%{versus}); run {self.run_id}")
+                         f"(held-out MAPE {self.heldout_mape_pct:.2f}%{versus}{top_decile}); run {self.run_id}")
+            if self.reason:
+                lines.append(f"gate: {self.reason}")
         return "\n".join(lines)
 
 
@@ -93,7 +112,7 @@ def run(settings: PretrainSettings, *, mlflow: MlflowService | None = None) -> P
         sources = tuple(sorted({t.source or t.name for t in load_tables(settings.holdout_tables).tables}))
     config = TrainConfig(
         epochs=settings.epochs, patience=settings.patience, holdout_fraction=settings.holdout_fraction,
-        device=settings.device,
+        device=settings.device, cost_weight_power=settings.cost_weight_power,
         holdout_sources=sources, holdout_num_tables=settings.holdout_num_tables,
     )
     model, report = train_cost_model(costs, settings.seed, config)
@@ -115,6 +134,9 @@ def run(settings: PretrainSettings, *, mlflow: MlflowService | None = None) -> P
         result.update(
             registered_name=promo.name, registered_version=promo.version, alias=promo.alias,
             heldout_mape_pct=promo.new_value, champion_version=promo.champion_version,
-            champion_mape_pct=promo.champion_value,
+            champion_mape_pct=promo.champion_value, reason=promo.reason,
         )
+        if HELDOUT_TOP_DECILE_METRIC in promo.guard_values:
+            ours, theirs = promo.guard_values[HELDOUT_TOP_DECILE_METRIC]
+            result.update(heldout_top_decile_mape_pct=ours, champion_top_decile_mape_pct=theirs)
     return PretrainResult(**result, run_id=logged.run_id)

@@ -50,6 +50,10 @@ class ProfileJobSettings(JobSettings):
         default=_PROFILER["cache_load_factors"].default, min_length=1, json_schema_extra={"sep": ","},
         description="comma-separated shares of a table's rows its HBM cache holds, for --caching-shards")
     max_tables: int = Field(default=_PROFILER["max_tables"].default, ge=1, description="most tables in one shard")
+    heavy_share: float = Field(
+        default=_PROFILER["heavy_share"].default, ge=0, le=1,
+        description="share of shards seeded with the tables' heaviest tenth by pooling x (dim + 16), in turn, a third "
+                    "of them alone (the tables that set a plan's slowest device; for your own tables)")
     repeats: int = Field(default=_PROFILER["repeats"].default, ge=0,
                          description="re-measure some shards this many more times")
     repeat_shards: int = Field(default=_PROFILER["repeat_shards"].default, ge=0,
@@ -139,6 +143,7 @@ def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult
         caching_shards=settings.caching_shards,
         cache_load_factors=settings.cache_load_factors,
         max_tables=settings.max_tables,
+        heavy_share=settings.heavy_share,
         repeats=settings.repeats,
         repeat_shards=settings.repeat_shards,
         seed=settings.seed,

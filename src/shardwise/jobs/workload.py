@@ -300,6 +300,10 @@ class AugmentSettings(JobSettings):
                                   json_schema_extra={"nargs": "+"})
     halvings: int = Field(default=1, ge=0, description="column halvings per table")
     pooling_resamples: int = Field(default=1, ge=0, description="pooling-resampled copies per table")
+    cover_extremes: bool = Field(
+        default=False, description="also the heaviest tenth of the tables by pooling x (dim + 16) at the tables' "
+        "largest pooling factor and dim, and at their fewest and most rows (for your own tables: the cost model "
+        "then trains on the extremes a plan for them meets)")
 
 
 class AugmentResult(JobResult):
@@ -319,7 +323,7 @@ def augment(settings: AugmentSettings) -> AugmentResult:
     tableset = load_tables(settings.tables)
     augmented = augment_tables(
         tableset, settings.seed, dims=list(settings.dims), halvings=settings.halvings,
-        pooling_resamples=settings.pooling_resamples,
+        pooling_resamples=settings.pooling_resamples, cover_extremes=settings.cover_extremes,
     )
     return AugmentResult(
         path=str(save_tables(augmented, settings.out)),

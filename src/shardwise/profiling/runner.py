@@ -93,6 +93,9 @@ class ProfileSettings(BaseModel):
     num_shards: int = Field(ge=0)
     comm_layouts: int = Field(default=0, ge=0)
     max_tables: int = Field(default=15, ge=1)
+    #: the share of shards seeded with the population's heaviest tables, alone in a third of them
+    #: (`sampling.sample_shard_configs`); 0 samples every shard alike
+    heavy_share: float = Field(default=0.0, ge=0, le=1)
     #: re-measure `repeat_shards` of the configs this many more times, spread over the run (noise floor)
     repeats: int = Field(default=0, ge=0)
     repeat_shards: int = Field(default=10, ge=0)
@@ -317,6 +320,7 @@ def _plan(tables: Sequence[TableSpec], settings: ProfileSettings, device: torch.
         seed=settings.seed,
         max_tables=settings.max_tables,
         memory_cap_bytes=_memory_cap(settings, device),
+        heavy_share=settings.heavy_share,
         optimizer=settings.optimizer,
         weights_precision=settings.weights_precision,
     )

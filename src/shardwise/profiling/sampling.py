@@ -11,6 +11,11 @@ import numpy as np
 import torch
 
 from shardwise.workload import Optimizer, TableSpec, WeightsPrecision, shard_memory_bytes
+from shardwise.workload.augment import heaviest
+
+#: the heaviest tables seed shards in rounds, each table once a round; every this many-th round holds each alone (a
+#: device that holds only it), the others with companions
+HEAVY_ALONE_EVERY = 3
 
 
 def config_id(*parts: object) -> str:
@@ -72,23 +77,38 @@ def sample_shard_configs(
     memory_cap_bytes: int | None = None,
     optimizer: Optimizer = "rowwise_adagrad",
     weights_precision: WeightsPrecision = "fp32",
+    heavy_share: float = 0.0,
 ) -> list[list[TableSpec]]:
-    """`num_configs` shards of 1..`max_tables` distinct tables each, each under `memory_cap_bytes`."""
+    """`num_configs` shards of 1..`max_tables` distinct tables each, each under `memory_cap_bytes`.
+
+    With `heavy_share`, that share of the shards (spread over the run) is seeded with the population's heaviest
+    tables (`workload.augment.heaviest`) in rounds, each table once a round: alone in every `HEAVY_ALONE_EVERY`-th
+    round, else beside tables drawn as any shard's are, so the tables that set a plan's slowest device are measured
+    often, alone included."""
     if not tables:
         raise ValueError("tables: the population to sample shards from is empty")
     if max_tables < 1:
         raise ValueError(f"max_tables must be >= 1, got {max_tables}")
     if num_configs < 0:
         raise ValueError(f"num_configs must be >= 0, got {num_configs}")
+    if not 0.0 <= heavy_share <= 1.0:
+        raise ValueError(f"heavy_share must be in [0, 1], got {heavy_share}")
     rng = np.random.default_rng(seed)
+    heavy = heaviest(tables) if heavy_share > 0 else []
     configs: list[list[TableSpec]] = []
-    attempts = 0
+    attempts = seeded = 0
     while len(configs) < num_configs:
         attempts += 1
         if attempts > 100 * max(num_configs, 1):
             raise ValueError(f"memory_cap_bytes {memory_cap_bytes}: too small for any table of the population")
-        count = int(rng.integers(1, min(max_tables, len(tables)) + 1))
-        picked = [tables[i] for i in rng.choice(len(tables), size=count, replace=False)]
+        done = len(configs)
+        if int((done + 1) * heavy_share) > int(done * heavy_share):  # spread evenly over the run
+            alone = (seeded // len(heavy)) % HEAVY_ALONE_EVERY == 0
+            picked = _seeded_shard(tables, heavy[seeded % len(heavy)], alone, max_tables, rng)
+            seeded += 1
+        else:
+            count = int(rng.integers(1, min(max_tables, len(tables)) + 1))
+            picked = [tables[i] for i in rng.choice(len(tables), size=count, replace=False)]
         # drop tables until the shard fits, so large caps keep large shards and small caps still sample
         while picked and memory_cap_bytes is not None and (
             shard_memory_bytes(picked, batch_size, optimizer, weights_precision) > memory_cap_bytes
@@ -97,6 +117,17 @@ def sample_shard_configs(
         if picked:
             configs.append(picked)
     return configs
+
+
+def _seeded_shard(tables: Sequence[TableSpec], seed_table: TableSpec, alone: bool, max_tables: int,
+                  rng: np.random.Generator) -> list[TableSpec]:
+    """`seed_table` first (dropped last where the shard does not fit), `alone` or with 1.. `max_tables` - 1 other
+    tables of `tables`."""
+    others = [t for t in tables if t is not seed_table]
+    if alone or not others or max_tables < 2:
+        return [seed_table]
+    count = int(rng.integers(1, min(max_tables - 1, len(others)) + 1))
+    return [seed_table, *(others[j] for j in rng.choice(len(others), size=count, replace=False))]
 
 
 def default_max_devices(device_type: str) -> int:
