@@ -339,9 +339,9 @@ PLACEMENT = Placement(
             "shards' kernels within 2% of a 960 MiB flush's in all, at under a third of its time",
             "shard_timing_pairing: decided: `time_kernel` flushes before the shard and before its reference (one "
             "flush per pair read shards up to 10% fast)",
-            "cli_startup: decided: `--help` and `task check` import neither torch, MLflow nor kfp "
-            "(tests/unit/test_cli.py), a warm-cache `plan` downloads nothing and `plan --model DIR` imports no MLflow "
-            "(tests/integration/test_registry_cache.py); " + _EXPERIMENT.format("cli_startup"),
+            "cli_startup: decided: `--help`, `task check`, `plan --help` and a mistaken `plan` command line import "
+            "neither torch, MLflow nor kfp (tests/unit/test_cli.py); a warm-cache `plan` with the champion of a sqlite "
+            "store imports no MLflow until the store's file changes (tests/integration/test_registry_cache.py)",
             "profile_fanout: decided: profiling pods split one run by --worker/--workers into one dataset (2 workers "
             "1.63x, no shard lost or measured twice; tests/unit/test_pipeline_compile.py checks the split); "
             + _EXPERIMENT.format("profile_fanout"),

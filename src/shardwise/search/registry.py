@@ -1,7 +1,8 @@
 """The search-method registry: each method registers itself once, at the bottom of its own module, as a small
 spec (name, factory, options model, what it needs). The CLI's choices and flags, the benchmark's method lists
 and policy loading all read it; nothing else lists the methods. A new method is one new module plus its import
-line in `shardwise/search/__init__.py`."""
+line in `shardwise/search/__init__.py`; registering imports no torch (`plan --help` lists the methods), so a method
+whose module builds torch networks at import registers from a module that loads it when used (policy_methods)."""
 
 from __future__ import annotations
 
