@@ -20,6 +20,7 @@ def test_the_summary_shows_each_methods_predicted_plan_cost_beside_the_measured_
     _step_output(tmp_path, "evaluate-plans", "comparison", {"method_max_cost_ms": 2.0, "torchrec_max_cost_ms": 2.5,
                                                             "ratio_to_torchrec": 0.8})
     _step_output(tmp_path, "pretrain-cost-model", "metrics", {"neural_heldout_tables_total_mape_pct": 3.5,
+                                                               "neural_heldout_tables_total_top_decile_mape_pct": 4.25,
                                                                "neural_heldout_row_blocks_total_mape_pct": 6.25,
                                                                "data_parallel_kernel_line_heldout_dense_kernels_total"
                                                                "_mape_pct": 7.5,
@@ -33,7 +34,7 @@ def test_the_summary_shows_each_methods_predicted_plan_cost_beside_the_measured_
     assert ("predicted plan cost on the task (the cost model's ms per iteration): neuroshard 1.900, dreamshard 2.100, "
             "autoshard 2.050") in text
     assert "ratio 0.800" in text and "MAPE 3.50%" in text
-    assert ("MAPE 3.50%, Spearman nan (560 training shards)\n  their kernels as other sharding types, MAPE: "
+    assert ("MAPE 3.50%, on their costliest tenth 4.25%, Spearman nan (560 training shards)\n  their kernels as other sharding types, MAPE: "
             "row-wise (row blocks) 6.25%, data-parallel (dense kernel line) 7.50% (noise floor 5.00%)\nmeasured vs") in text
 
 

@@ -145,3 +145,29 @@ def test_pipeline_parameter_takes_a_path_or_an_object_and_defaults_to_synthetic(
     assert pipeline_params({"workload_tables": "s3://b/k.pt"}).workload_tables == "s3://b/k.pt"
     with pytest.raises(PipelineArgumentError, match="'workload_tables'"):
         pipeline_params({"workload_tables": "https://example.com/t.json"})
+
+
+def test_given_tables_get_their_extremes_covered_and_their_heaviest_profiled_by_default(tmp_path):
+    """Your own tables are marked as such through the split and augmentation, so the augment step covers their
+    extremes and the profile step seeds shards with their heaviest without a flag; synthetic ones stay as they were."""
+    from shardwise.jobs import profile as profile_job
+
+    path, _ = _dataset(tmp_path / "day0.pt", num_tables=10)
+    given = job.build(job.WorkloadSettings(tables=str(path), holdout_fraction=0.2, out=str(tmp_path / "given")))
+    synthetic = job.build(job.WorkloadSettings(num_tables=10, row_scale=0.0001, batch_size=64,
+                                               out=str(tmp_path / "synth")))
+    for name, built, mine in (("given", given, True), ("synth", synthetic, False)):
+        train = load_tables(built.split.train_path)
+        assert train.given is mine
+        out = tmp_path / name / "augmented.json"
+        job.augment(job.AugmentSettings(tables=built.split.train_path, out=str(out)))
+        augmented = load_tables(out)
+        assert augmented.given is mine
+        assert any("^" in t.name for t in augmented.tables) is mine  # the heaviest tables' extreme copies
+        settings = profile_job.ProfileJobSettings(tables=str(out), out=str(tmp_path / name / "costs"))
+        assert profile_job.heavy_share(settings, augmented) == (profile_job.HEAVY_SHARE_GIVEN if mine else 0.0)
+        off = settings.model_copy(update={"heavy_share": 0.0})
+        assert profile_job.heavy_share(off, augmented) == 0.0
+    plain = tmp_path / "given" / "plain.json"
+    job.augment(job.AugmentSettings(tables=given.split.train_path, out=str(plain), cover_extremes=False))
+    assert not any("^" in t.name for t in load_tables(plain).tables)

@@ -64,7 +64,8 @@ def argument_kwargs(name: str, field: FieldInfo) -> dict[str, Any]:
     origin = typing.get_origin(annotation)
     if annotation is bool:
         # a setting that is on by default gets --no-<flag> to turn it off
-        kwargs["action"] = argparse.BooleanOptionalAction if field.default is True else "store_true"
+        # (or that the job decides where not given, default None)
+        kwargs["action"] = argparse.BooleanOptionalAction if field.default in (True, None) else "store_true"
         return kwargs
     if origin is Literal:
         choices = typing.get_args(annotation)

@@ -52,6 +52,7 @@ class LocalRun(JobResult):
             f"\nplan ({self.plan_path}):\n{self.plan_text}",
             f"report: {self.report_path}",
             f"cost model on shards of held-out tables: MAPE {c.get('neural_heldout_tables_total_mape_pct', float('nan')):.2f}%, "
+            f"on their costliest tenth {c.get('neural_heldout_tables_total_top_decile_mape_pct', float('nan')):.2f}%, "
             f"Spearman {c.get('neural_heldout_tables_total_spearman', float('nan')):.3f} "
             f"({c.get('train_shards', float('nan')):.0f} training shards)",
             f"measured vs TorchRec's planner: {c.get('method_max_cost_ms', float('nan')):.3f} ms vs "

@@ -192,7 +192,7 @@ def _given_from(settings: GivenSettings, local: Path, *, keep: bool) -> GivenRes
     if len(sources) < 2:
         raise TableSetError(f"{settings.tables}: field 'tables' holds {len(sources)} source table(s); the workload "
                             "needs at least 2, to train on some and hold out others")
-    tables_path = save_tables(tableset, out / "tables.json")
+    tables_path = save_tables(tableset.model_copy(update={"given": True}), out / "tables.json")
     indices: Path | None = None
     if read.index_data:  # the dataset file is the index data, in the format the profiler reads
         indices = out / INDEX_DATA_NAME
@@ -300,8 +300,9 @@ class AugmentSettings(JobSettings):
                                   json_schema_extra={"nargs": "+"})
     halvings: int = Field(default=1, ge=0, description="column halvings per table")
     pooling_resamples: int = Field(default=1, ge=0, description="pooling-resampled copies per table")
-    cover_extremes: bool = Field(
-        default=False, description="also the heaviest tenth of the tables by pooling x (dim + 16) at the tables' "
+    cover_extremes: bool | None = Field(
+        default=None, description="(default: where the tables are your own, the workload's --tables) also the "
+        "heaviest tenth of the tables by pooling x (dim + 16) at the tables' "
         "largest pooling factor and dim, and at their fewest and most rows (for your own tables: the cost model "
         "then trains on the extremes a plan for them meets)")
 
@@ -323,7 +324,8 @@ def augment(settings: AugmentSettings) -> AugmentResult:
     tableset = load_tables(settings.tables)
     augmented = augment_tables(
         tableset, settings.seed, dims=list(settings.dims), halvings=settings.halvings,
-        pooling_resamples=settings.pooling_resamples, cover_extremes=settings.cover_extremes,
+        pooling_resamples=settings.pooling_resamples,
+        cover_extremes=tableset.given if settings.cover_extremes is None else settings.cover_extremes,
     )
     return AugmentResult(
         path=str(save_tables(augmented, settings.out)),

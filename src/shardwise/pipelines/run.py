@@ -82,7 +82,7 @@ class LocalRunResult:
 #: noise floor, the kernels of the other sharding types on held-out tables, and training size
 _COST_MODEL_FIGURES = (
     "neural_heldout_tables_total_mape_pct", "neural_heldout_tables_total_spearman", "train_shards",
-    "neural_heldout_row_blocks_total_mape_pct", "data_parallel_kernel_line_heldout_dense_kernels_total_mape_pct",
+    "neural_heldout_tables_total_top_decile_mape_pct", "neural_heldout_row_blocks_total_mape_pct", "data_parallel_kernel_line_heldout_dense_kernels_total_mape_pct",
     "data_parallel_kernel_network_dense_kernels_total_mape_pct",
     "torchrec_estimator_heldout_tables_total_mape_pct", "torchrec_estimator_heldout_tables_total_spearman",
     "noise_floor_repeats_total_mape_pct", "noise_floor_dense_kernel_repeats_total_mape_pct",

@@ -135,4 +135,4 @@ def augment_tables(
             out.extend(_variants(base, dims, halvings))
     if cover_extremes:
         out.extend(extreme_copies(tableset))
-    return TableSet(batch_size=tableset.batch_size, tables=tuple(out))
+    return TableSet(batch_size=tableset.batch_size, tables=tuple(out), given=tableset.given)

@@ -31,6 +31,9 @@ class TableSet(TableCollection):
     format: Literal["shardwise.tables/v1"] = TABLES_FORMAT
     batch_size: StrictInt = Field(ge=1, le=MAX_BATCH_SIZE)
     tables: tuple[TableSpec, ...] = Field(min_length=1)
+    #: the user's own tables (the pipeline's `workload_tables`), not synthetic ones: augmentation covers their
+    #: extremes and profiling seeds shards with their heaviest, the tables a plan for them turns on
+    given: bool = False
 
 
 
