@@ -171,47 +171,23 @@ def test_a_plan_refused_after_every_retry_falls_back_to_torchrecs_greedy_proposa
 
 
 # -- the stages passed in are the ones used ---------------------------------------------------------------------------
-class CountingEnumerator(ShardwiseEnumerator):
-    calls = 0
+def _counting(base: type, method: str) -> type:
+    """`base` with `method` counting its calls in the class's `calls`."""
+    def counted(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        type(self).calls += 1
+        return getattr(base, method)(self, *args, **kwargs)
 
-    def enumerate(self, module, sharders):  # noqa: ANN001, ANN201
-        CountingEnumerator.calls += 1
-        return super().enumerate(module, sharders)
-
-
-class CountingProposer(GreedyProposer):
-    calls = 0
-
-    def propose(self):  # noqa: ANN201
-        CountingProposer.calls += 1
-        return super().propose()
-
-
-class CountingPartitioner(GreedyPerfPartitioner):
-    calls = 0
-
-    def partition(self, proposal, storage_constraint):  # noqa: ANN001, ANN201
-        CountingPartitioner.calls += 1
-        return super().partition(proposal, storage_constraint)
-
-
-class CountingPerfModel(NoopPerfModel):
-    calls = 0
-
-    def rate(self, plan):  # noqa: ANN001, ANN201
-        CountingPerfModel.calls += 1
-        return super().rate(plan)
+    return type(f"Counting{base.__name__}", (base,), {"calls": 0, method: counted})
 
 
 @pytest.mark.parametrize("argument, stage", [
-    ("enumerator", lambda: CountingEnumerator(topology=TOPOLOGY, batch_size=BATCH)),
-    ("proposer", CountingProposer),
-    ("partitioner", CountingPartitioner),
-    ("performance_model", lambda: CountingPerfModel(TOPOLOGY)),
+    ("enumerator", lambda: _counting(ShardwiseEnumerator, "enumerate")(topology=TOPOLOGY, batch_size=BATCH)),
+    ("proposer", lambda: _counting(GreedyProposer, "propose")()),
+    ("partitioner", lambda: _counting(GreedyPerfPartitioner, "partition")()),
+    ("performance_model", lambda: _counting(NoopPerfModel, "rate")(TOPOLOGY)),
 ])
 def test_a_stage_passed_to_the_planner_is_the_one_it_plans_with(cost_model_uri, argument, stage):
     counting = stage()
-    type(counting).calls = 0
     planner = _planner(cost_model_uri, **{argument: counting})
     chosen = _ranks(planner.plan(_model(), [EmbeddingBagCollectionSharder()]))
     assert set(chosen) == NAMES
