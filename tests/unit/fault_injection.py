@@ -534,7 +534,7 @@ def _publish_cost_model():  # noqa: ANN202 - a NeuralCostModel, made once per pr
     return train_cost_model(frame, 0, TrainConfig(epochs=2, comm_epochs=2, progress=False))[0]
 
 
-def _publish_argv(tmp: Path, task_name: str, url: str) -> list[str]:
+def publish_argv(tmp: Path, task_name: str, url: str) -> list[str]:
     """`shardwise publish` of production task `task_name` (a 4-table EmbeddingBagCollection on one CPU rank: kernels
     to measure, no all-to-all) with a small cost model, measured briefly, unrefined, registering at `url`."""
     import torch
@@ -574,7 +574,7 @@ def plan_registration_server_killed(tmp: Path, *, delay_s: float = 0.0,
     files = _plan_files(tmp)
     with _registry_for(tmp, server) as (server, kind):
         task, name, url = _plan_champion(server.url, kind, files)
-        argv = _publish_argv(tmp, task, url)
+        argv = publish_argv(tmp, task, url)
         env = {**os.environ, "SHARDWISE_CACHE": str(tmp / "cache")}
         before_versions, before_aliases, _ = _registry(server.db, name)
         champion_before = before_aliases[CHAMPION]
