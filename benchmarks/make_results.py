@@ -217,6 +217,7 @@ def _gpu(doc: dict[str, Any]) -> str:
 #: where a finished investigation's code is, deleted once its decision was in the code
 _SCRIPT = "the script, benchmarks/bench_{}.py, is in git at 357f9c1"
 _EXPERIMENT = "the experiment, benchmarks/experiments/{}.py, is in git at 8962c5e"
+_EXPERIMENT_4EF = "the experiment, benchmarks/experiments/{}.py, is in git at 4ef6465"  # those retired later
 _REPLACED_PQ = "superseded by plan_quality_types_4dev/_8dev (a later cost model, every sharding type offered)"
 
 
@@ -233,7 +234,7 @@ PLACEMENT = Placement(
         Headline("costmodel_seeds_all_sizes", "Cost-model error (MAPE), shardwise / TorchRec's estimator", _accuracy,
                  also=("sharding_type_accuracy",)),
         Headline("torchrec_dropin", "DLRM-DCNv2 in TorchRec's planner's place (26 tables, 4 devices)", _dropin,
-                 yields_to="real_models"),  # README's page budget: one real-model claim
+                 yields_to="real_models"),  # archived: until real_models is recorded, the drop-in's one claim
         Headline("planning_time", "Planning time at scale (2-core CPU)", _planning_time),
         Headline("memory_property", "Memory on random tasks, every plan checked by independent arithmetic", _memory),
         Headline("faults", "Faults injected into real runs (store, tracking server, registry, pipeline)", _faults),
@@ -245,16 +246,13 @@ PLACEMENT = Placement(
             "unrefined drop-in and TorchRec's planner's measured in one session, twice",
             "plan_quality_types_4dev: measured plan cost of every method on 4 devices, a quiet machine",
             "plan_quality_types_8dev: measured plan cost of every method on 8 devices, a quiet machine",
-            "torchrec_dropin: shardwise in TorchRec's planner's place on DLRM-DCNv2 and paper tasks",
             "make_run: the main job end to end: cost-model error and plan cost against TorchRec in one run",
-            "data_parallel_choice: replicating the smallest tables costs 2.2x or more on this CPU: none chosen",
             "search_quality: predicted plan cost of every search method, ratios to NeuroShard",
             "refine_readme_example: README's example task refined on the hardware"),
         "Cost-model accuracy": _family(
             "costmodel_seeds_all_sizes: held-out error over 12 training seeds, TorchRec's estimator beside it",
             "sharding_type_accuracy: held-out error per sharding type, TorchRec's estimator beside it",
-            "row_block_accuracy: row blocks priced by the network trained on them against the one before",
-            "heavy_tables: new heavy tables: the heaviest under-predicted by a quarter, the rest near typical"),
+            "row_block_accuracy: row blocks priced by the network trained on them against the one before"),
         "Planning time": _family(
             "planning_time: NeuroShard's planning time up to 5,000 tables on 1,024 devices, TorchRec's beside it"),
         "Safety and operations": _family(
@@ -283,9 +281,7 @@ PLACEMENT = Placement(
             "refine: refinement on 4 tasks a set with the 2026-11-25 champion; superseded by "
             "plan_quality_types_4dev/_8dev, which refine 10 tasks a set",
             "refine_torchrec_rw: refinement from TorchRec's row-wise plans gains at most 4% and stays 1.6x or more the "
-            "greedy: refinement starts from the faster of NeuroShard's and the greedy's plans",
-            "data_parallel_choice_8dev: the 8-device companion of data_parallel_choice, same verdict; not superseded, "
-            "moved here for results.md's line budget"),
+            "greedy: refinement starts from the faster of NeuroShard's and the greedy's plans"),
         "Cost model": _family(
             "costmodel_seeds: patience 40, one table count held out: 4.92-9.30% over seeds; superseded by "
             "costmodel_seeds_all_sizes",
@@ -360,7 +356,17 @@ PLACEMENT = Placement(
             "reference_normalised: the raw spread 2.4-3x the normalised one) and times one thread by its thread "
             "clock; " + _EXPERIMENT.format("profiling"),
             "costmodel_predict: decided: the search predicts in batches (one call 100x a per-shard loop; planning_time "
-            "in the quick suite times it end to end); " + _EXPERIMENT.format("costmodel_predict")),
+            "in the quick suite times it end to end); " + _EXPERIMENT.format("costmodel_predict"),
+            "heavy_tables: decided: the costliest shards' error is pretrain's own held-out figure "
+            "(`heldout_top_decile_mape_pct`, reported beside MAPE, logged in the registry and gated on: "
+            "costmodel/evaluate.py, integrations/promotion.py); " + _EXPERIMENT_4EF.format("heavy_tables"),
+            "data_parallel_choice: decided: replicating the smallest tables costs 2.2x or more on this CPU: none "
+            "chosen; " + _EXPERIMENT_4EF.format("data_parallel_choice"),
+            "data_parallel_choice_8dev: decided with data_parallel_choice: on 8 devices, the same verdict",
+            "torchrec_dropin: decided: unadapted it measured 1.492x TorchRec's on DCNv2 and adaptation bought "
+            "TorchRec's own plan in most runs, so tables a model has not learned get TorchRec's planner's plan by "
+            "default (integrations/torchrec/search.py); real_models measures the learned drop-in on real models; "
+            + _EXPERIMENT_4EF.format("torchrec_dropin")),
         "On a GPU": _family(
             "gpu_method: the first GPU run (H200, held timer); superseded by gpu_method_queued (queued timer, "
             "refinement)"),
@@ -428,10 +434,11 @@ def check_placement(names: list[str], placement: Placement) -> None:
     if gone:
         raise PlacementError(f"placed but no record in benchmarks/results/<name>/: {', '.join(gone)}")
     current = {name for entries in placement.current.values() for name, _ in entries}
-    for record in (record for headline in placement.headlines for record in headline.records):
-        if record not in current:
-            raise PlacementError(f"headline record {record!r} is not current: place it in a current family, the "
-                                 "page its claim links to")
+    for headline in placement.headlines:
+        for record in headline.records:
+            if record not in current and headline.yields_to is None:
+                raise PlacementError(f"headline record {record!r} is not current: place it in a current family, the "
+                                     "page its claim links to (an archived one only for a headline that yields_to)")
 
 
 def figures(headline: Headline, docs: dict[str, dict[str, Any]]) -> str:
@@ -463,14 +470,18 @@ def recorded(placement: Placement, names: list[str]) -> Placement:
 
 
 def _page(header: str, groups: Mapping[str, tuple[tuple[str, str], ...]], docs: dict[str, dict[str, Any]],
-          headlines: tuple[Headline, ...] = (), *, runnable: bool = True) -> str:
-    """A page: the header, the headline table if any, then each family's records in full."""
+          headlines: tuple[Headline, ...] = (), *, runnable: bool = True,
+          archived: Mapping[str, tuple[tuple[str, str], ...]] | None = None) -> str:
+    """A page: the header, the headline table if any (linking to `archived`'s records on the archive page), then
+    each family's records in full."""
     lines = [header]
     if headlines:
-        anchors = _record_anchors(groups, docs, ["Headline claims"])
+        links = {**{name: f"{ARCHIVE.name}#{anchor}" for name, anchor in _record_anchors(archived or {}, docs,
+                                                                                        []).items()},
+                 **{name: f"#{anchor}" for name, anchor in _record_anchors(groups, docs, ["Headline claims"]).items()}}
         lines += ["", "## Headline claims", "", "| claim | figures | record |", "|---|---|---|"]
         lines += [f"| {cell(h.claim)} | {cell(figures(h, docs))} | "
-                  f"{named(h, docs, lambda name: f'[{name}](#{anchors[name]})')} |" for h in headlines]
+                  f"{named(h, docs, lambda name: f'[{name}]({links[name]})')} |" for h in headlines]
     for family, entries in groups.items():
         lines += ["", f"## {family}"]
         for name, line in entries:
@@ -536,7 +547,7 @@ def render(results: Path = RESULTS, placement: Placement = PLACEMENT) -> Rendere
     docs = {name: load_result(path) for name, path in newest_records(results).items()}
     placement = recorded(placement, list(docs))
     check_placement(list(docs), placement)
-    page = _page(HEADER, placement.current, docs, placement.headlines)
+    page = _page(HEADER, placement.current, docs, placement.headlines, archived=placement.archived)
     lines = page.count("\n")
     if lines > MAX_LINES:
         raise PlacementError(f"results.md would be {lines} lines, over {MAX_LINES}: move the least central "

@@ -1,15 +1,11 @@
-"""What the plan experiments share: the task sets they draw from held-out synthetic tables, a finished plan_quality
-run's files, and how two plans' measurements compare task by task."""
+"""What the plan experiments share: the task sets they draw from held-out synthetic tables and how two plans'
+measurements compare task by task."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
-from benchmarks.harness import BenchmarkError
 from shardwise.evaluation import PAPER_TASK_SETS, PlanResult, make_task_set
 from shardwise.workload import ShardingTask
 from shardwise.workload.synthetic import synthesize_tables
@@ -34,14 +30,6 @@ def paper_tasks(per_set: int, seed: int, batch_size: int) -> list[tuple[str, Sha
     pool = held_out_pool(seed, batch_size=batch_size)
     return [(spec.name, task) for spec in PAPER_TASK_SETS
             for task in make_task_set(pool, spec.model_copy(update={"num_tasks": per_set}), seed=seed)]
-
-
-def finished_run(run: str | Path) -> tuple[Path, dict[str, Any]]:
-    """A finished plan_quality run's --out directory and its results.json (its protocol, `measurement`)."""
-    path = Path(run)
-    if not (path / "results.json").is_file():
-        raise BenchmarkError(f"--run {path}: no results.json there (a plan_quality experiment's --out directory)")
-    return path, json.loads((path / "results.json").read_text())
 
 
 def at_or_below(results: list[PlanResult], method: str, reference: str, value: Callable[[PlanResult], float]) -> str:

@@ -180,10 +180,10 @@ def test_plan_quality_and_shardwise_benchmark_plan_with_one_default_method_list(
     assert "def default_methods" not in source
 
 
-def test_an_experiment_refusing_its_input_says_so_in_one_line_naming_the_flag(tmp_path, capsys):
-    assert harness.main(["data_parallel_choice", "--run", str(tmp_path), "--model", "m"]) == 2
+def test_an_experiment_refusing_its_input_says_so_in_one_line_naming_the_flag(capsys):
+    assert harness.main(["planning_time", "--sizes", "100by8"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --run ") and "results.json" in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: --sizes 100by8: ") and "TABLESxDEVICES" in err and len(err.strip().splitlines()) == 1
 
 
 def test_benchmarks_stay_within_their_line_budget():

@@ -85,13 +85,21 @@ def test_results_page_opens_with_the_headline_table_within_its_line_budget(make_
     headlines = _shown(make_results).headlines
     assert 6 <= len(headlines) <= 10
     lines = page.splitlines()
-    headings = [i for i, line in enumerate(lines) if line.startswith(("## ", "### "))]
-    anchors = dict(zip(headings, make_results._anchors([lines[i].split(" ", 1)[1] for i in headings])))
-    for headline in headlines:  # each claim links to its records' sections on this page
+    for headline in headlines:  # each claim links to its records' sections: on this page, or archived as it yields
         row = next(line for line in lines if line.startswith(f"| {headline.claim} |"))
         for name in headline.records:
-            at = lines.index(next(line for line in lines if line.startswith(f"`benchmarks/results/{name}/")))
-            assert f"[{name}](#{anchors[max(i for i in headings if i < at)]})" in row
+            on_page = any(line.startswith(f"`benchmarks/results/{name}/") for line in lines)
+            assert on_page or headline.yields_to, f"{name}: a standing headline's record is on results.md"
+            link = _section_link(make_results, lines if on_page else ARCHIVE.read_text().splitlines(), name)
+            assert f"[{name}]({'' if on_page else ARCHIVE.name}#{link})" in row
+
+
+def _section_link(make_results, lines: list[str], name: str) -> str:
+    """The anchor of record `name`'s section on a page of `lines`."""
+    headings = [i for i, line in enumerate(lines) if line.startswith(("## ", "### "))]
+    anchors = dict(zip(headings, make_results._anchors([lines[i].split(" ", 1)[1] for i in headings])))
+    at = lines.index(next(line for line in lines if line.startswith(f"`benchmarks/results/{name}/")))
+    return anchors[max(i for i in headings if i < at)]
 
 
 def _shown(make_results):
@@ -168,6 +176,22 @@ def test_a_pending_headline_is_left_out_until_its_record_exists_then_leads(make_
     assert make_results.main(["--check"], results=results, placement=absent, **pages) == 2
     assert "placed but no record in benchmarks/results/<name>/: p" in capsys.readouterr().err
 
+
+def test_a_headline_reads_an_archived_record_only_while_it_yields_and_links_it_on_the_archive(make_results, tmp_path,
+                                                                                              capsys):
+    results, pages = _paths(tmp_path, make_results)
+    base = _placement(make_results, current=("a",), archived=("b", "c"))
+    headline = make_results.Headline("b", "NeuroShard against TorchRec",
+                                     lambda doc: f"ratio {make_results.value(doc, 'ratio', method='neuroshard')}")
+    for name in ("a", "b", "c"):
+        _result(results, name, [{"method": "neuroshard", "ratio": 0.84}])
+    assert make_results.main([], results=results, placement=replace(base, headlines=(headline,)), **pages) == 2
+    assert "headline record 'b' is not current" in capsys.readouterr().err
+    yielding = replace(base, headlines=(replace(headline, yields_to="p"),))  # retired, its claim standing until p
+    assert make_results.main([], results=results, placement=yielding, **pages) == 0
+    assert ("| NeuroShard against TorchRec | ratio 0.84 | [b](results-archive.md#title-of-b), commit abc1234, "
+            "2026-11-23 |") in pages["doc"].read_text()
+    assert "Title of b" not in pages["doc"].read_text() and "### Title of b" in pages["archive"].read_text()
 
 def test_check_lists_the_headline_records_without_a_clean_commit_without_failing(make_results, tmp_path, capsys):
     results, pages = _paths(tmp_path, make_results)
