@@ -84,15 +84,11 @@ def plan_production_task(production: ProductionTask, cost_model: CostModel, *, r
 
 
 def _refinement_outcome(planner: ShardwisePlanner) -> RefinementOutcome | None:
-    """What refinement did to the last search's plan; None where it did not run. The searched plan is searched
-    again (the search is deterministic for its seed, and seconds against refinement's minutes) to see whether the
-    refined plan is another layout."""
-    record, refined, task = planner.last_refinement, planner.last_plan, planner.last_task
-    if record is None or refined is None or task is None:
-        return None
+    """What refinement did to the last search's plan; None where it did not run."""
     search = planner.search
-    assert search.searcher is not None  # set when the search was made
-    unrefined = search.searcher.search(task, search.resolved_cost_model(), search.seed)
+    record, refined, unrefined = search.last_refinement, search.last_plan, search.last_searched
+    if record is None or refined is None or unrefined is None:
+        return None
     return RefinementOutcome(
         seconds=search.last_seconds.get("refinement", record.seconds), changed=_layout(refined) != _layout(unrefined),
         unrefined_predicted_ms=_predicted_ms(unrefined), predicted_ms=_predicted_ms(refined),

@@ -101,6 +101,8 @@ class ShardwiseSearch:
     #: the shardwise task and plan of the last search, and why the last plan has none (None: it has)
     last_task: ShardingTask | None = None
     last_plan: Plan | None = None
+    #: the last plan as the search made it, before refinement (the same as `last_plan` where none ran)
+    last_searched: Plan | None = None
     last_error: str | None = None
     _adapted_to: set[frozenset[TableSpec]] = field(default_factory=set)
     _defers: dict[frozenset[TableSpec], str | None] = field(default_factory=dict)
@@ -124,7 +126,7 @@ class ShardwiseSearch:
         """Start a plan from `search_space` (the enumerator's options; None: no proposals run, where a plan loader's
         plan is taken): its plan space, and nothing of the last plan's search."""
         self.forget()
-        self.last_task = self.last_plan = self.last_error = None
+        self.last_task = self.last_plan = self.last_searched = self.last_error = None
         self.space = None if search_space is None else self._space(search_space)
         return self.space
 
@@ -188,7 +190,7 @@ class ShardwiseSearch:
         """The searched plan of `task` (PlanError where the search finds none): searched, adapted for and searched
         again where that pays, refined after adaptation; kept as `last_task` and `last_plan` (`last_error`)."""
         self.forget()
-        self.last_task, self.last_plan, self.last_error = task, None, None
+        self.last_task, self.last_plan, self.last_searched, self.last_error = task, None, None, None
         model = self.resolved_cost_model()
         try:
             plan = self._searched(task, model)
@@ -199,6 +201,7 @@ class ShardwiseSearch:
         except PlanError as err:
             self.last_error = str(err)
             raise
+        self.last_searched = plan
         self.last_plan = self._refined(task, plan, model)
         return self.last_plan
 
