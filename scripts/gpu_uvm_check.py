@@ -42,7 +42,7 @@ from shardwise.costmodel import NeuralCostModel, TrainConfig, train_cost_model
 from shardwise.costmodel.caching import UVM_KERNELS
 from shardwise.evaluation import KernelShard, time_shards_in_rounds
 from shardwise.profiling import ProfileSettings, TimingProtocol, load_costs, profile
-from shardwise.profiling.caching import DEFAULT_CACHE_LOAD_FACTORS
+from shardwise.profiling.run_settings import DEFAULT_CACHE_LOAD_FACTORS
 from shardwise.search import NeuroShardSearch, Plan, PlanError, device_specs, validate_plan
 from shardwise.search.plan import plan_host_memory_bytes, plan_memory_bytes
 from shardwise.search.torchrec_plan import ebc_on_meta, plan_from_module_sharding

@@ -124,22 +124,44 @@ def test_option_of_another_method_is_refused(tmp_path, capsys):
     assert "--beam-width does not apply to --method size_greedy" in capsys.readouterr().err
 
 
-#: command lines that answer without torch, MLflow or kfp: help, a task's check, and the plan verb's help and usage
-#: mistakes (its options come from the search-method registry, whose policy networks load only when used)
+def _command_lines() -> list[tuple[str, ...]]:
+    """Every verb the CLI lists, and each verb's own verbs (`workload synth`, `pipeline compile`, `plan show`)."""
+    lines = []
+    for verb in VERBS:
+        lines.append((verb,))
+        subs = [a for a in _parser_for([verb])._actions if isinstance(a, argparse._SubParsersAction)]
+        lines += [(verb, sub) for action in subs for sub in action.choices]
+    return lines
+
+
+#: command lines that answer without torch, MLflow or kfp: every verb's help, a task's check, and usage mistakes of
+#: several verbs (their options come from the jobs' settings, which load the kernels, the models, the registry's
+#: client and the policy networks only when a job runs)
 FAST = {
     "help": (["--help"], "usage: shardwise"),
+    **{f"{' '.join(line)} help": ([*line, "--help"], f"usage: shardwise {' '.join(line)} ") for line in _command_lines()},
     "task check": (["task", "check", "TASK"], "4 tables"),
-    "plan help": (["plan", "--help"], "--beam-width"),
     "plan unknown flag": (["plan", "--task", "TASK", "--out", "p.json", "--bogus"], "unrecognized arguments: --bogus"),
     "plan unknown method": (["plan", "--task", "TASK", "--out", "p.json", "--method", "nope"], "invalid choice: 'nope'"),
     "plan missing flag": (["plan", "--task", "TASK"], "--out is required"),
     "plan option of another method": (["plan", "--task", "TASK", "--out", "p.json", "--method", "size_greedy",
                                        "--beam-width", "3"], "--beam-width does not apply"),
+    "evaluate missing flag": (["evaluate", "--task", "TASK"], "--plan is required"),
+    "validate unknown flag": (["validate", "--task", "TASK", "--plan", "p.json", "--bogus"],
+                              "unrecognized arguments: --bogus"),
+    "benchmark unknown method": (["benchmark", "--tables", "t.json", "--methods", "nope"],
+                                 "search method 'nope' is not registered"),
+    "profile caching on a cpu": (["profile", "--tables", "t.json", "--out", "costs", "--caching-shards", "1",
+                                  "--device", "cpu"], "fused_uvm_caching needs a CUDA device"),
+    "pretrain out of range": (["pretrain", "--data", "costs", "--out", "m", "--epochs", "0"],
+                              "--epochs 0: Input should be greater than or equal to 1"),
+    "train-policy unknown method": (["train-policy", "--method", "nope"], "invalid choice: 'nope'"),
+    "publish out of range": (["publish", "--task", "TASK", "--refine-s", "-1"], "--refine-s -1.0: Input should be"),
 }
 
 
 @pytest.mark.parametrize(("argv", "says"), FAST.values(), ids=FAST)
-def test_help_task_check_and_plan_mistakes_do_not_import_torch(argv, says, tmp_path):
+def test_help_task_check_and_usage_mistakes_do_not_import_torch(argv, says, tmp_path):
     from search_doubles import random_task
 
     from shardwise.workload import save_task

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 import tempfile
 import time
 import warnings
@@ -15,7 +14,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict
 from torch import nn
 from torch.multiprocessing import start_processes
 
@@ -25,6 +23,8 @@ from shardwise.search.plan import Plan, plan_from_json, validate_plan
 from shardwise.search.torchrec_plan import to_sharding_plan
 from shardwise.workload import ShardingTask, sample_batch, stable_seed, task_from_json
 
+from .measured_records import DLRMThroughput
+
 #: the module path of the EmbeddingBagCollection inside the model (TorchRec's DLRM layout)
 EBC_PATH = "sparse_arch.embedding_bag_collection"
 DENSE_IN_FEATURES = 13  # Criteo's dense features
@@ -32,46 +32,6 @@ DENSE_IN_FEATURES = 13  # Criteo's dense features
 NUM_DISTINCT_BATCHES = 4
 #: default global batch of a CPU run (unless `batch_size` is given)
 CPU_BATCH_SIZE = 4096
-
-
-class DLRMThroughput(BaseModel):
-    """Training throughput of the DLRM under one plan; warm-up iterations excluded."""
-
-    model_config = ConfigDict(frozen=True)
-
-    method: str
-    world_size: int
-    backend: str
-    device_kind: str
-    global_batch_size: int  # samples per iteration over all ranks
-    iters: int
-    warmup: int
-    iter_ms: tuple[float, ...]  # per timed iteration, slowest rank
-    samples_per_s: float
-
-    @property
-    def median_iter_ms(self) -> float:
-        """Median iteration time (slowest rank)."""
-        return statistics.median(self.iter_ms)
-
-    @property
-    def mean_iter_ms(self) -> float:
-        """Mean iteration time (slowest rank)."""
-        return statistics.fmean(self.iter_ms)
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON document with the derived times."""
-        doc = self.model_dump(mode="json")
-        doc.update(median_iter_ms=self.median_iter_ms, mean_iter_ms=self.mean_iter_ms)
-        return doc
-
-    def summary(self) -> str:
-        """One line for the terminal."""
-        return (
-            f"{self.method}: {self.samples_per_s:,.0f} samples/s, median iteration {self.median_iter_ms:.2f} ms "
-            f"({self.world_size} x {self.backend}, global batch {self.global_batch_size}, "
-            f"{self.iters} iterations after {self.warmup} warm-up)"
-        )
 
 
 class ProjectedSparseArch(nn.Module):

@@ -13,7 +13,7 @@ from shardwise.search.simulator import simulate
 from shardwise.workload import ShardingTask
 
 from .measured import MeasuredPlanCost, PlanComparison, compare_measured, measure_plans, save_measured
-from .refine import Refinement
+from .refine_record import Refinement
 from .report import write_comparison_report, write_plan_report
 
 

@@ -1,9 +1,11 @@
-"""Measured plan cost records: each device's measured cost, the plan's (`shardwise.measured/v2`), plans measured
-together compared (`shardwise.comparison/v1`), and their JSON."""
+"""Measured plan records: each device's measured cost, the plan's (`shardwise.measured/v2`), plans measured
+together compared (`shardwise.comparison/v1`), and their JSON; a plan's DLRM training throughput (`dlrm` measures it).
+Apart from the measuring (torch): a job's results are declared without it."""
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -306,3 +308,43 @@ def compare_measured(
         comm_pricing=ref.comm_pricing,
         plans=rows,
     )
+
+
+class DLRMThroughput(BaseModel):
+    """Training throughput of the DLRM under one plan; warm-up iterations excluded."""
+
+    model_config = ConfigDict(frozen=True)
+
+    method: str
+    world_size: int
+    backend: str
+    device_kind: str
+    global_batch_size: int  # samples per iteration over all ranks
+    iters: int
+    warmup: int
+    iter_ms: tuple[float, ...]  # per timed iteration, slowest rank
+    samples_per_s: float
+
+    @property
+    def median_iter_ms(self) -> float:
+        """Median iteration time (slowest rank)."""
+        return statistics.median(self.iter_ms)
+
+    @property
+    def mean_iter_ms(self) -> float:
+        """Mean iteration time (slowest rank)."""
+        return statistics.fmean(self.iter_ms)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON document with the derived times."""
+        doc = self.model_dump(mode="json")
+        doc.update(median_iter_ms=self.median_iter_ms, mean_iter_ms=self.mean_iter_ms)
+        return doc
+
+    def summary(self) -> str:
+        """One line for the terminal."""
+        return (
+            f"{self.method}: {self.samples_per_s:,.0f} samples/s, median iteration {self.median_iter_ms:.2f} ms "
+            f"({self.world_size} x {self.backend}, global batch {self.global_batch_size}, "
+            f"{self.iters} iterations after {self.warmup} warm-up)"
+        )

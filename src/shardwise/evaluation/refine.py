@@ -14,7 +14,8 @@ measured to the end, nor kept), a session of layouts side by side (the starts', 
 done by then, at least one of every device shard, and the plan measured fastest so far is returned.
 
 The refiner's measuring of a layout lives in `refine_measure`, the moves, swaps and splits a round can make in
-`refine_moves`; the rounds, from the starts to the plan returned, and their record (`Refinement`) here.
+`refine_moves`; the rounds, from the starts to the plan returned, here; their record (`Refinement`) in
+`refine_record`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel
 
 from shardwise.costmodel.types import CostModel
 from shardwise.profiling import AllToAllSession, MeasurementSettings
@@ -44,6 +44,7 @@ from shardwise.workload import ShardingTask
 from .refine_measure import Clock, OutOfTime, _distinct, _Layout, _layout_key, _Refiner, _side_by_side
 from .refine_moves import _Change as _Change  # re-exported: a round's change, as callers build one
 from .refine_moves import _holding_up, _plan_round, _split_change
+from .refine_record import Refinement, RefinementRound
 
 #: a plan of the task with the named table split into this many column slices and the other tables placed around
 #: them (None: none fits); refinement asks for one where a shard holds the measured slowest device up
@@ -68,67 +69,6 @@ def search_resplit(searcher: Searcher, task: ShardingTask, cost_model: CostModel
             return None
 
     return resplit
-
-
-class RefinementRound(BaseModel):
-    """One round: the measured slowest device before, what changed, and whether it was kept."""
-
-    round: int
-    measured_max_ms: float  #: the slowest device's measured compute + all-to-all before this round
-    slowest_device: int
-    #: "t3[0] 0->2" (a move), "t3[0] 0->2, t7[0] 2->0" (a swap), several joined by "; "; "" when nothing
-    #: promised a gain
-    change: str
-    predicted_max_ms: float | None = None  #: the corrected prediction of the change
-    after_ms: float | None = None  #: measured after the change
-    kept: bool = False
-    seconds: float = 0.0
-
-    @property
-    def described(self) -> str:
-        """What the round changed, as the terminal and the report show it."""
-        return self.change or "nothing promised a gain"
-
-
-class Refinement(BaseModel):
-    """What refinement did: every round, the measured slowest device before and after, and the time it took."""
-
-    rounds: list[RefinementRound]
-    #: the measured slowest device of each plan refinement could start from, by method; it went on from the fastest
-    starts: dict[str, float] = {}
-    start: str = ""
-    #: starts asked for and not measured, and why (the measured-cost greedy when its tables' timings did not fit)
-    left_out: dict[str, str] = {}
-    #: the start's and the returned plan's measured slowest device, side by side in one session: the second paired
-    #: session's where the plan departs from the starts given, else the final paired check's when a round kept a
-    #: change, else the first session's (nothing changed); so they may differ from `starts`. Where the time budget
-    #: left no room for the final check, the first session's and the last kept round's
-    before_ms: float
-    after_ms: float
-    seconds: float
-    devices_measured: int
-    #: why it ended: the rounds were done, a round promised nothing, or the time budget was spent
-    stopped: str = ""
-
-    def table(self) -> str:
-        """One line per round, then the measured slowest device before and after and the time it took."""
-        lines = [f"{'round':>5}  {'slowest ms':>10}  {'device':>6}  {'after ms':>8}  {'kept':>4}  change"]
-        for r in self.rounds:
-            after = f"{r.after_ms:.3f}" if r.after_ms is not None else "-"
-            lines.append(f"{r.round:>5}  {r.measured_max_ms:>10.3f}  {r.slowest_device:>6}  {after:>8}  "
-                         f"{'yes' if r.kept else 'no':>4}  {r.described}")
-        if len(self.starts) > 1:
-            lines.insert(0, "start: " + ", ".join(f"{m} {ms:.3f} ms" for m, ms in self.starts.items())
-                         + f" measured; refined from {self.start}")
-        lines[:0] = [f"start {method} left out: {why}" for method, why in self.left_out.items()]
-        lines.append(f"refinement: {self.outcome()}")
-        return "\n".join(lines)
-
-    def outcome(self) -> str:
-        """The measured slowest device before and after, what it cost and why it stopped, in one line."""
-        return (f"slowest device {self.before_ms:.3f} -> {self.after_ms:.3f} ms, measured side by side in one "
-                f"session ({self.after_ms / self.before_ms:.3f}x), {self.devices_measured} device shards timed in "
-                f"{self.seconds:.1f} s" + (f"; stopped: {self.stopped}" if self.stopped else ""))
 
 
 def measured_greedy_start(task: ShardingTask, measurement: MeasurementSettings, *,

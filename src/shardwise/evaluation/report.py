@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any
 from shardwise.extras import import_extra
 from shardwise.search.bottleneck import bottleneck_line, slowest_alone
 
-from .dlrm import DLRMThroughput
-from .measured_records import MeasuredPlanCost, PlanComparison, describe_comm_pricing
+from .measured_records import DLRMThroughput, MeasuredPlanCost, PlanComparison, describe_comm_pricing
 
 if TYPE_CHECKING:
-    from .refine import Refinement
+    from .refine_record import Refinement
 
 GIB = 2**30
 _STYLE = (

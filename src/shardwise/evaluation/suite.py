@@ -24,8 +24,9 @@ from shardwise.workload import ShardingTask, save_task
 from shardwise.workload.documents import write_json_document
 from shardwise.workload.tableset import TableSet, sample_task
 
-from .dlrm import DLRMThroughput, measure_dlrm_throughputs
+from .dlrm import measure_dlrm_throughputs
 from .measured import measure_plans, save_measured
+from .measured_records import DLRMThroughput
 from .report import write_benchmark_report, write_plan_report
 
 

@@ -6,7 +6,8 @@ same promotion gate (`promote`, in `promotion`): a new version takes the `champi
 evidence, kept on the model version and on its run.
 
 `mlflow` is imported inside the methods that use it: it takes seconds to import, and the jobs that import this
-module (plan with a local model, evaluate without tracking) often do not need it. Loading a registered version
+module (plan with a local model, evaluate without tracking) often do not need it; so is the cost model's module
+(torch): a job's settings and options (`shardwise publish --help`) are built without either. Loading a registered version
 (`models:/<name>@<alias>`, `models:/<name>/<version>`) finds the version (of a tracking server over its REST API
 without MLflow, of any other store with MLflow's client) and uses the local copy in the cache when it has one
 (`mlflow_registry`); MLflow downloads it the first time.
@@ -29,7 +30,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
-from shardwise.costmodel.model import CONFIG_FILE, ModelFileError, NeuralCostModel
 from shardwise.errors import ServiceError, ShardwiseError, redacted
 
 from . import promotion as gate
@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
     from shardwise.costmodel import TrainConfig, TrainingReport
+    from shardwise.costmodel.model import NeuralCostModel
 
 #: what callers import from here, the gate's names (`promotion`) and the hardening's (`mlflow_process`) among them
 __all__ = ["CHALLENGER", "CHAMPION", "COST_MODEL_GUARD_METRIC", "COST_MODEL_METRIC", "DEFAULT_TRACKING_URI",
@@ -311,6 +312,8 @@ class MlflowService:
     def load_cost_model(self, uri: str | Path, device: str = "cpu") -> NeuralCostModel:
         """A ready cost model from a directory, "models:/<name>@<alias>", "models:/<name>/<version>" or
         "runs:/<id>/cost_model"."""
+        from shardwise.costmodel.model import NeuralCostModel  # torch: only when a model is loaded
+
         return self.load(uri, lambda root: NeuralCostModel.load(_find_cost_model_dir(root), device=device))
 
     # -- runs ---------------------------------------------------------------------------------------------------
@@ -497,6 +500,8 @@ class MlflowService:
 
 
 def _find_cost_model_dir(root: Path) -> Path:
+    from shardwise.costmodel.model import CONFIG_FILE, ModelFileError  # torch: where a model is looked for
+
     if (root / CONFIG_FILE).is_file():
         return root
     found = sorted(root.rglob(CONFIG_FILE))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
-from shardwise.evaluation import TASK_SETS, TaskSetSpec, format_summary, make_task_set, run_benchmark
 from shardwise.extras import require
 from shardwise.integrations.mlflow import MlflowService
 from shardwise.profiling import MeasurementSettings
@@ -17,6 +16,9 @@ from shardwise.workload import load_tables
 from .base import JobResult, JobSettings, SettingsError, refine_budget_field
 from .models import load_cost_model
 from .plan import build_searcher
+
+if TYPE_CHECKING:
+    from shardwise.evaluation import TaskSetSpec
 
 EXPERIMENT = "shardwise-benchmark"
 _METRICS = ("mean_cost_ms", "mean_compute_ms", "ratio_to_torchrec", "ratio_to_best_baseline", "imbalance",
@@ -79,6 +81,9 @@ class BenchmarkResult(JobResult):
 
     def summary(self) -> str:
         """The summary table and the report's path."""
+        # the suite (torch): the run that made the rows has loaded it
+        from shardwise.evaluation import format_summary
+
         lines = [format_summary(self.rows), f"report: {self.out}/benchmark.html"]
         if self.run_id:
             lines.append(f"mlflow run {self.run_id}")
@@ -87,6 +92,10 @@ class BenchmarkResult(JobResult):
 
 def run(settings: BenchmarkSettings, *, mlflow: MlflowService | None = None) -> BenchmarkResult:
     """Draw the task sets, build each method's searcher once, plan and measure everything."""
+    # the suite (torch, the kernels) loads only when it runs: `benchmark --help` and a command line's mistakes answer
+    # without it
+    from shardwise.evaluation import TASK_SETS, make_task_set, run_benchmark
+
     pool = load_tables(settings.tables)
     specs: tuple[TaskSetSpec, ...] = TASK_SETS[settings.task_sets]
     if settings.num_tasks:

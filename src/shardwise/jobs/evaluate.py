@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from shardwise.evaluation import MeasuredPlanCost, PlanComparison, evaluate_plans
-from shardwise.evaluation.refine import Refinement, refine_plan
+from shardwise.evaluation import MeasuredPlanCost, PlanComparison
+from shardwise.evaluation.refine_record import Refinement
 from shardwise.evaluation.report import summary_page
 from shardwise.extras import require, require_fbgemm
 from shardwise.integrations.mlflow import MlflowService
@@ -115,6 +115,11 @@ def report_names(paths: tuple[str, ...], plans: list[Plan]) -> list[str]:
 
 def run(settings: EvaluateSettings, *, mlflow: MlflowService | None = None, progress: bool = True) -> EvaluateResult:
     """Measure every plan in one session; write reports; log to MLflow when a tracking URI is set."""
+    # the kernels (torch, fbgemm) load only when measuring: `evaluate --help` and a command line's mistakes answer
+    # without them
+    from shardwise.evaluation import evaluate_plans
+    from shardwise.evaluation.refine import refine_plan
+
     task, plans = load_task_and_plans(settings.task, settings.plan)
     names = list(settings.name) or report_names(settings.plan, plans)
     # log to MLflow only when asked: --tracking-uri or $MLFLOW_TRACKING_URI

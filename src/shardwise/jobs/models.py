@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from shardwise.costmodel import NeuralCostModel
 from shardwise.errors import ShardwiseError
 from shardwise.integrations.mlflow import (
     MlflowService,
@@ -18,7 +17,9 @@ from shardwise.integrations.mlflow import (
     policy_name,
     redacted,
 )
-from shardwise.profiling import hardware_kind
+
+if TYPE_CHECKING:
+    from shardwise.costmodel import NeuralCostModel
 
 T = TypeVar("T")
 
@@ -61,6 +62,8 @@ def load_cost_model(
             return mlflow.load_cost_model(uri, device="cpu"), uri
         except (RegistryError, OSError, ValueError) as err:
             raise ShardwiseError(f"--model {uri}: cannot load the cost model: {err}") from None
+    from shardwise.profiling import hardware_kind  # torch: only when the champion is looked for
+
     default = champion_uri(cost_model_name(hardware_kind(device)))
     how = f"no cost model: {default} is not in the registry at {redacted(mlflow.registry_uri)}. {HOW_TO_GET_A_MODEL}"
     if not mlflow.store_exists():

@@ -8,11 +8,10 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
-from shardwise.costmodel import TrainConfig, format_table, train_cost_model
-from shardwise.costmodel.train import HELDOUT_TOP_DECILE_METRIC
+from shardwise.costmodel.train_config import HELDOUT_TOP_DECILE_METRIC, TrainConfig
 from shardwise.extras import require
 from shardwise.integrations.mlflow import MlflowService
-from shardwise.profiling import check_device_name, load_costs
+from shardwise.profiling import check_device_name
 from shardwise.workload import load_tables
 
 from .base import JobResult, JobSettings
@@ -104,6 +103,11 @@ class PretrainResult(JobResult):
 
 def run(settings: PretrainSettings, *, mlflow: MlflowService | None = None) -> PretrainResult:
     """Train, save, evaluate on held-out tables; log and register unless `no_register`."""
+    # training (torch, pandas, scipy) loads only when it runs: `pretrain --help` and a command line's mistakes
+    # answer without it
+    from shardwise.costmodel import format_table, train_cost_model
+    from shardwise.profiling import load_costs
+
     if not settings.no_register and mlflow is None:
         require("mlflow")  # said before training, not after
     costs = load_costs(list(settings.data))

@@ -8,9 +8,9 @@ import math
 from pydantic import Field, model_validator
 
 from shardwise.errors import ShardwiseError
-from shardwise.profiling import DeviceName, ProfileSettings, TimingProtocol, load_costs, noise_floor, profile
-from shardwise.profiling.caching import NEEDS_CUDA
+from shardwise.profiling import DeviceName, ProfileSettings, TimingProtocol
 from shardwise.profiling.protocol import CUDA_TIMER_HELP, CudaTimer, MeasurementSettings
+from shardwise.profiling.run_settings import NEEDS_CUDA
 from shardwise.workload import Optimizer, TableSet, WeightsPrecision, load_tables, read_dlrm_dataset
 
 from .base import JobResult, JobSettings
@@ -131,6 +131,9 @@ class ProfileInterrupted(ShardwiseError):
 
 def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult:
     """Sample shard configurations from the tables and measure them on this machine's kernels."""
+    # the profiling run and the dataset (torch, pandas) load only when it runs: `profile --help` answers without them
+    from shardwise.profiling import load_costs, noise_floor, profile
+
     tableset = load_tables(settings.tables)
     index_data = None
     if settings.indices:

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from shardwise.costmodel.types import CostModel
 from shardwise.errors import ShardwiseError
-from shardwise.evaluation import MeasuredPlanCost, evaluate_plans
+from shardwise.evaluation import MeasuredPlanCost
 from shardwise.extras import require
 from shardwise.integrations.mlflow import CHAMPION, MlflowService, RegistryError
 from shardwise.integrations.plan_registry import (
@@ -136,12 +136,15 @@ class PublishResult(JobResult):
 
 
 def run(settings: PublishSettings, *, mlflow: MlflowService | None = None,
-        measure: Measure = evaluate_plans, progress: bool = True) -> PublishResult:
-    """Plan, measure, register and gate every production task, in order (a failed task stops the run)."""
+        measure: Measure | None = None, progress: bool = True) -> PublishResult:
+    """Plan, measure, register and gate every production task, in order (a failed task stops the run); `measure`
+    defaults to `evaluation.evaluate_plans`."""
     if not settings.dry_run:
         require("mlflow")
+    from shardwise.evaluation import evaluate_plans  # the kernels (torch): not for `publish --help`
     from shardwise.integrations.torchrec.context import load_production_task  # torchrec: heavy, optional
 
+    measure = measure or evaluate_plans
     service = mlflow or MlflowService(settings.tracking_uri)
     paths = _local_copies(settings.task, Path(settings.out) / "tasks")
     productions = [load_production_task(path) for path in paths]  # every file refused before minutes of work

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from shardwise.evaluation import DLRMThroughput, measure_dlrm_throughputs
+from shardwise.evaluation import DLRMThroughput
 from shardwise.extras import require, require_fbgemm
 from shardwise.profiling import DeviceName
 from shardwise.workload.documents import refuse_directory, write_json_document
@@ -51,6 +51,9 @@ class ValidateResult(JobResult):
 
 def run(settings: ValidateSettings) -> ValidateResult:
     """Train under each plan with the same seeded batches, one process per device (the same processes for all)."""
+    # torch and torchrec load only when training: `validate --help` and a command line's mistakes answer without them
+    from shardwise.evaluation import measure_dlrm_throughputs
+
     task, plans = load_task_and_plans(settings.task, (settings.plan, *settings.compare))
     if settings.out:
         refuse_directory(settings.out, SettingsError)  # before the training runs, not after

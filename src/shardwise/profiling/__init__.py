@@ -2,7 +2,7 @@
 
 The dataset and the profiling run (pandas, pyarrow) load on first use of one of their names: planning needs
 neither. So do the kernels, the all-to-alls and the hardware's details (torch): a command's settings and options
-(MeasurementSettings, DeviceName) are built without them."""
+(MeasurementSettings, DeviceName, ProfileSettings in run_settings.py) are built without them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from shardwise.lazy import on_first_use
 
 from .devices import DeviceName, check_device_name
 from .protocol import CommPricing, MeasurementSettings, TimingProtocol
+from .run_settings import ProfileSettings
 from .schema import DATASET_FORMAT
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .dataset import append_rows, load_costs, noise_floor
     from .hardware import hardware_info, hardware_kind, resolve_device
     from .kernel import ComputeKernel, ShardTiming, calibrate_reference, measure_shard, resolve_timing
-    from .runner import ProfileSettings, ProfileSummary, profile
+    from .runner import ProfileSummary, profile
     from .sampling import sample_comm_layouts, sample_shard_configs
 
 #: the modules that load on first use of one of their names
@@ -34,7 +35,7 @@ __getattr__ = on_first_use(__name__, {
     "dataset": ("append_rows", "load_costs", "noise_floor"),
     "hardware": ("hardware_info", "hardware_kind", "resolve_device"),
     "kernel": ("ComputeKernel", "ShardTiming", "calibrate_reference", "measure_shard", "resolve_timing"),
-    "runner": ("ProfileSettings", "ProfileSummary", "profile"),
+    "runner": ("ProfileSummary", "profile"),
     "sampling": ("sample_comm_layouts", "sample_shard_configs"),
 })
 

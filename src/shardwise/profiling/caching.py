@@ -20,10 +20,8 @@ from shardwise.errors import ShardwiseError
 from shardwise.workload import TableSpec
 
 from .batches import sample_shard_batch, table_seeds
+from .run_settings import NEEDS_CUDA
 
-#: the one-line refusal where a shard in host memory is asked of a device without UVM
-NEEDS_CUDA = ("fused_uvm_caching needs a CUDA device: profile on a GPU node "
-              "(shardwise profile --device cuda --caching-shards N ...)")
 #: distinct batches of one distribution a caching shard's calls cycle through (steady training: each call's ids are
 #: new to the batch before); 8 at batch 65536 keep a few hundred MB of ids on the device at most
 ROTATION_BATCHES = 8
@@ -33,8 +31,6 @@ HIT_RATE_TOLERANCE = 0.005
 MAX_WARM_CYCLES = 16
 #: positions in fbgemm's UVM cache stats (its UVMCacheStatsIndex: calls, requested ids, distinct ids, distinct misses)
 UNIQUE_INDICES, UNIQUE_MISSES = 2, 3
-#: the load factors a profile times caching shards at (`--cache-load-factors`): TorchRec's default 0.2 and either side
-DEFAULT_CACHE_LOAD_FACTORS: tuple[float, ...] = (0.1, 0.2, 0.5)
 
 
 class _CyclingKernel(Protocol):
