@@ -136,10 +136,10 @@ def _real_models(doc: dict[str, Any]) -> str:
         def plan(key: str, label: str) -> Any:
             return value(doc, key, set=name, plan=label)
 
-        return (f"{_MODEL_SETS.get(name, name)} {plan('ratio_to_torchrec', 'champion')}x registered, "
-                f"{plan('ratio_to_torchrec', 'dropin')}x drop-in (planned in {plan('planning_s', 'dropin')} s, "
-                f"TorchRec {plan('planning_s', 'torchrec')} s; sessions {max(column(doc, 'ratio_moved', set=name))} "
-                "apart)")
+        return (f"{_MODEL_SETS.get(name, name)} {plan('ratio_to_torchrec', 'champion'):.3f}x registered, "
+                f"{plan('ratio_to_torchrec', 'dropin'):.3f}x unrefined drop-in ({plan('planning_s', 'dropin')} s to "
+                f"plan, TorchRec {plan('planning_s', 'torchrec')} s; sessions moved "
+                f"{max(column(doc, 'ratio_moved', set=name)):.3f})")
 
     return "; ".join(one(name) for name in dict.fromkeys(column(doc, "set")))
 

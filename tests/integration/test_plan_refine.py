@@ -53,11 +53,11 @@ REFINE_MARGIN_S = 10.0
 
 
 def test_plan_refine_returns_within_its_time_budget(tmp_path, capsys, monkeypatch, tiny_cost_model) -> None:
-    """50 timings per device shard and 50 rounds would measure for many minutes; `--refine-budget-s 12` stops them
+    """1,000 timings per device shard and 50 rounds would measure for many minutes on any machine; `--refine-budget-s 12` stops them
     (mid-session: the starts' own session is longer than the budget) and `plan` writes the plan measured fastest so
     far within the budget and a margin."""
     monkeypatch.setattr(plan_job, "MeasurementSettings", functools.partial(
-        MeasurementSettings, warmup_iters=1, timing_iters=3, timing_rounds=50, flush_mib=FLUSH_MIB))
+        MeasurementSettings, warmup_iters=1, timing_iters=3, timing_rounds=1000, flush_mib=FLUSH_MIB))
     tiny_cost_model[0].save(tmp_path / "model")
     tables = [TableSpec(name=f"h{i}", rows=20_000, dim=64, pooling_factor=30.0) for i in range(4)]
     tables += [TableSpec(name=f"l{i}", rows=500, dim=16, pooling_factor=1.0) for i in range(4)]

@@ -228,10 +228,10 @@ def test_the_real_models_headline_reads_the_rows_its_experiment_writes_and_leads
     headlines = make_results.recorded(make_results.PLACEMENT, list(docs)).headlines
     bullets = make_results.readme_bullets(headlines, docs)
     assert " ".join(bullets.split("\n- ")[0].split()) == (
-        "- **Real models, slowest device / TorchRec's planner's**: DLRM-DCNv2 0.962x registered, 1.013x drop-in "
-        "(planned in 12.31 s, TorchRec 1.12 s; sessions 0.012 apart); Criteo Kaggle DLRM 0.962x registered, 1.013x "
-        "drop-in (planned in 12.31 s, TorchRec 1.12 s; sessions 0.012 apart) (`real_models`, commit abc1234, "
-        "2026-11-23)")
+        "- **Real models, slowest device / TorchRec's planner's**: DLRM-DCNv2 0.962x registered, 1.013x unrefined "
+        "drop-in (12.31 s to plan, TorchRec 1.12 s; sessions moved 0.012); Criteo Kaggle DLRM 0.962x registered, "
+        "1.013x unrefined drop-in (12.31 s to plan, TorchRec 1.12 s; sessions moved 0.012) (`real_models`, commit "
+        "abc1234, 2026-11-23)")
     assert "torchrec_dropin" not in bullets  # its DCNv2 claim yields to the real models'
     assert len(make_results.with_bullets(README.read_text(), bullets).splitlines()) < 120  # test_docs' page budget
 
