@@ -21,7 +21,7 @@ from .data_parallel import (
 from .evaluate import regression_metrics, torchrec_estimates
 from .model import NeuralCostModel
 from .samples import all_reduce_points, compute_samples, dense_kernel_samples
-from .splits import _sources
+from .splits import shard_sources
 
 #: fewest measured dense kernels a model fits its data-parallel kernel line to (with fewer, the compute network
 #: prices them: `costmodel.data_parallel`)
@@ -37,8 +37,8 @@ def fit_data_parallel_kernel_rows(df: pd.DataFrame, model: NeuralCostModel, held
     rest and evaluated on them, as the compute network is; else 5-fold held-out over every kernel."""
     measured = dense_kernel_samples(df)
     held_set = set(heldout_sources)
-    apart = [m for m in measured if _sources(m[0]) <= held_set]
-    rest = [m for m in measured if not _sources(m[0]) & held_set]
+    apart = [m for m in measured if shard_sources(m[0]) <= held_set]
+    rest = [m for m in measured if not shard_sources(m[0]) & held_set]
     if apart and len(rest) >= MIN_DENSE_KERNELS:
         fitted = fit_data_parallel_kernel(rest, model.batch_size, hardware_kind=model.hardware_kind)
         predicted_ms = np.array([fitted.predict_ms(tables, d) for tables, d, _, _ in apart])
@@ -107,7 +107,7 @@ def fit_uvm_kernel_rows(df: pd.DataFrame, model: NeuralCostModel, heldout_source
     if not len(samples):
         return {}, pd.DataFrame()
     held_set = set(heldout_sources)
-    held = np.array([_sources(s) <= held_set for s in samples.shards])
+    held = np.array([shard_sources(s) <= held_set for s in samples.shards])
     kernels = np.array(["fused_uvm_caching" if any(t.compute_kernel == "fused_uvm_caching" for t in s) else "fused_uvm"
                         for s in samples.shards])
     train = np.flatnonzero(~held)

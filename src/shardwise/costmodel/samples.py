@@ -188,7 +188,8 @@ def all_reduce_points(df: pd.DataFrame, collective: str = "all_reduce") -> list[
         raise CostDataError(f"column {column!r} of {collective} rows must be finite and > 0")
     return [(int(d), int(size), float(v)) for (d, size), v in ms.items()]
 
-def _reference_ms(df: pd.DataFrame) -> float | None:
+def median_reference_ms(df: pd.DataFrame) -> float | None:
+    """The rows' median reference-kernel time (None where no row was normalised against one)."""
     if "reference_ms" not in df.columns:
         return None
     ref = pd.to_numeric(df["reference_ms"], errors="coerce")
@@ -202,7 +203,7 @@ def on_one_reference(df: pd.DataFrame) -> pd.DataFrame:
     ratios to the reference kernel times its own `reference_ms`, so they are rescaled to the rows' median
     reference_ms, the model's (`ModelMeta.reference_ms`, what plans are timed against). Rows without a reference
     (timed raw: CUDA, collectives) are left as they are."""
-    common = _reference_ms(df)
+    common = median_reference_ms(df)
     if common is None:
         return df
     ref = pd.to_numeric(df["reference_ms"], errors="coerce")

@@ -14,7 +14,8 @@ from .evaluate import ComputeSamples
 from .samples import CostDataError
 
 
-def _sources(shard: Sequence[TableSpec]) -> set[str]:
+def shard_sources(shard: Sequence[TableSpec]) -> set[str]:
+    """The source tables a shard's tables were cut from (a table cut from none is its own source)."""
     return {t.source or t.name for t in shard}
 
 
@@ -30,13 +31,13 @@ def pick_heldout_sources(samples: ComputeSamples, fraction: float, seed: int) ->
         return x
 
     for shard in samples.shards:
-        srcs = sorted(_sources(shard))
+        srcs = sorted(shard_sources(shard))
         for s in srcs[1:]:
             parent[find(s)] = find(srcs[0])
         find(srcs[0])
     comp_shards: dict[str, int] = {}
     for shard in samples.shards:
-        root = find(next(iter(_sources(shard))))
+        root = find(next(iter(shard_sources(shard))))
         comp_shards[root] = comp_shards.get(root, 0) + 1
     rng = np.random.default_rng(seed)
     target = fraction * len(samples)
@@ -88,7 +89,7 @@ def split_compute_samples(samples: ComputeSamples, seed: int, *, holdout_sources
     notes: list[str] = []
     heldout = holdout_sources if holdout_sources is not None else pick_heldout_sources(samples, holdout_fraction, seed)
     held = set(heldout)
-    srcs = [_sources(s) for s in samples.shards]
+    srcs = [shard_sources(s) for s in samples.shards]
     test_idx = [i for i, s in enumerate(srcs) if s <= held]
     # held-out row blocks (a row-wise table's share of one device) are evaluated apart: the held-out tables' figure,
     # which the promotion gate compares, stays the whole shards' it always was

@@ -41,11 +41,11 @@ from .samples import (
     COLLECTIVE_MS_COLUMN,
     CommSamples,
     CostDataError,
-    _reference_ms,
     check_cost_frame,
     comm_samples,
     compute_samples,
     dense_kernel_samples,
+    median_reference_ms,
     on_one_reference,
 )
 from .splits import ComputeSplit, pick_heldout_sources, split_comm_layouts, split_compute_samples
@@ -295,7 +295,7 @@ def _assembled_model(compute: _ComputeFit, comm: _CommFit | None, net_cfg: Netwo
     meta = ModelMeta(
         hardware_kind=hardware_kind,
         batch_size=batch_size,
-        reference_ms=_reference_ms(df),
+        reference_ms=median_reference_ms(df),
         compute_log_offset=(float(compute.log_offset[0]), float(compute.log_offset[1])),
         comm_log_offset=(float(comm_offset[0]), float(comm_offset[1])),
         info={"seed": seed, "train_shards": len(split.train), "heldout_sources": len(split.heldout_sources),
