@@ -137,11 +137,11 @@ def test_refinement_goes_on_from_the_fastest_start(fixed_all_to_all):
 def test_a_start_with_another_starts_layout_is_measured_once(fixed_all_to_all, monkeypatch):
     """The measured greedy and TorchRec's planner often give one layout (here the good start's, its devices numbered
     otherwise): measured once, the record names both at the same figure, and the time goes to the others."""
-    from shardwise.evaluation.refine import _Refiner
+    from shardwise.evaluation.refine import Refiner
 
     exchanged: list[int] = []  # layouts per all-to-all session
-    measure_comm = _Refiner.measure_comm
-    monkeypatch.setattr(_Refiner, "measure_comm",
+    measure_comm = Refiner.measure_comm
+    monkeypatch.setattr(Refiner, "measure_comm",
                         lambda self, layouts: (exchanged.append(len(layouts)), measure_comm(self, layouts))[1])
     task = _task()
     bad, good = _bad_and_good()
@@ -266,7 +266,7 @@ def test_row_blocks_are_counted_on_their_device_in_time_and_memory():
     """What a device pays for the tables on every device, beside its own shards: its row blocks' kernel (and the
     data-parallel replica's) measured per device, zero for a layout without them; a move that fits a device alone
     is refused where the device's row block leaves no room for it."""
-    from shardwise.evaluation.refine import _Layout, _Refiner
+    from shardwise.evaluation.refine import Layout, Refiner
     from shardwise.workload import shard_memory_bytes
 
     task = _row_wise_task()
@@ -274,30 +274,30 @@ def test_row_blocks_are_counted_on_their_device_in_time_and_memory():
     alone, beside = (shard_memory_bytes(tables, task.batch_size, task.optimizer, task.weights_precision)
                      for tables in ([h1], [h1, block]))
     task = _row_wise_task(device_memory_bytes=(alone + beside) // 2)  # h1 fits a device, not beside r's block
-    refiner = _Refiner(task, FeatureCostModel(), MEASUREMENT, progress=False, dataset=None, comm=None)
+    refiner = Refiner(task, FeatureCostModel(), MEASUREMENT, progress=False, dataset=None, comm=None)
     moved = [Shard(table="h1", col_offset=0, dim=64, device=1)]
     assert refiner.fits(moved, 1)
-    layout = _Layout([], data_parallel=("l0",), row_wise=("r",))
+    layout = Layout([], data_parallel=("l0",), row_wise=("r",))
     refiner.hold(layout)
     assert not refiner.fits(moved, 1)
     costs = refiner.beside(layout)
     assert costs.shape == (3,) and (costs > 0).all()
     assert refiner.beside(layout) is costs  # measured once per set of such tables
-    assert not refiner.beside(_Layout([])).any()
+    assert not refiner.beside(Layout([])).any()
 
 
 def test_a_refused_move_is_not_proposed_first_again_with_another_partner():
     """Refused rounds are remembered by their first move (shard and devices), so the next round tries something
     else rather than the same move with another shard swapped back."""
-    from shardwise.evaluation.refine import _Layout, _plan_round, _Refiner
+    from shardwise.evaluation.refine import Layout, Refiner, plan_round
 
     task = _task()
-    refiner = _Refiner(task, FeatureCostModel(), MEASUREMENT, progress=False, dataset=None, comm=None)
-    layout = _Layout([Shard(table="h0", col_offset=0, dim=64, device=0), Shard(table="h1", col_offset=0, dim=64, device=0),
+    refiner = Refiner(task, FeatureCostModel(), MEASUREMENT, progress=False, dataset=None, comm=None)
+    layout = Layout([Shard(table="h0", col_offset=0, dim=64, device=0), Shard(table="h1", col_offset=0, dim=64, device=0),
                       *(Shard(table=f"l{i}", col_offset=0, dim=16, device=1 + i % 2) for i in range(4))])
     measured, comm = [10.0, 2.0, 2.0], np.zeros(3)  # device 0 far the slowest: a move off it is promised a gain
-    _, first, _ = _plan_round(refiner, layout, measured, comm, refused=set())
-    _, again, _ = _plan_round(refiner, layout, measured, comm, refused={first[0].move})
+    _, first, _ = plan_round(refiner, layout, measured, comm, refused=set())
+    _, again, _ = plan_round(refiner, layout, measured, comm, refused={first[0].move})
     assert first and again and again[0].move != first[0].move
     assert first[0].description.startswith(first[0].move)
     assert all(not c.description.startswith(first[0].move) for c in again[:1])
@@ -353,20 +353,20 @@ def test_the_table_holding_the_slowest_device_up_is_found_from_predictions_or_me
     """A shard whose cost (the model's, scaled by its device's measured / predicted) is above the devices' mean
     kernel ms holds its device up wherever it goes: its table is to be split in twice its slices, where aligned
     slices and devices allow."""
-    from shardwise.evaluation.refine import _holding_up, _Layout, _Refiner
+    from shardwise.evaluation.refine import Layout, Refiner, holding_up
 
     task = _hot_task()
-    layout = _Layout(list(_hot_alone().shards))
-    refiner = _Refiner(task, FeatureCostModel(), MEASUREMENT, progress=False, dataset=None, comm=None)
+    layout = Layout(list(_hot_alone().shards))
+    refiner = Refiner(task, FeatureCostModel(), MEASUREMENT, progress=False, dataset=None, comm=None)
     predicted = list(refiner.predicted([layout.on(d) for d in range(3)]))
-    assert _holding_up(refiner, layout, predicted, 0) == ("hot", 2)  # by the model alone
-    assert _holding_up(refiner, layout, predicted, 1) is None  # light tables hold no device up
-    flat = _Refiner(task, _FlatModel(), MEASUREMENT, progress=False, dataset=None, comm=None)
+    assert holding_up(refiner, layout, predicted, 0) == ("hot", 2)  # by the model alone
+    assert holding_up(refiner, layout, predicted, 1) is None  # light tables hold no device up
+    flat = Refiner(task, _FlatModel(), MEASUREMENT, progress=False, dataset=None, comm=None)
     flat_predicted = list(flat.predicted([layout.on(d) for d in range(3)]))
-    assert _holding_up(flat, layout, flat_predicted, 0) is None  # the model sees no hot table
-    assert _holding_up(flat, layout, [10.0, 2.0, 2.0], 0) == ("hot", 2)  # the measurements do
-    halves = _Layout(list(_hot_split("hot", 2).shards))
-    assert _holding_up(refiner, halves, [10.0, 10.0, 1.0], 0) is None  # 4 slices of it would need 4 devices
+    assert holding_up(flat, layout, flat_predicted, 0) is None  # the model sees no hot table
+    assert holding_up(flat, layout, [10.0, 2.0, 2.0], 0) == ("hot", 2)  # the measurements do
+    halves = Layout(list(_hot_split("hot", 2).shards))
+    assert holding_up(refiner, halves, [10.0, 10.0, 1.0], 0) is None  # 4 slices of it would need 4 devices
 
 
 @pytest.mark.slow
@@ -416,8 +416,8 @@ def _scripted_sessions(monkeypatch, *sessions: list[float]) -> list[int]:
         return [[ms] * refiner.task.num_devices for ms in totals], [np.zeros(refiner.task.num_devices)] * len(
             layouts), list(totals)
 
-    monkeypatch.setattr(refine, "_side_by_side", side_by_side)
-    monkeypatch.setattr(refine, "_plan_round", lambda refiner, layout, measured, comm, refused: (layout, [], 0.0))
+    monkeypatch.setattr(refine, "side_by_side", side_by_side)
+    monkeypatch.setattr(refine, "plan_round", lambda refiner, layout, measured, comm, refused: (layout, [], 0.0))
     return seen
 
 
@@ -454,13 +454,13 @@ def test_a_refined_plan_is_measured_again_beside_the_starts_given_and_its_own_st
     bad, good = _bad_and_good()
     seen = _scripted_sessions(monkeypatch, [10.0, 10.1], [9.9, 10.0, 10.1], again)
     moved = [Shard(table="h1", col_offset=0, dim=64, device=1) if s.table == "h1" else s for s in bad.shards]
-    change = refine._Change("h1[0] 0->1", "h1[0] 0->1", (0, 1), [s for s in moved if s.device in (0, 1)],
+    change = refine.Change("h1[0] 0->1", "h1[0] 0->1", (0, 1), [s for s in moved if s.device in (0, 1)],
                             (9.0, 9.0), 9.0, 9.0)
-    monkeypatch.setattr(refine, "_plan_round", lambda refiner, layout, measured, comm, refused: (
-        refine._Layout(moved), [change], 9.0))
+    monkeypatch.setattr(refine, "plan_round", lambda refiner, layout, measured, comm, refused: (
+        refine.Layout(moved), [change], 9.0))
     # the round's paired figures (the two devices changed, then as they were) and no exchange: the change is kept
-    monkeypatch.setattr(refine._Refiner, "measure", lambda self, groups, first_round=False: [9.0, 9.0, 11.0, 11.0])
-    monkeypatch.setattr(refine._Refiner, "measure_comm", lambda self, layouts: [np.zeros(3) for _ in layouts])
+    monkeypatch.setattr(refine.Refiner, "measure", lambda self, groups, first_round=False: [9.0, 9.0, 11.0, 11.0])
+    monkeypatch.setattr(refine.Refiner, "measure_comm", lambda self, layouts: [np.zeros(3) for _ in layouts])
     refined, record = refine_plan(task, bad, FeatureCostModel(), MEASUREMENT, rounds=1, starts=[good],
                                   progress=False)
     assert seen == [2, 3, 3] and record.rounds[0].kept and record.start == "bad"

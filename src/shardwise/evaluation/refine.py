@@ -41,9 +41,9 @@ from shardwise.search.report import finish_plan
 from shardwise.search.simulator import simulate
 from shardwise.workload import ShardingTask
 
-from .refine_measure import Clock, OutOfTime, _distinct, _Layout, _layout_key, _Refiner, _side_by_side
-from .refine_moves import _Change as _Change  # re-exported: a round's change, as callers build one
-from .refine_moves import _holding_up, _plan_round, _split_change
+from .refine_measure import Clock, Layout, OutOfTime, Refiner, distinct_layouts, layout_key, side_by_side
+from .refine_moves import Change as Change  # re-exported: a round's change, as callers build one
+from .refine_moves import holding_up, plan_round, split_change
 from .refine_record import Refinement, RefinementRound
 
 #: a plan of the task with the named table split into this many column slices and the other tables placed around
@@ -153,14 +153,14 @@ def measure_side_by_side(task: ShardingTask, plans: Sequence[Plan], cost_model: 
     for plan in plans:
         validate_plan(plan, task)
     with _open_refiner(task, cost_model, measurement, progress, None) as refiner:
-        kernels, _, totals = _side_by_side(refiner, [_Layout.of(plan) for plan in plans])
+        kernels, _, totals = side_by_side(refiner, [Layout.of(plan) for plan in plans])
     return [(total, max(k)) for total, k in zip(totals, kernels, strict=True)]
 
 
 @contextlib.contextmanager
 def _open_refiner(task: ShardingTask, cost_model: CostModel, measurement: MeasurementSettings | None,
                   progress: bool, dataset: str | Path | None, exchange: bool = True,
-                  clock: Clock | None = None) -> Iterator[_Refiner]:
+                  clock: Clock | None = None) -> Iterator[Refiner]:
     """A refiner with its all-to-all process group open (none on one device, or without `exchange`), closed on
     the way out."""
     measurement = measurement or MeasurementSettings()
@@ -174,40 +174,40 @@ def _open_refiner(task: ShardingTask, cost_model: CostModel, measurement: Measur
             # its ranks leave the group in about half the time they took to join it (4 gloo ranks on 2 busy cores:
             # 12.8 s to join, 5.7 s to leave): the budget keeps that back, so refinement returns within it
             clock.closing_s = (time.perf_counter() - opening) / 2
-        yield _Refiner(task, cost_model, measurement, progress, dataset, session, clock)
+        yield Refiner(task, cost_model, measurement, progress, dataset, session, clock)
 
 
 
-def _start_candidates(refiner: _Refiner, plan: Plan, starts: Sequence[Plan],
-                      resplit: Resplit | None) -> tuple[list[tuple[str, _Layout]], set[tuple[str, int]]]:
+def _start_candidates(refiner: Refiner, plan: Plan, starts: Sequence[Plan],
+                      resplit: Resplit | None) -> tuple[list[tuple[str, Layout]], set[tuple[str, int]]]:
     """The plans refinement can start from, by method: the searched plan, the starts given and, with `resplit`,
     the searched plan with the table the model says holds its slowest device up split; the splits asked."""
     task = refiner.task
-    candidates = [(c.method, _Layout.of(c)) for c in (plan, *starts)]
+    candidates = [(c.method, Layout.of(c)) for c in (plan, *starts)]
     tried: set[tuple[str, int]] = set()  # the splits asked of `resplit`
     if resplit is not None:
         # a shard no move can balance, by the model: the search's plan with its table split is one more start
         searched = candidates[0][1]
         predicted = [float(ms) for ms in refiner.predicted([searched.on(d) for d in range(task.num_devices)])]
-        split = _holding_up(refiner, searched, predicted, int(np.argmax(predicted)))
+        split = holding_up(refiner, searched, predicted, int(np.argmax(predicted)))
         other = resplit(*split) if split is not None else None
         if split is not None:
             tried.add(split)
         if other is not None and split is not None:
             validate_plan(other, task)
             candidates.append((f"{plan.method} with {split[0]} in {split[1]}",
-                               _Layout.of(other)))
+                               Layout.of(other)))
     return candidates, tried
 
 
-def _try_split(refiner: _Refiner, layout: _Layout, measured: list[float], comm: np.ndarray, resplit: Resplit,
+def _try_split(refiner: Refiner, layout: Layout, measured: list[float], comm: np.ndarray, resplit: Resplit,
                tried: set[tuple[str, int]],
-               history: list[RefinementRound]) -> tuple[_Layout, list[float], np.ndarray]:
+               history: list[RefinementRound]) -> tuple[Layout, list[float], np.ndarray]:
     """The first round where a table's shard holds the measured slowest device up: the search's plan with that
     table split, kept where measured faster beside the layout; the layout, its kernel ms and ms beside them after."""
     task = refiner.task
     slowest = int((np.array(measured) + comm).argmax())
-    split = _holding_up(refiner, layout, measured, slowest)
+    split = holding_up(refiner, layout, measured, slowest)
     if split is not None and split not in tried:
         # a shard no move can balance, measured (the model under-predicted it): the search's plan with its table
         # split, measured beside the layout in one session (paired)
@@ -215,21 +215,21 @@ def _try_split(refiner: _Refiner, layout: _Layout, measured: list[float], comm: 
         other = resplit(*split)
         if other is None:
             history.append(RefinementRound(round=1, measured_max_ms=float(max(np.array(measured) + comm)),
-                                           slowest_device=slowest, change=f"{_split_change(split)}: none fits",
+                                           slowest_device=slowest, change=f"{split_change(split)}: none fits",
                                            seconds=time.perf_counter() - round_started))
         else:
             validate_plan(other, task)
-            trial = _Layout.of(other)
+            trial = Layout.of(other)
             try:
-                kernels, comms, paired = _side_by_side(refiner, [layout, trial])
+                kernels, comms, paired = side_by_side(refiner, [layout, trial])
             except OutOfTime:  # the split is left unmeasured; the rounds see the clock spent and stop
                 history.append(RefinementRound(round=1, measured_max_ms=float(max(np.array(measured) + comm)),
-                                               slowest_device=slowest, change=f"{_split_change(split)}: not measured",
+                                               slowest_device=slowest, change=f"{split_change(split)}: not measured",
                                                seconds=time.perf_counter() - round_started))
                 return layout, measured, comm
             kept = paired[1] < paired[0]
             history.append(RefinementRound(round=1, measured_max_ms=paired[0], slowest_device=slowest,
-                                           change=_split_change(split),
+                                           change=split_change(split),
                                            predicted_max_ms=other.extra.get("predicted", {}).get("max_cost_ms"),
                                            after_ms=paired[1], kept=kept, seconds=time.perf_counter() - round_started))
             if kept:
@@ -238,7 +238,7 @@ def _try_split(refiner: _Refiner, layout: _Layout, measured: list[float], comm: 
     return layout, measured, comm
 
 
-def _measure_change(refiner: _Refiner, layout: _Layout, trial: _Layout, touched: Sequence[int],
+def _measure_change(refiner: Refiner, layout: Layout, trial: Layout, touched: Sequence[int],
                     measured: list[float], comm: np.ndarray) -> tuple[list[float], np.ndarray, float, float]:
     """A round's changed layout measured paired with the layout as it is: the changed layout's kernel ms and ms
     beside them, the slowest device now and after the change."""
@@ -264,8 +264,8 @@ def _measure_change(refiner: _Refiner, layout: _Layout, trial: _Layout, touched:
     return trial_measured, trial_comm, now, after
 
 
-def _rounds(refiner: _Refiner, layout: _Layout, measured: list[float], comm: np.ndarray, rounds: int,
-            reserve_s: float, history: list[RefinementRound]) -> tuple[_Layout, list[float], np.ndarray, str]:
+def _rounds(refiner: Refiner, layout: Layout, measured: list[float], comm: np.ndarray, rounds: int,
+            reserve_s: float, history: list[RefinementRound]) -> tuple[Layout, list[float], np.ndarray, str]:
     """Up to `rounds` rounds of changes off the slowest devices, each kept where measured faster, none started where
     it and `reserve_s` (the final check's) would not fit in the budget; the layout, its kernel ms and ms beside them
     after, and why the rounds stopped."""
@@ -279,7 +279,7 @@ def _rounds(refiner: _Refiner, layout: _Layout, measured: list[float], comm: np.
         round_started = time.perf_counter()
         costs = np.array(measured) + comm
         slowest = int(costs.argmax())
-        trial, changes, predicted_max = _plan_round(refiner, layout, measured, comm, refused)
+        trial, changes, predicted_max = plan_round(refiner, layout, measured, comm, refused)
         if not changes or predicted_max >= costs.max():
             history.append(RefinementRound(round=len(history) + 1, measured_max_ms=float(costs.max()),
                                            slowest_device=slowest, change="",
@@ -319,12 +319,12 @@ def _rounds(refiner: _Refiner, layout: _Layout, measured: list[float], comm: np.
     return layout, measured, comm, stopped
 
 
-def _measured_again(refiner: _Refiner, layout: _Layout, candidates: Sequence[tuple[str, _Layout]],
-                    best: int) -> tuple[_Layout, float, float, str]:
+def _measured_again(refiner: Refiner, layout: Layout, candidates: Sequence[tuple[str, Layout]],
+                    best: int) -> tuple[Layout, float, float, str]:
     """The refined layout measured once more beside every start, in one paired session: the fastest layout, the
     start's and the fastest's slowest device there, and what to add to why refinement stopped."""
     layouts = [layout, *(c for _, c in candidates)]
-    final = _side_by_side(refiner, layouts, first_round=True)[2]
+    final = side_by_side(refiner, layouts, first_round=True)[2]
     after_ms, before = final[0], final[1 + best]
     if (fastest := int(np.argmin(final))) > 0:
         return layouts[fastest], before, final[fastest], (
@@ -333,10 +333,10 @@ def _measured_again(refiner: _Refiner, layout: _Layout, candidates: Sequence[tup
     return layout, before, after_ms, ""
 
 
-def _confirmed_beside_starts(refiner: _Refiner, plan: Plan, starts: Sequence[Plan],
-                             candidates: Sequence[tuple[str, _Layout]], same_as: dict[str, str], best: int,
-                             layout: _Layout, before: float,
-                             after_ms: float) -> tuple[_Layout, float, float, str]:
+def _confirmed_beside_starts(refiner: Refiner, plan: Plan, starts: Sequence[Plan],
+                             candidates: Sequence[tuple[str, Layout]], same_as: dict[str, str], best: int,
+                             layout: Layout, before: float,
+                             after_ms: float) -> tuple[Layout, float, float, str]:
     """Where the plan departs from the starts given, it measured again beside them (and the start `before` is of):
     the fastest layout there, the start's and the fastest's slowest device, and what to add to why refinement
     stopped; the layout and figures as they are otherwise."""
@@ -344,20 +344,20 @@ def _confirmed_beside_starts(refiner: _Refiner, plan: Plan, starts: Sequence[Pla
     names = {same_as.get(s.method, s.method) for s in starts}  # a start given, or the candidate measured for it
     given = [(m, c) for m, c in candidates if m in names]
     session = [(f"{plan.method}+refine", layout), *given]
-    keys = [_layout_key(c, task.num_devices) for _, c in session]
+    keys = [layout_key(c, task.num_devices) for _, c in session]
     if not given or keys[0] in keys[1:]:
         return layout, before, after_ms, ""
     # the plan departs from the starts given (the measured greedy's, say) only where a second paired session
     # agrees that it is faster: one session's win within noise can measure slower in the next (record
     # `plan_quality_types`). The session has the start before_ms is of too, where it is neither; the fastest
     # there is returned, before_ms and after_ms both from it (so after <= before)
-    start_key = _layout_key(candidates[best][1], task.num_devices)
+    start_key = layout_key(candidates[best][1], task.num_devices)
     if start_key not in keys:
         session.append(candidates[best])
         keys.append(start_key)
     if refiner.clock.spent():
         return layout, before, after_ms, "; no time was left for a second session to confirm it faster than the starts"
-    confirm = _side_by_side(refiner, [c for _, c in session], first_round=True)[2]
+    confirm = side_by_side(refiner, [c for _, c in session], first_round=True)[2]
     before = confirm[keys.index(start_key)]
     fastest = int(np.argmin(confirm))
     (name, layout), after_ms = session[fastest], confirm[fastest]
@@ -370,7 +370,7 @@ def _confirmed_beside_starts(refiner: _Refiner, plan: Plan, starts: Sequence[Pla
         f"({confirm[0]:.3f} ms against {min(confirm[1:len(given) + 1]):.3f})")
 
 
-def _refined_plan(refiner: _Refiner, plan: Plan, layout: _Layout, record: Refinement, rounds: int,
+def _refined_plan(refiner: Refiner, plan: Plan, layout: Layout, record: Refinement, rounds: int,
                   time_budget_s: float | None) -> tuple[Plan, Refinement]:
     """The returned layout as a plan, its refinement record in `extra["refinement"]`."""
     shards = tuple(sorted(layout.shards, key=lambda s: (s.table, s.col_offset)))
@@ -383,16 +383,16 @@ def _refined_plan(refiner: _Refiner, plan: Plan, layout: _Layout, record: Refine
     return refined.model_copy(update={"extra": {**refined.extra, "refinement": record.model_dump()}}), record
 
 
-def _refine(refiner: _Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, resplit: Resplit | None,
+def _refine(refiner: Refiner, plan: Plan, starts: Sequence[Plan], rounds: int, resplit: Resplit | None,
             left_out: dict[str, str]) -> tuple[Plan, Refinement]:
     """The phases of refinement: the starts measured side by side, a table split, the rounds, the refined layout
     measured again beside the starts, the plan returned and its record."""
     clock = refiner.clock
     candidates, tried = _start_candidates(refiner, plan, starts, resplit)
     # a start with another's layout (the measured greedy and TorchRec's planner often agree) is measured once
-    candidates, same_as = _distinct(candidates, refiner.task.num_devices)
+    candidates, same_as = distinct_layouts(candidates, refiner.task.num_devices)
     # the start and the slowest device are chosen on measured kernels and exchanges, every start's side by side
-    measured_of, comm_of, totals = _side_by_side(refiner, [layout for _, layout in candidates], first_round=True)
+    measured_of, comm_of, totals = side_by_side(refiner, [layout for _, layout in candidates], first_round=True)
     # the final check measures the refined layout beside every start: the rounds leave it at least its first timing
     reserve_s = refiner.first_round_s(len(candidates) + 1)
     best = int(np.argmin(totals))

@@ -1,6 +1,6 @@
-"""The refiner's measuring of a layout: a plan's shards as refinement changes them (`_Layout`), each device's
-kernels, all-to-all and tables on every device timed on this machine (`_Refiner`), layouts measured side by side in
-one session (`_side_by_side`), and refinement's clock (`Clock`), read between every two shard timings."""
+"""The refiner's measuring of a layout: a plan's shards as refinement changes them (`Layout`), each device's
+kernels, all-to-all and tables on every device timed on this machine (`Refiner`), layouts measured side by side in
+one session (`side_by_side`), and refinement's clock (`Clock`), read between every two shard timings."""
 
 from __future__ import annotations
 
@@ -67,13 +67,15 @@ class Clock:
 
 
 @dataclass
-class _Layout:
+class Layout:
+    """A plan's shards as refinement changes them, and the tables on every device as the plan has them."""
+
     shards: list[Shard]
     data_parallel: tuple[str, ...] = ()  #: kept as the plan has them
     row_wise: tuple[str, ...] = ()  #: kept as the plan has them
 
     @classmethod
-    def of(cls, plan: Plan) -> _Layout:
+    def of(cls, plan: Plan) -> Layout:
         return cls(list(plan.shards), plan.data_parallel, plan.row_wise)
 
     @property
@@ -85,22 +87,22 @@ class _Layout:
         return [s for s in self.shards if s.device == device]
 
 
-def _layout_key(layout: _Layout, num_devices: int) -> tuple[object, ...]:
+def layout_key(layout: Layout, num_devices: int) -> tuple[object, ...]:
     """What makes two layouts the same plan: each device's column slices (devices are alike, so in any order) and
     the tables on every device."""
     groups = sorted(tuple(sorted((s.table, s.col_offset, s.dim) for s in layout.on(d))) for d in range(num_devices))
     return (tuple(groups), *(tuple(sorted(names)) for names in layout.everywhere))
 
 
-def _distinct(candidates: Sequence[tuple[str, _Layout]],
-              num_devices: int) -> tuple[list[tuple[str, _Layout]], dict[str, str]]:
+def distinct_layouts(candidates: Sequence[tuple[str, Layout]],
+                     num_devices: int) -> tuple[list[tuple[str, Layout]], dict[str, str]]:
     """The candidates with one of each layout (devices are alike: the same groups on other devices are the same
     layout), and which start was left out as the same as which."""
-    kept: list[tuple[str, _Layout]] = []
+    kept: list[tuple[str, Layout]] = []
     seen: dict[object, str] = {}
     same_as: dict[str, str] = {}
     for name, layout in candidates:
-        key = _layout_key(layout, num_devices)
+        key = layout_key(layout, num_devices)
         if key in seen:
             same_as[name] = seen[key]
         else:
@@ -113,7 +115,9 @@ def _specs(shards: Sequence[Shard], task: ShardingTask) -> list[TableSpec]:
     return [s.spec(task.table(s.table)) for s in shards]
 
 
-class _Refiner:
+class Refiner:
+    """Times layouts' kernels, all-to-alls and tables on every device on this machine, on refinement's clock."""
+
     def __init__(self, task: ShardingTask, cost_model: CostModel, measurement: MeasurementSettings,
                  progress: bool, dataset: str | Path | None, comm: AllToAllSession | None,
                  clock: Clock | None = None) -> None:
@@ -141,13 +145,13 @@ class _Refiner:
         self.blocks: list[list[TableSpec]] = [[] for _ in range(task.num_devices)]
         self._beside: dict[tuple[tuple[str, ...], tuple[str, ...]], np.ndarray] = {}
 
-    def hold(self, layout: _Layout) -> None:
+    def hold(self, layout: Layout) -> None:
         """Memory checks from now on leave room for `layout`'s data-parallel replicas and each device's row blocks."""
         task = self.task
         self.reserved_bytes = data_parallel_bytes([task.table(n) for n in layout.data_parallel], task)
         self.blocks = row_blocks([task.table(n) for n in layout.row_wise], task.num_devices)
 
-    def beside(self, layout: _Layout) -> np.ndarray:
+    def beside(self, layout: Layout) -> np.ndarray:
         """Measured ms each device pays for `layout`'s tables on every device, beside its own shards: the
         data-parallel tables' dense kernel on the local batch and their gradients' all-reduce (the same on every
         device), the device's row blocks' kernel at the batch and the row-wise collectives; kernels the median over
@@ -235,10 +239,10 @@ class _Refiner:
     def predicted(self, groups: Sequence[Sequence[Shard]]) -> np.ndarray:
         return self.cache.compute_ms([_specs(g, self.task) for g in groups]).sum(axis=1)
 
-    def widths(self, layout: _Layout) -> list[int]:
+    def widths(self, layout: Layout) -> list[int]:
         return [sum(s.dim for s in layout.on(d)) for d in range(self.task.num_devices)]
 
-    def measure_comm(self, layouts: Sequence[_Layout]) -> list[np.ndarray]:
+    def measure_comm(self, layouts: Sequence[Layout]) -> list[np.ndarray]:
         """Each layout's ms per device beside its own shards' kernels: the fwd + bwd all-to-all, interleaved in the
         session's process group and priced over these layouts as the measurement's `comm_pricing` says (none on one
         device), and its tables on every device (`beside`)."""
@@ -270,11 +274,11 @@ class _Refiner:
             task.weights_precision) <= task.device_memory_bytes - self.reserved_bytes
 
 
-def _side_by_side(refiner: _Refiner, layouts: Sequence[_Layout], *,
-                  first_round: bool = False) -> tuple[list[list[float]], list[np.ndarray], list[float]]:
+def side_by_side(refiner: Refiner, layouts: Sequence[Layout], *,
+                 first_round: bool = False) -> tuple[list[list[float]], list[np.ndarray], list[float]]:
     """Layouts measured in one session, kernels interleaved then all-to-alls interleaved, so their figures compare:
     each one's per-device kernel ms, per-device ms beside them (exchange, tables on every device) and slowest
-    device. The clock as `_Refiner.measure` reads it (`first_round`: the session refinement starts from, cut short
+    device. The clock as `Refiner.measure` reads it (`first_round`: the session refinement starts from, cut short
     but never empty)."""
     n = refiner.task.num_devices
     timed = refiner.measure([layout.on(d) for layout in layouts for d in range(n)], first_round=first_round)

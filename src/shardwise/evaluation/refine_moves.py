@@ -1,6 +1,6 @@
 """The changes a refinement round can make, priced by the corrected model: moves and swaps of one shard off the
-slowest device (`_candidates`), a round's chain of them (`_plan_round`), and the table whose shard alone holds the
-slowest device up, to be split (`_holding_up`)."""
+slowest device (`_candidates`), a round's chain of them (`plan_round`), and the table whose shard alone holds the
+slowest device up, to be split (`holding_up`)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import numpy as np
 from shardwise.search.plan import Shard
 from shardwise.workload.tables import DIM_ALIGNMENT
 
-from .refine_measure import _Layout, _Refiner
+from .refine_measure import Layout, Refiner
 
 
 @dataclass(frozen=True)
-class _Change:
+class Change:
     """A move of one shard off a device (or a swap with another device's shard), priced by the corrected model."""
 
     description: str  #: "t3[0] 0->2" (a move) or "t3[0] 0->2, t7[0] 2->0" (a swap)
@@ -28,8 +28,8 @@ class _Change:
     max_ms: float  #: the corrected slowest device of the whole plan after it
 
 
-def _candidates(refiner: _Refiner, layout: _Layout, compute: Sequence[float], comm: np.ndarray,
-                slowest: int, exclude: Collection[int] = ()) -> list[_Change]:
+def _candidates(refiner: Refiner, layout: Layout, compute: Sequence[float], comm: np.ndarray,
+                slowest: int, exclude: Collection[int] = ()) -> list[Change]:
     """Moves and swaps off the slowest device to any device but `exclude`, with their corrected predictions, best
     first (one cost-model call for all of them). `compute` is each device's compute, measured (or predicted, for a
     device changed earlier in the round); the model's prediction of a changed device is scaled by that device's
@@ -63,14 +63,14 @@ def _candidates(refiner: _Refiner, layout: _Layout, compute: Sequence[float], co
         a_ms, b_ms = float(a_ms * residual[slowest]), float(b_ms * residual[other])
         new = costs.copy()
         new[slowest], new[other] = a_ms + comm[slowest], b_ms + comm[other]
-        found.append(_Change(change, move, (slowest, other), [*a_shards, *b_shards], (a_ms, b_ms),
-                             float(max(new[slowest], new[other])), float(new.max())))
+        found.append(Change(change, move, (slowest, other), [*a_shards, *b_shards], (a_ms, b_ms),
+                            float(max(new[slowest], new[other])), float(new.max())))
     found.sort(key=lambda c: (c.max_ms, c.pair_ms))
     return found
 
 
-def _plan_round(refiner: _Refiner, layout: _Layout, measured: Sequence[float], comm: np.ndarray,
-                refused: set[str]) -> tuple[_Layout, list[_Change], float]:
+def plan_round(refiner: Refiner, layout: Layout, measured: Sequence[float], comm: np.ndarray,
+               refused: set[str]) -> tuple[Layout, list[Change], float]:
     """One round's changes, on corrected predictions: relieve the slowest device, then the next slowest, ... while
     each change lowers the device it relieves without loading another to that level. Several devices within noise
     of the slowest are common (8 devices, a balanced start): a single move off one of them cannot lower the plan's
@@ -79,7 +79,7 @@ def _plan_round(refiner: _Refiner, layout: _Layout, measured: Sequence[float], c
     Returns the changed layout, the changes and the predicted slowest device. `refused`: first changes of rounds
     the measurements refused, not proposed first again (with any partner)."""
     compute = list(measured)
-    changes: list[_Change] = []
+    changes: list[Change] = []
     touched: set[int] = set()
     while True:
         costs = np.array(compute) + comm
@@ -91,8 +91,8 @@ def _plan_round(refiner: _Refiner, layout: _Layout, measured: Sequence[float], c
         if not options:
             break
         change = options[0]
-        layout = _Layout([s for s in layout.shards if s.device not in change.devices] + change.shards,
-                         layout.data_parallel, layout.row_wise)
+        layout = Layout([s for s in layout.shards if s.device not in change.devices] + change.shards,
+                        layout.data_parallel, layout.row_wise)
         (a, b), (a_ms, b_ms) = change.devices, change.compute_ms
         compute[a], compute[b] = a_ms, b_ms
         touched.update(change.devices)
@@ -100,7 +100,7 @@ def _plan_round(refiner: _Refiner, layout: _Layout, measured: Sequence[float], c
     return layout, changes, float(max(np.array(compute) + comm))
 
 
-def _holding_up(refiner: _Refiner, layout: _Layout, kernel_ms: Sequence[float], slowest: int) -> tuple[str, int] | None:
+def holding_up(refiner: Refiner, layout: Layout, kernel_ms: Sequence[float], slowest: int) -> tuple[str, int] | None:
     """The table whose shard keeps device `slowest` above the mean, and the column slices to split it into: the
     device's costliest shard alone by the model, scaled by the device's residual (its `kernel_ms`, measured or
     predicted, over the model's prediction), where that is more than the devices' mean `kernel_ms` and the table
@@ -121,5 +121,6 @@ def _holding_up(refiner: _Refiner, layout: _Layout, kernel_ms: Sequence[float], 
     return shard.table, pieces
 
 
-def _split_change(split: tuple[str, int]) -> str:
+def split_change(split: tuple[str, int]) -> str:
+    """A split's change as a round records it: the table and its column slices."""
     return f"{split[0]} split into {split[1]} column slices, the other tables searched around them"
