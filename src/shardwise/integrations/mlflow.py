@@ -35,16 +35,16 @@ from shardwise.errors import ServiceError, ShardwiseError, redacted
 from . import promotion as gate
 from .mlflow_process import (
     PARAM_CHARS,
-    _bounded,
-    _finite,
-    _first_line,
-    _local_store_missing,
-    _params,
-    _process_uris,
-    _quiet_mlflow_prints,
+    bounded,
     check_servers,
+    first_line,
+    local_store_missing,
     local_store_path,
+    mlflow_metrics,
+    mlflow_params,
     open_client,
+    process_uris,
+    quiet_mlflow_prints,
     server_failure,
 )
 from .mlflow_registry import (
@@ -119,7 +119,8 @@ class MlflowService:
     def __repr__(self) -> str:
         return f"MlflowService(tracking_uri={redacted(self.tracking_uri)!r}, registry_uri={redacted(self.registry_uri)!r})"
 
-    def _stores(self) -> str:
+    def stores(self) -> str:
+        """The tracking store and, where another, the registry, as errors name them (credentials redacted)."""
         if self.registry_uri == self.tracking_uri:
             return redacted(self.tracking_uri)
         return f"{redacted(self.tracking_uri)} (registry {redacted(self.registry_uri)})"
@@ -127,9 +128,9 @@ class MlflowService:
     def store_exists(self) -> bool:
         """False when the tracking or registry store is an embedded sqlite file (or file store) that does not
         exist: looking in it would create it."""
-        return not (_local_store_missing(self.tracking_uri) or _local_store_missing(self.registry_uri))
+        return not (local_store_missing(self.tracking_uri) or local_store_missing(self.registry_uri))
 
-    @_bounded
+    @bounded
     def local_folders(self) -> list[Path]:
         """The folders on this machine the store keeps its data in: an embedded store's own folder and its
         experiments' local artifact folders (none for a server or an object store)."""
@@ -147,7 +148,7 @@ class MlflowService:
 
     def _client(self) -> MlflowClient:
         self._check_servers()  # before importing MLflow: a server that is down is said in seconds
-        return open_client(self.tracking_uri, self.registry_uri, self._stores())
+        return open_client(self.tracking_uri, self.registry_uri, self.stores())
 
     def _check_servers(self) -> None:
         """A one-line ServiceError now, within the service timeout, if a tracking or registry server is down
@@ -159,14 +160,14 @@ class MlflowService:
     def _failure(self, uri: str, err: Exception) -> ShardwiseError:
         """What an MLflow error while fetching `uri` means: a server that cannot be reached or refused who asked
         (a ServiceError), else what the store answered is not there (a RegistryError)."""
-        failure = server_failure(uri, err, self.tracking_uri, self.registry_uri, self._stores())
+        failure = server_failure(uri, err, self.tracking_uri, self.registry_uri, self.stores())
         if failure is not None:
             return failure
-        text = redacted(_first_line(err))
-        return RegistryError(f"{uri}: not found in {self._stores()} ({text}); {_how_to_register(model_name(uri))}")
+        text = redacted(first_line(err))
+        return RegistryError(f"{uri}: not found in {self.stores()} ({text}); {_how_to_register(model_name(uri))}")
 
     # -- loading ------------------------------------------------------------------------------------------------
-    @_bounded
+    @bounded
     def load(self, uri: str | Path, load_dir: Callable[[Path], T]) -> T:
         """`load_dir(local directory)` for a directory, "models:/<name>@<alias>", "models:/<name>/<version>",
         a logged model's "models:/<id>", "runs:/<id>/<path>" or an artifact URI. A registered version (the
@@ -197,7 +198,7 @@ class MlflowService:
         """A RegistryError naming `uri` where the store is a local file that does not exist (looking would make it)."""
         if not self.store_exists():
             raise RegistryError(
-                f"{uri}: no MLflow store at {self._stores()} (the file does not exist); "
+                f"{uri}: no MLflow store at {self.stores()} (the file does not exist); "
                 f"{_how_to_register(model_name(uri))}, or pass --tracking-uri of the store that has it"
             )
 
@@ -216,7 +217,7 @@ class MlflowService:
             files = cache.put(ref, lambda target: self._fetch(uri, ref, target))
         return load_dir(files / (path or "").lstrip("/"))
 
-    @_bounded
+    @bounded
     def registered_version(self, name: str, *, alias: str | None = None,
                            version: str | None = None) -> RegisteredVersion:
         """The version `alias` (or number `version`) of `name`: what the local cache keys its files by."""
@@ -233,7 +234,7 @@ class MlflowService:
         try:
             found = find_version(self.registry_uri, name, alias=alias, version=version)
         except RegistryError as err:
-            raise RegistryError(f"{uri}: not found in {self._stores()} ({err}); {_how_to_register(name)}") from None
+            raise RegistryError(f"{uri}: not found in {self.stores()} ({err}); {_how_to_register(name)}") from None
         except ServiceError as err:  # the same one line, saying what was being looked up
             raise type(err)(f"{uri}: {err}") from None
         if found is not None:
@@ -307,7 +308,7 @@ class MlflowService:
             else:  # models:/<model id>: a logged model (what pyfunc.log_model returns)
                 location = client.get_logged_model(name).artifact_location
             uri = location.rstrip("/") + path
-        raise RegistryError(f"{original}: models:/ URIs point at each other more than 4 deep in {self._stores()}")
+        raise RegistryError(f"{original}: models:/ URIs point at each other more than 4 deep in {self.stores()}")
 
     def load_cost_model(self, uri: str | Path, device: str = "cpu") -> NeuralCostModel:
         """A ready cost model from a directory, "models:/<name>@<alias>", "models:/<name>/<version>" or
@@ -325,12 +326,12 @@ class MlflowService:
         client = self._client()
         found = client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found is not None else client.create_experiment(experiment)
-        with _quiet_mlflow_prints(), _process_uris(self.tracking_uri, self.registry_uri), mlflow.start_run(
+        with quiet_mlflow_prints(), process_uris(self.tracking_uri, self.registry_uri), mlflow.start_run(
             experiment_id=experiment_id, run_name=run_name
         ) as run:
             yield run
 
-    @_bounded
+    @bounded
     def log_run(
         self,
         *,
@@ -345,13 +346,13 @@ class MlflowService:
         import mlflow  # heavy: only when logging
 
         with self._run(experiment, run_name) as run:
-            mlflow.log_params(_params(params))
-            mlflow.log_metrics(_finite(metrics))
+            mlflow.log_params(mlflow_params(params))
+            mlflow.log_metrics(mlflow_metrics(metrics))
             if artifacts_dir is not None:
                 mlflow.log_artifacts(str(artifacts_dir), artifact_path=artifact_path)
             return str(run.info.run_id)
 
-    @_bounded
+    @bounded
     def log_cost_model(
         self,
         model: NeuralCostModel,
@@ -384,10 +385,10 @@ class MlflowService:
         }
         name = cost_model_name(report.hardware_kind)
         with tempfile.TemporaryDirectory(prefix="shardwise-log-") as tmp, self._run(PRETRAIN_EXPERIMENT, None) as run:
-            mlflow.log_params(_params(logged))
+            mlflow.log_params(mlflow_params(logged))
             mlflow.set_tags(dict(tags or {}))
-            mlflow.log_metrics(_finite({**report.metrics, "epochs_run": report.epochs_run,
-                                        "best_val_log_mse": report.best_val_loss}))
+            mlflow.log_metrics(mlflow_metrics({**report.metrics, "epochs_run": report.epochs_run,
+                                               "best_val_log_mse": report.best_val_loss}))
             mlflow.log_text(report.evaluation.to_csv(index=False), "evaluation/evaluation.csv")
             mlflow.log_text(format_table(report.evaluation) + "\n", "evaluation/evaluation.txt")
             model_dir = model.save(Path(tmp) / FILES_PATH)
@@ -421,7 +422,7 @@ class MlflowService:
         )
         return LoggedRun(run_id, info.model_uri, promotion)
 
-    @_bounded
+    @bounded
     def log_policy(
         self,
         policy_dir: Path,
@@ -443,11 +444,11 @@ class MlflowService:
         if not (policy_dir / POLICY_FILE).is_file():
             raise ShardwiseError(f"{policy_dir}: no {POLICY_FILE} (not a saved placement policy); nothing logged")
         with self._run(POLICY_EXPERIMENT, f"train-{method}") as run:
-            mlflow.log_params(_params({"method": method, "hardware_kind": hardware_kind, **params}))
+            mlflow.log_params(mlflow_params({"method": method, "hardware_kind": hardware_kind, **params}))
             for step, row in enumerate(history):
-                mlflow.log_metrics(_finite(row), step=step)
+                mlflow.log_metrics(mlflow_metrics(row), step=step)
             mlflow.log_text(json.dumps(history, indent=1), "training/history.json")  # with any NaN
-            mlflow.log_metrics(_finite({POLICY_METRIC: validation_cost}))
+            mlflow.log_metrics(mlflow_metrics({POLICY_METRIC: validation_cost}))
             mlflow.log_artifacts(str(policy_dir), POLICY_PATH)
             run_id, artifact_uri = str(run.info.run_id), str(run.info.artifact_uri)
         model_uri = f"runs:/{run_id}/{POLICY_PATH}"
@@ -460,7 +461,7 @@ class MlflowService:
                                  champion_value=champion_value)
         return LoggedRun(run_id, model_uri, promotion)
 
-    @_bounded
+    @bounded
     def register_version(self, name: str, source: str, run_id: str, *, description: str,
                          tags: Mapping[str, str] | None = None) -> str:
         """A new version of registered model `name` (created where missing) from a run's artifacts at `source`,
@@ -474,13 +475,13 @@ class MlflowService:
             client.create_registered_model(name, description=description)
         return str(client.create_model_version(name, source=source, run_id=run_id, tags=dict(tags or {})).version)
 
-    @_bounded
+    @bounded
     def artifact_uri(self, run_id: str) -> str:
         """Where run `run_id` keeps its artifacts."""
         return str(self._client().get_run(run_id).info.artifact_uri)
 
     # -- the promotion gate -------------------------------------------------------------------------------------
-    @_bounded
+    @bounded
     def promote(
         self,
         name: str,
@@ -496,7 +497,7 @@ class MlflowService:
         `min_gain` of it (and it is no worse on each of `guards`), else `challenger`, keeping the evidence on the
         version and its run (`promotion.promote` says how)."""
         return gate.promote(self._client(), name, version, metric=metric, new_value=new_value,
-                           champion_value=champion_value, stores=self._stores(), min_gain=min_gain, guards=guards)
+                           champion_value=champion_value, stores=self.stores(), min_gain=min_gain, guards=guards)
 
 
 def _find_cost_model_dir(root: Path) -> Path:

@@ -2,12 +2,12 @@
 
 MLflow reads its settings from the process: its tracking and registry URIs are process-wide (the fluent API reads
 only those), its HTTP retries and telemetry come from the environment, and it prints its own lines. Each is set
-for a block and put back after (`_process_uris`, `_bounded_http`, `_quiet_mlflow_prints`). A tracking server is
+for a block and put back after (`process_uris`, `_bounded_http`, `quiet_mlflow_prints`). A tracking server is
 asked whether it is up before MLflow's first call to it (`check_servers`), and one that is down, refuses who asks
-or stops answering is one ServiceError line (`server_failure`, `_bounded`), not minutes of retries. An embedded
+or stops answering is one ServiceError line (`server_failure`, `bounded`), not minutes of retries. An embedded
 sqlite store is made whole or not at all (`_create_sqlite_store`); a database store whose driver is missing or
-that does not answer is one StoreError (`open_client`). What MLflow is given is what it takes (`_params`,
-`_finite`)."""
+that does not answer is one StoreError (`open_client`). What MLflow is given is what it takes (`mlflow_params`,
+`mlflow_metrics`)."""
 
 from __future__ import annotations
 
@@ -43,17 +43,20 @@ P = ParamSpec("P")
 PARAM_CHARS = 500  # MLflow's limit on a param value's length (older servers)
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
+    """An error's first line (its type's name where it has no message)."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def _finite(values: Mapping[str, Any]) -> dict[str, float]:
+def mlflow_metrics(values: Mapping[str, Any]) -> dict[str, float]:
+    """The values MLflow takes as metrics: finite numbers (not booleans), as floats."""
     return {k: float(v) for k, v in values.items()
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def _params(values: Mapping[str, Any]) -> dict[str, str]:
+def mlflow_params(values: Mapping[str, Any]) -> dict[str, str]:
+    """The values as MLflow takes params: strings of at most PARAM_CHARS."""
     return {k: str(v)[:PARAM_CHARS] for k, v in values.items()}
 
 
@@ -72,7 +75,7 @@ def local_store_path(uri: str) -> Path | None:
     return None
 
 
-def _local_store_missing(uri: str) -> bool:
+def local_store_missing(uri: str) -> bool:
     """True for an embedded store (sqlite file, file-store directory) that does not exist: opening it would
     create it."""
     path = local_store_path(uri)
@@ -141,13 +144,13 @@ def open_client(tracking_uri: str, registry_uri: str, stores: str) -> MlflowClie
                     sign in str(err) for sign in _HALF_BUILT):
                 hint = ("; its tables are half made (a process killed while MLflow created or upgraded it): a store "
                         "that was new holds no runs, move it aside and run again; else restore it from a backup")
-            raise StoreError(f"cannot open the MLflow store {stores}: {redacted(_first_line(err))}"
+            raise StoreError(f"cannot open the MLflow store {stores}: {redacted(first_line(err))}"
                              f"{hint}") from None
         raise
 
 
 @contextmanager
-def _process_uris(tracking_uri: str, registry_uri: str) -> Iterator[None]:
+def process_uris(tracking_uri: str, registry_uri: str) -> Iterator[None]:
     """Point mlflow's process-wide tracking and registry URIs at these stores for the block, then put back
     exactly what was there. The fluent API (start_run, pyfunc.log_model) reads only those, and
     `mlflow.set_tracking_uri` also writes $MLFLOW_TRACKING_URI, so both the globals and the variables are
@@ -200,7 +203,7 @@ def _bounded_http() -> Iterator[None]:
 
 
 @contextmanager
-def _quiet_mlflow_prints() -> Iterator[None]:
+def quiet_mlflow_prints() -> Iterator[None]:
     """MLflow's own console lines ("Successfully registered model ...", "Created version ...", its log records)
     off for the block where its log level is above INFO (the CLI's default; `-v` keeps them): they repeat what
     shardwise reports, or are progress chatter."""
@@ -224,18 +227,18 @@ _UNANSWERED = re.compile(r"failed with exception|Max retries exceeded|Connection
 
 @runtime_checkable
 class _Service(Protocol):
-    """What `_bounded` wraps the methods of (`MlflowService`): it names its stores."""
+    """What `bounded` wraps the methods of (`MlflowService`): it names its stores."""
 
-    def _stores(self) -> str: ...
+    def stores(self) -> str: ...
 
 
-def _bounded(method: Callable[P, T]) -> Callable[P, T]:
+def bounded(method: Callable[P, T]) -> Callable[P, T]:
     """`method` with MLflow's HTTP retries bounded while it runs (`_bounded_http`); a tracking server that stops
     answering while it runs is one ServiceUnreachableError, and MLflow not installed one MissingExtraError, not
     MLflow's traceback."""
 
     @wraps(method)
-    def bounded(*args: P.args, **kwargs: P.kwargs) -> T:
+    def call(*args: P.args, **kwargs: P.kwargs) -> T:
         with _bounded_http():
             try:
                 with needs_extras():  # mlflow (or boto3 for its S3 artifacts) not installed: the extra to add
@@ -244,17 +247,17 @@ def _bounded(method: Callable[P, T]) -> Callable[P, T]:
                 raise
             except Exception as err:
                 service = args[0]
-                text = redacted(_first_line(err))
+                text = redacted(first_line(err))
                 if not (isinstance(service, _Service) and _UNANSWERED.search(text)
                         and type(err).__module__.split(".")[0] in ("mlflow", "requests", "urllib3")):
                     raise
                 raise ServiceUnreachableError(
-                    f"the MLflow server {service._stores()} stopped answering during {method.__name__} ({text}); "
+                    f"the MLflow server {service.stores()} stopped answering during {method.__name__} ({text}); "
                     "an alias moves only once a version's files and the gate's evidence are stored, so the "
                     "champion is as it was or whole: rerun to finish"
                 ) from None
 
-    return bounded
+    return call
 
 
 def check_servers(tracking_uri: str, registry_uri: str) -> None:
@@ -269,7 +272,7 @@ def check_servers(tracking_uri: str, registry_uri: str) -> None:
 def server_failure(uri: str, err: Exception, tracking_uri: str, registry_uri: str, stores: str) -> ServiceError | None:
     """The ServiceError an MLflow error while fetching `uri` means where the server `stores` could not be reached,
     refused who asked or failed; None where the store answered that `uri` is not there."""
-    text = redacted(_first_line(err))
+    text = redacted(first_line(err))
     code = str(getattr(err, "error_code", ""))
     remote = any(urlparse(u).scheme in ("http", "https") for u in (tracking_uri, registry_uri))
     if code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):

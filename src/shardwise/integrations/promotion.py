@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .mlflow_process import _finite
+from .mlflow_process import mlflow_metrics
 from .mlflow_registry import NOT_FOUND_CODES, RegistryError
 
 if TYPE_CHECKING:
@@ -159,9 +159,9 @@ def promote(
     if run_id:
         from mlflow.entities import Metric, RunTag
 
-        metrics = _finite({f"gate_new_{metric}": new_value, f"gate_champion_{metric}": champ_value,
-                           **{f"gate_{side}_{g.metric}": value for g in guards for side, value in
-                              (("new", g.new_value), ("champion", guarded.get((current or "", g.metric))))}})
+        metrics = mlflow_metrics({f"gate_new_{metric}": new_value, f"gate_champion_{metric}": champ_value,
+                                  **{f"gate_{side}_{g.metric}": value for g in guards for side, value in
+                                     (("new", g.new_value), ("champion", guarded.get((current or "", g.metric))))}})
         tags = {**evidence, "registered_name": name, "registered_version": version, "alias": alias}
         client.log_batch(
             run_id,
