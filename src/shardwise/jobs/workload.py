@@ -139,12 +139,12 @@ def fetch_object(uri: str, dest: Path, *, what: str = "tables") -> Path:
     import pyarrow as pa
     from pyarrow import fs
 
-    from shardwise.profiling.dataset import _object_store, _object_store_error
+    from shardwise.profiling.dataset import object_store, object_store_error
 
     bucket, _, key = uri.split("://", 1)[1].partition("/")
     if not uri.startswith("s3://") or not bucket or not key.strip("/"):
         raise TableSetError(f"{what} {uri!r}: an object in the object store is s3://bucket/key")
-    store, path = _object_store(uri)
+    store, path = object_store(uri)
     try:
         info = store.get_file_info(path)
         if info.type != fs.FileType.File:
@@ -159,7 +159,7 @@ def fetch_object(uri: str, dest: Path, *, what: str = "tables") -> Path:
         with store.open_input_stream(path, compression=None) as src, dest.open("wb") as dst:
             shutil.copyfileobj(src, dst)
     except (OSError, pa.ArrowException) as err:
-        raise _object_store_error(uri, err) from None
+        raise object_store_error(uri, err) from None
     return dest
 
 

@@ -74,6 +74,8 @@ __all__ = [
     "load_costs",
     "load_stored",
     "noise_floor",
+    "object_store",
+    "object_store_error",
     "prepare_dataset",
     "remove_stale_temp_parts",
     "rows_to_table",
@@ -119,7 +121,7 @@ def is_object_store(location: str | Path) -> bool:
     return isinstance(location, str) and location.startswith(OBJECT_STORE_SCHEMES)
 
 
-def _object_store(location: str) -> tuple[Any, str]:
+def object_store(location: str) -> tuple[Any, str]:
     """A pyarrow filesystem for `location`'s bucket and the prefix path in it ("bucket/prefix")."""
     from pyarrow import fs  # the S3 client loads only for object-store datasets
 
@@ -148,7 +150,7 @@ _UNAUTHORISED = re.compile(r"ACCESS_DENIED|AccessDenied|InvalidAccessKeyId|Signa
                            r"response code: 40[13]\b|UNRECOGNIZED_CLIENT|INVALID_ACCESS_KEY_ID|SIGNATURE_DOES_NOT_MATCH")
 
 
-def _object_store_error(location: str, err: Exception) -> ShardwiseError:
+def object_store_error(location: str, err: Exception) -> ShardwiseError:
     """One line for an object store's failure: unreachable, not authorised, else what it answered."""
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("MLFLOW_S3_ENDPOINT_URL") or "AWS S3"
     detail = redacted(str(err).splitlines()[0] if str(err).strip() else type(err).__name__)
@@ -166,11 +168,11 @@ def _remote_parts(location: str) -> tuple[Any, list[str]]:
     """The filesystem and the part files under an object-store prefix, in name (time) order."""
     from pyarrow import fs
 
-    store, prefix = _object_store(location)
+    store, prefix = object_store(location)
     try:
         infos = store.get_file_info(fs.FileSelector(prefix, recursive=True, allow_not_found=True))
     except (OSError, pa.ArrowException) as err:
-        raise _object_store_error(location, err) from None
+        raise object_store_error(location, err) from None
     return store, sorted(i.path for i in infos if i.type == fs.FileType.File and i.path.endswith(".parquet"))
 
 
@@ -201,12 +203,12 @@ def prepare_dataset(path: str | Path) -> None:
     if is_object_store(path):
         from pyarrow import fs
 
-        store, prefix = _object_store(str(path))
+        store, prefix = object_store(str(path))
         bucket = prefix.split("/", 1)[0]
         try:
             found = store.get_file_info(bucket).type != fs.FileType.NotFound
         except (OSError, pa.ArrowException) as err:
-            raise _object_store_error(str(path), err) from None
+            raise object_store_error(str(path), err) from None
         if not found:
             raise DatasetError(f"{path}: bucket {bucket!r} does not exist (or these credentials cannot see it)")
         return
@@ -234,12 +236,12 @@ def write_part(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path | None:
         return None
     table = rows_to_table(rows)
     if is_object_store(path):
-        store, prefix = _object_store(str(path))
+        store, prefix = object_store(str(path))
         key = f"{prefix}/{_part_name()}"
         try:  # one object, visible only once whole
             pq.write_table(table, key, filesystem=store)
         except (OSError, pa.ArrowException) as err:
-            raise _object_store_error(str(path), err) from None
+            raise object_store_error(str(path), err) from None
         return Path(key)
     path = Path(path)
     if not path.is_dir():
@@ -300,7 +302,7 @@ def count_rows(path: str | Path) -> int:
         try:  # the footers only, as for local parts
             return sum(pq.read_metadata(store.open_input_file(key)).num_rows for key in keys)
         except (OSError, pa.ArrowException) as err:
-            raise _object_store_error(str(path), err) from None
+            raise object_store_error(str(path), err) from None
     path = Path(path)
     if not path.exists():
         return 0
