@@ -3,10 +3,10 @@
 import io
 import os
 
-from shardwise.pipelines.run import _StepConsole
+from shardwise.pipelines.console import StepConsole
 
 
-def _run(console: _StepConsole, steps: list[str], said: str) -> None:
+def _run(console: StepConsole, steps: list[str], said: str) -> None:
     for step in steps:
         console.line(f"Executing task '{step}'")
         console.line(f"{step} {said}")
@@ -15,8 +15,8 @@ def _run(console: _StepConsole, steps: list[str], said: str) -> None:
 
 def test_a_steps_log_holds_its_latest_run_and_a_loops_iterations_together(tmp_path):
     log_path = tmp_path / "pipeline.log"
-    _run(_StepConsole(log_path, io.StringIO()), ["profile-costs", "profile-costs", "pretrain"], "first run")
-    _run(_StepConsole(log_path, io.StringIO()), ["profile-costs", "profile-costs"], "second run")
+    _run(StepConsole(log_path, io.StringIO()), ["profile-costs", "profile-costs", "pretrain"], "first run")
+    _run(StepConsole(log_path, io.StringIO()), ["profile-costs", "profile-costs"], "second run")
 
     profile = (tmp_path / "logs/profile-costs.log").read_text()
     assert "first run" not in profile and profile.count("profile-costs second run") == 2  # both loop iterations
@@ -30,7 +30,7 @@ def test_the_whole_log_keeps_each_run_after_its_start_line(tmp_path):
         read_fd, write_fd = os.pipe()
         os.write(write_fd, f"Executing task 'pretrain'\npretrain {said}\n".encode())
         os.close(write_fd)
-        _StepConsole(log_path, io.StringIO()).pump(read_fd)
+        StepConsole(log_path, io.StringIO()).pump(read_fd)
     text = log_path.read_text()
     assert text.count("=== pipeline run started") == 2
     assert text.index("first run") < text.rindex("=== pipeline run started") < text.index("second run")

@@ -14,13 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: a terminal colour code, as coloured log lines carry them
+ANSI_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
 #: kfp.local's lines when a task starts and ends
 _TASK_EVENT = re.compile(r"(?:Executing task '([\w-]+)'|Task '([\w-]+)' finished with status (\w+))")
 _TAIL_LINES = 40
 
 
-class _StepConsole:
+class StepConsole:
     """Reads everything the run writes to fd 1 and 2 (this process and the steps' subprocesses) into the log file
     (and each step's lines into logs/<step>.log); the terminal gets one line per step with its time, and on
     failure the last lines of the log. The log file keeps every run, each after a line with its start time; a step's
@@ -44,7 +45,7 @@ class _StepConsole:
                 pending += chunk.decode(errors="replace")
                 *lines, pending = re.split(r"[\r\n]", pending)
                 for line in lines:
-                    self.line(_ANSI.sub("", line))
+                    self.line(ANSI_COLOURS.sub("", line))
 
     def line(self, line: str) -> None:
         """One line of output: remembered for a failure report; a task event becomes a progress line."""
@@ -76,7 +77,7 @@ class _StepConsole:
 
 
 @contextlib.contextmanager
-def _console_to_log(log_path: Path) -> Iterator[None]:
+def console_to_log(log_path: Path) -> Iterator[None]:
     """Send fd 1 and 2 to `log_path` (the steps inherit them), with a progress line per step on the terminal."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -86,7 +87,7 @@ def _console_to_log(log_path: Path) -> Iterator[None]:
     os.dup2(write_fd, 2)
     os.close(write_fd)
     terminal = open(saved_out, "w", buffering=1, closefd=False)  # noqa: SIM115 - closed below
-    console = _StepConsole(log_path, terminal)
+    console = StepConsole(log_path, terminal)
     reader = threading.Thread(target=console.pump, args=(read_fd,), daemon=True)
     reader.start()
     try:

@@ -23,8 +23,7 @@ from shardwise.jobs.models import store_uri
 from shardwise.search import get_method
 
 from . import components, containers
-from .console import _ANSI, _console_to_log
-from .console import _StepConsole as _StepConsole  # re-exported: also importable from here
+from .console import ANSI_COLOURS, console_to_log
 from .params import PipelineArgumentError, PipelineParams
 from .pipeline import build_pipeline
 
@@ -229,7 +228,7 @@ def run_local(
               else local.SubprocessRunner(use_venv=False))
     saved = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    console = contextlib.nullcontext() if verbose else _console_to_log(log_path)
+    console = contextlib.nullcontext() if verbose else console_to_log(log_path)
     in_image = containers.steps_in_image(image) if image else contextlib.nullcontext()
     # a rerun in this workdir with the same arguments and code resumes: steps that finished (profiling workers
     # included) are taken from kfp.local's cache, the rest run
@@ -244,7 +243,7 @@ def run_local(
                 build_pipeline(reuse_measurements=True)(**args)
     except RuntimeError as err:
         where = "above" if verbose else f"in {log_path}"
-        raise PipelineRunError(f"{_ANSI.sub('', str(err))} (its log is {where}; outputs under {pipeline_root})") from err
+        raise PipelineRunError(f"{ANSI_COLOURS.sub('', str(err))} (its log is {where}; outputs under {pipeline_root})") from err
     finally:
         if saved is None:
             os.environ.pop("MLFLOW_TRACKING_URI", None)
