@@ -42,7 +42,7 @@ from shardwise.pipelines.params import pipeline_params
 from shardwise.profiling import MeasurementSettings, TimingProtocol, resolve_timing
 from shardwise.profiling.dataset import load_costs, noise_floor
 from shardwise.profiling.hardware import device_name, resolve_device
-from shardwise.profiling.kernel import _time_with, _Timer, build_shard_kernel, time_kernel
+from shardwise.profiling.kernel import Timer, build_shard_kernel, time_kernel, time_with
 from shardwise.profiling.protocol import CudaTimer
 from shardwise.profiling.runner import ProfileSettings, profile
 from shardwise.profiling.sampling import sample_shard_configs
@@ -108,7 +108,7 @@ def compare_timers(shards: list[list[TableSpec]], batch: int, device: torch.devi
     if device.type == "cuda":  # as the profiler times: each shard's timer starts from the hold the last one learned
         names.append(HOLD_CARRIED)
         updates[HOLD_CARRIED] = {"cuda_timer": "queued"}
-    carried: _Timer | None = None  # the profiler's timer, shard after shard
+    carried: Timer | None = None  # the profiler's timer, shard after shard
     totals: dict[str, list[list[float]]] = {n: [[] for _ in shards] for n in names}
     launches: dict[str, list[float]] = {n: [] for n in names}
     walls: dict[str, list[float]] = {n: [] for n in names}
@@ -121,8 +121,8 @@ def compare_timers(shards: list[list[TableSpec]], batch: int, device: torch.devi
                 timed = protocol.model_copy(update=updates[name])
                 began = time.perf_counter()
                 if name == HOLD_CARRIED:
-                    carried = carried.successor() if carried else _Timer(device, timed.for_device(device))
-                    timing = _time_with(carried, kernel, timed.for_device(device), None)
+                    carried = carried.successor() if carried else Timer(device, timed.for_device(device))
+                    timing = time_with(carried, kernel, timed.for_device(device), None)
                 else:
                     timing = time_kernel(kernel, device, timed.for_device(device))
                 walls[name].append((time.perf_counter() - began) * 1e3)
@@ -132,7 +132,7 @@ def compare_timers(shards: list[list[TableSpec]], batch: int, device: torch.devi
                     launches[name].append(timing.launch_ms)
         if device.type == "cuda":  # calls a hold did not cover, counted on one timing per shard
             for name in ("held", "queued"):
-                probe = _Timer(device, protocol.model_copy(update={"cuda_timer": name}).for_device(device))
+                probe = Timer(device, protocol.model_copy(update={"cuda_timer": name}).for_device(device))
                 probe.calls(kernel, protocol.warmup_calls + protocol.iters)
                 uncovered[name] += probe.uncovered + (probe.cuda_timer != name)  # a queue that fell back
                 retried[name] += probe.retried
@@ -151,7 +151,7 @@ def compare_timers(shards: list[list[TableSpec]], batch: int, device: torch.devi
             "median_launch_ms": round(statistics.median(launches[name]), 4) if launches[name] else None,
             "median_wall_ms_a_shard": round(statistics.median(walls[name]), 2),
             "uncovered_calls": uncovered[name] if name in ("held", "queued") and device.type == "cuda" else None,
-            # calls launched again behind a longer hold by a timer new to the host (its first hold _FIRST_HOLD_MS)
+            # calls launched again behind a longer hold by a timer new to the host (its first hold FIRST_HOLD_MS)
             "retried_calls": retried[name] if name in ("held", "queued") and device.type == "cuda" else None,
         })
     return rows

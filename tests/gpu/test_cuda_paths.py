@@ -122,10 +122,10 @@ def _bag_kernel(batch: int, rows: int = 200_000, dim: int = 64, pooling: int = 1
 @pytest.mark.parametrize("cuda_timer", ["held", "queued", "graph"])
 def test_the_device_timers_time_the_gpus_work_and_flush_its_l2(cuda_timer):
     from shardwise.profiling import TimingProtocol
-    from shardwise.profiling.kernel import _Timer
+    from shardwise.profiling.kernel import Timer
 
     device = torch.device(DEVICE)
-    timer = _Timer(device, TimingProtocol(cuda_timer=cuda_timer).for_device(device))
+    timer = Timer(device, TimingProtocol(cuda_timer=cuda_timer).for_device(device))
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     assert timer.flush_buffer is not None and timer.flush_buffer.numel() * 4 == 2 * l2
     assert timer.flush_buffer.device.type == "cuda"
@@ -150,13 +150,13 @@ def test_events_around_the_launches_read_the_launches_where_they_outlast_the_wor
     read about the host's launch time (6.7x the held timer for fbgemm shards at batch 2048 on an H200), and never
     less than the device's work."""
     from shardwise.profiling import TimingProtocol
-    from shardwise.profiling.kernel import _Timer
+    from shardwise.profiling.kernel import Timer
 
     device = torch.device(DEVICE)
     small = _bag_kernel(2048)
-    held = [c.fwd_ms + c.bwd_ms for c in _Timer(device, TimingProtocol(cuda_timer="held").for_device(device))
+    held = [c.fwd_ms + c.bwd_ms for c in Timer(device, TimingProtocol(cuda_timer="held").for_device(device))
             .calls(small, 20)]
-    events = _Timer(device, TimingProtocol(cuda_timer="events").for_device(device)).calls(small, 20)
+    events = Timer(device, TimingProtocol(cuda_timer="events").for_device(device)).calls(small, 20)
     assert {c.timer for c in events} == {"events"}
     assert np.median([c.fwd_ms + c.bwd_ms for c in events]) >= 0.9 * np.median(held)
 
@@ -211,7 +211,7 @@ def test_fbgemm_shard_cost_grows_with_its_tables_and_repeats_agree(batch):
 @needs_fbgemm
 def test_fbgemm_timer_candidates_agree_where_kernels_dominate():
     from shardwise.profiling import TimingProtocol
-    from shardwise.profiling.kernel import _Timer, build_shard_kernel, time_kernel
+    from shardwise.profiling.kernel import Timer, build_shard_kernel, time_kernel
 
     device = torch.device(DEVICE)
     kernel = build_shard_kernel(_tables(8), 65536, device=device)
@@ -226,11 +226,11 @@ def test_fbgemm_timer_candidates_agree_where_kernels_dominate():
         else:  # the device's work alone: 0.06% apart on an H200
             assert timing.total_ms == pytest.approx(held, rel=0.03), {k: v.total_ms for k, v in totals.items()}
     # the hold covered every call's launches: the host does not wait on the GPU inside a TBE's forward or backward
-    timer = _Timer(device, TimingProtocol(cuda_timer="held").for_device(device))
+    timer = Timer(device, TimingProtocol(cuda_timer="held").for_device(device))
     launches = [timer.call(kernel).launch_ms for _ in range(13)]
     assert timer.uncovered == 0, f"{timer.uncovered} of {timer.held_calls} calls not covered (launch ms {launches})"
     # and one hold covered a queue of them: no call fell back to its own hold
-    queue = _Timer(device, TimingProtocol(cuda_timer="queued").for_device(device))
+    queue = Timer(device, TimingProtocol(cuda_timer="queued").for_device(device))
     assert {c.timer for c in queue.calls(kernel, 13)[1:]} == {"queued"} and queue.cuda_timer == "queued"
 
 
@@ -257,12 +257,12 @@ def test_a_freshly_built_fbgemm_kernels_first_held_call_is_covered_at_once():
     """fbgemm's first forward waits for the device (it copies the table dims to the host): the kernel is built with
     that call done, so a held timer's first call on it is covered by its first hold, not timed again."""
     from shardwise.profiling import TimingProtocol
-    from shardwise.profiling.kernel import _Timer, build_shard_kernel
+    from shardwise.profiling.kernel import Timer, build_shard_kernel
 
     device = torch.device(DEVICE)
     for batch in (2048, 65536):
         kernel = build_shard_kernel(_tables(8), batch, device=device)
         # a hold several times an H100 host's launch of such a call (1.0-1.3 ms)
-        timer = _Timer(device, TimingProtocol(cuda_timer="held").for_device(device), hold_ms=6.0)
+        timer = Timer(device, TimingProtocol(cuda_timer="held").for_device(device), hold_ms=6.0)
         timer.call(kernel)
         assert (timer.retried, timer.uncovered) == (0, 0), f"batch {batch}: hold {timer.hold_ms:.2f} ms"

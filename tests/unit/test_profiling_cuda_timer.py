@@ -14,7 +14,8 @@ import torch
 
 from shardwise.profiling import TimingProtocol
 from shardwise.profiling import kernel as kernel_module
-from shardwise.profiling.kernel import ShardKernel, _Timer
+from shardwise.profiling import timers as timers_module
+from shardwise.profiling.kernel import ShardKernel, Timer
 
 CUDA = torch.device("cuda")
 
@@ -59,10 +60,10 @@ def device(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(torch.cuda, "synchronize", _synchronize)
     monkeypatch.setattr(torch.cuda, "_sleep", _sleep)
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
-    kernel_module._sleep_cycles_per_ms.cache_clear()
+    timers_module.sleep_cycles_per_ms.cache_clear()
     _Device.free_at = 0.0
     yield
-    kernel_module._sleep_cycles_per_ms.cache_clear()
+    timers_module.sleep_cycles_per_ms.cache_clear()
 
 
 class _Kernel:
@@ -83,13 +84,13 @@ class _Kernel:
         return torch.ones(4, requires_grad=True) * 2
 
 
-def _timer(cuda_timer: str) -> _Timer:
+def _timer(cuda_timer: str) -> Timer:
     # decided by hand: for_device would ask torch for the (absent) GPU's L2
-    return _Timer(CUDA, TimingProtocol(cuda_timer=cuda_timer, flush_cache=False, clock="wall"))
+    return Timer(CUDA, TimingProtocol(cuda_timer=cuda_timer, flush_cache=False, clock="wall"))
 
 
 def test_the_sleeps_speed_is_calibrated_on_the_device(device) -> None:
-    assert kernel_module._sleep_cycles_per_ms(CUDA) == pytest.approx(1e6, rel=0.05)
+    assert timers_module.sleep_cycles_per_ms(CUDA) == pytest.approx(1e6, rel=0.05)
 
 
 def test_a_hold_longer_than_the_launches_times_the_device_alone(device) -> None:
@@ -120,7 +121,7 @@ def test_a_host_that_waits_on_the_device_stops_the_holds(device, caplog: pytest.
     started = time.perf_counter()
     timer.call(syncing)  # type: ignore[arg-type]
     assert time.perf_counter() - started < 0.05  # no retries, no long holds any more
-    assert timer.hold_ms == kernel_module._MIN_HOLD_MS
+    assert timer.hold_ms == timers_module.MIN_HOLD_MS
 
 
 def test_a_kernel_that_cannot_be_captured_is_timed_held_saying_why(device, caplog: pytest.LogCaptureFixture) -> None:
@@ -157,13 +158,13 @@ def test_a_queue_behind_one_hold_times_each_calls_device_work(device, launch_ms,
 def test_a_queue_whose_launches_outlast_its_hold_is_timed_again_behind_a_longer_one(device, monkeypatch) -> None:
     kernel = _Kernel(launch_ms=1.0, device_ms=0.1)
     holds: list[float] = []
-    hold = _Timer._hold
+    hold = Timer._hold
 
-    def counted(self: _Timer, ms: float) -> bool:
+    def counted(self: Timer, ms: float) -> bool:
         holds.append(ms)
         return hold(self, ms)
 
-    monkeypatch.setattr(_Timer, "_hold", counted)
+    monkeypatch.setattr(Timer, "_hold", counted)
     timer = _timer("queued")
     first = timer._held(kernel, None)  # type: ignore[arg-type]
     # a first call that launched fast misjudges the lead the queue needs
@@ -248,7 +249,7 @@ def test_a_next_kernel_that_fails_to_build_fails_at_its_turn_after_this_shards_t
     monkeypatch.setattr(TimingProtocol, "for_device", lambda self, device: self.model_copy(
         update={"reference_normalised": False, "warmup_iters": 1}))
     monkeypatch.setattr(kernel, "build_shard_kernel", build)
-    monkeypatch.setattr(kernel, "_time_with", timed)
+    monkeypatch.setattr(kernel, "time_with", timed)
     shards = [[TableSpec(name=n, rows=10, dim=4, pooling_factor=1.0)] for n in ("a", "bad", "c")]
     timings = kernel.measure_shards(shards, 8, device="cuda")
     assert next(timings) == "a" and built == ["a"]  # the next one's build was tried while "a" ran, and failed
@@ -260,15 +261,15 @@ def test_each_shard_starts_from_the_hold_the_last_one_learned(device, monkeypatc
     """A host that launches a call in 1.5 ms outlasts a fresh timer's first 1 ms hold: the profiler's first shard
     times its first call again behind a longer hold, and the shards after it start from that hold, not anew."""
     started: list[float] = []
-    timers: list[_Timer] = []
+    timers: list[Timer] = []
 
-    class Recorded(_Timer):
+    class Recorded(Timer):
         def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
             super().__init__(*args, **kwargs)
             started.append(self.hold_ms)
             timers.append(self)
 
-    monkeypatch.setattr(kernel_module, "_Timer", Recorded)
+    monkeypatch.setattr(kernel_module, "Timer", Recorded)
     monkeypatch.setattr(kernel_module, "resolve_device", lambda device: CUDA)
     monkeypatch.setattr(kernel_module, "build_shard_kernel",
                         lambda tables, batch_size, **kwargs: _Kernel(launch_ms=1.5, device_ms=0.5))
@@ -280,5 +281,5 @@ def test_each_shard_starts_from_the_hold_the_last_one_learned(device, monkeypatc
     shards = [[TableSpec(name=f"t{i}", rows=10, dim=4, pooling_factor=1.0)] for i in range(3)]
     timings = list(kernel_module.measure_shards(shards, 8, device="cuda", protocol=protocol))
     assert [t.timer for t in timings] == ["queued"] * 3
-    assert started[0] == kernel_module._FIRST_HOLD_MS and timers[0].retried >= 1
+    assert started[0] == timers_module.FIRST_HOLD_MS and timers[0].retried >= 1
     assert all(hold >= 2 * 1.5 for hold in started[1:])  # the margin over the host's launch the first one learned

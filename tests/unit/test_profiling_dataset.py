@@ -211,14 +211,15 @@ def test_a_path_that_cannot_hold_a_dataset_is_refused(tmp_path: Path) -> None:
 def test_a_killed_writers_temporary_part_is_removed_by_the_next_writer(tmp_path: Path) -> None:
     """A SIGKILL between writing and renaming leaves `.part-*.tmp`: readers skip it, the next writer deletes it
     when its process is dead (or it is old), and leaves a live writer's alone."""
-    from shardwise.profiling.dataset import STALE_TEMP_PART_S, _host, prepare_dataset
+    from shardwise.profiling.dataset import STALE_TEMP_PART_S, prepare_dataset
+    from shardwise.profiling.parts import host_name
 
     data = tmp_path / "costs"
     data.mkdir()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
-    orphan = data / f".part-{time.time_ns():020d}-{_host()}-{dead_pid}-0123456789ab.parquet.tmp"
-    live = data / f".part-{time.time_ns():020d}-{_host()}-{os.getpid()}-0123456789ab.parquet.tmp"
+    orphan = data / f".part-{time.time_ns():020d}-{host_name()}-{dead_pid}-0123456789ab.parquet.tmp"
+    live = data / f".part-{time.time_ns():020d}-{host_name()}-{os.getpid()}-0123456789ab.parquet.tmp"
     elsewhere = data / f".part-{time.time_ns():020d}-otherhost-{dead_pid}-0123456789ab.parquet.tmp"
     old = data / f".part-{time.time_ns():020d}-otherhost-1-0123456789ab.parquet.tmp"
     for tmp in (orphan, live, elsewhere, old):

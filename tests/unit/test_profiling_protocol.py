@@ -62,12 +62,12 @@ def test_the_timer_overwrites_the_protocols_flush_before_each_call(monkeypatch) 
 
         grad_output = torch.ones(2)
 
-    timer = kernel._Timer(torch.device("cpu"), TimingProtocol(flush_bytes=4096).for_device("cpu"))
+    timer = kernel.Timer(torch.device("cpu"), TimingProtocol(flush_bytes=4096).for_device("cpu"))
     assert timer.flush_buffer is not None and timer.flush_buffer.numel() * 4 == 4096
     before = timer.flush_buffer.sum().item()
     timer.run(Counting())  # type: ignore[arg-type]
     assert timer.flush_buffer.sum().item() == before + 1024 and Counting.calls == 1
-    assert kernel._Timer(torch.device("cpu"), TimingProtocol(flush_cache=False).for_device("cpu")).flush_buffer is None
+    assert kernel.Timer(torch.device("cpu"), TimingProtocol(flush_cache=False).for_device("cpu")).flush_buffer is None
 
 
 def test_bad_protocol_is_refused_naming_the_field() -> None:

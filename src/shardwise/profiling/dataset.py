@@ -40,9 +40,8 @@ from .interrupts import interrupts_deferred
 from .parts import (
     PART_PREFIX,
     STALE_TEMP_PART_S,
-    _fsync_dir,
-    _host,
-    _part_name,
+    fsync_dir,
+    part_name,
     remove_stale_temp_parts,
 )
 from .schema import (
@@ -66,7 +65,6 @@ __all__ = [
     "STALE_TEMP_PART_S",
     "DatasetError",
     "MissingDatasetError",
-    "_host",
     "append_rows",
     "count_rows",
     "interrupts_deferred",
@@ -237,7 +235,7 @@ def write_part(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path | None:
     table = rows_to_table(rows)
     if is_object_store(path):
         store, prefix = object_store(str(path))
-        key = f"{prefix}/{_part_name()}"
+        key = f"{prefix}/{part_name()}"
         try:  # one object, visible only once whole
             pq.write_table(table, key, filesystem=store)
         except (OSError, pa.ArrowException) as err:
@@ -246,7 +244,7 @@ def write_part(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path | None:
     path = Path(path)
     if not path.is_dir():
         prepare_dataset(path)
-    final = path / _part_name()
+    final = path / part_name()
     tmp = path / f".{final.name}.tmp"
     try:
         pq.write_table(table, tmp)
@@ -258,7 +256,7 @@ def write_part(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path | None:
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-    _fsync_dir(path)
+    fsync_dir(path)
     return final
 
 

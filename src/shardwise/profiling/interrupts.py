@@ -42,7 +42,7 @@ def interrupts_deferred(note: str | None = None) -> Iterator[list[int]]:
 
 
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def sigterm_as_interrupt() -> Iterator[None]:
     """Turn `kill` (SIGTERM) into KeyboardInterrupt so pending rows are flushed before exiting."""
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -29,14 +29,7 @@ from .caching import in_host_memory
 from .hardware import resolve_device
 from .protocol import MeasurementSettings, TimingProtocol
 from .tbe import COMPUTE_KERNELS, ComputeKernel, ShardKernel, build_shard_kernel
-from .timers import (
-    _FIRST_HOLD_MS,
-    _MIN_HOLD_MS,
-    CallTiming,
-    _sleep_cycles_per_ms,
-    _Timer,
-    cuda_sleep_available,
-)
+from .timers import CallTiming, Timer, cuda_sleep_available
 
 #: the names callers import from here: this module's own, and the kernel's and timers' they use beside them
 __all__ = [
@@ -47,12 +40,8 @@ __all__ = [
     "ShardKernel",
     "ShardTiming",
     "TimingProtocol",
-    "_FIRST_HOLD_MS",
-    "_MIN_HOLD_MS",
-    "_Timer",
+    "Timer",
     "_reference_kernel",
-    "_sleep_cycles_per_ms",
-    "_time_with",
     "build_shard_kernel",
     "calibrate_reference",
     "cuda_sleep_available",
@@ -62,6 +51,7 @@ __all__ = [
     "resolve_timing",
     "shard_timing",
     "time_kernel",
+    "time_with",
 ]
 
 
@@ -127,7 +117,7 @@ def calibrate_reference(
     protocol = (protocol or TimingProtocol()).for_device(dev)
     with _threads(protocol.num_threads):
         kernel = _reference_kernel(dev)
-        timer = _Timer(dev, protocol)
+        timer = Timer(dev, protocol)
         for _ in range(max(protocol.warmup_calls, 3)):
             timer.run(kernel)
         return statistics.median(sum(timer.run(kernel)) for _ in range(protocol.calibration_runs))
@@ -138,11 +128,11 @@ def time_kernel(kernel: ShardKernel, device: torch.device, protocol: TimingProto
     """Time a built kernel under `protocol` (`reference_ms` set when normalised). `meanwhile` runs once, while the
     device runs the timed calls where it can (CUDA's queued timer), else after them."""
     protocol = protocol.for_device(device)
-    return _time_with(timer=_Timer(device, protocol), kernel=kernel, protocol=protocol, meanwhile=meanwhile)
+    return time_with(timer=Timer(device, protocol), kernel=kernel, protocol=protocol, meanwhile=meanwhile)
 
 
-def _time_with(timer: _Timer, kernel: ShardKernel, protocol: TimingProtocol,
-               meanwhile: Callable[[], None] | None) -> ShardTiming:
+def time_with(timer: Timer, kernel: ShardKernel, protocol: TimingProtocol,
+              meanwhile: Callable[[], None] | None) -> ShardTiming:
     """`time_kernel` with `timer` (on its device, `protocol` decided for it)."""
     device = timer.device
     normalised = bool(protocol.reference_normalised)
@@ -231,7 +221,7 @@ def measure_shards(
 
     upcoming: ShardKernel | None = None
     failed: Exception | None = None  # building the next shard's kernel failed: raised at that shard's turn
-    timer = _Timer(dev, protocol)  # each shard its own, from the last one's hold (`successor`)
+    timer = Timer(dev, protocol)  # each shard its own, from the last one's hold (`successor`)
     for i, tables in enumerate(shards):
         if failed is not None:
             raise failed
@@ -249,7 +239,7 @@ def measure_shards(
             # a cache is warmed as its kernel is built, waiting on the device: not while this shard's calls are timed
             overlap = dev.type == "cuda" and i + 1 < len(shards) and not in_host_memory(shards[i + 1])
             timer = timer.successor() if i else timer
-            timing = _time_with(timer, kernel, protocol, meanwhile=build_next if overlap else None)
+            timing = time_with(timer, kernel, protocol, meanwhile=build_next if overlap else None)
             hit_rate = getattr(kernel, "cache_hit_rate", None)  # a ShardKernel's; stand-ins may have none
             if hit_rate is not None:
                 timing = dataclasses.replace(timing, cache_hit_rate=hit_rate)

@@ -20,12 +20,14 @@ PART_PREFIX = "part-"
 STALE_TEMP_PART_S = 3600.0
 
 
-def _host() -> str:
+def host_name() -> str:
+    """This host's name as part file names carry it (at most 40 characters, any but [A-Za-z0-9.-] as "_")."""
     return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:40] or "host"
 
 
-def _part_name() -> str:
-    return f"{PART_PREFIX}{time.time_ns():020d}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
+def part_name() -> str:
+    """A new part file's name, one no other writer can pick."""
+    return f"{PART_PREFIX}{time.time_ns():020d}-{host_name()}-{os.getpid()}-{uuid.uuid4().hex[:12]}.parquet"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -46,7 +48,7 @@ def remove_stale_temp_parts(path: Path) -> int:
         tokens = tmp.name.removeprefix(f".{PART_PREFIX}").removesuffix(".parquet.tmp").split("-")
         try:
             stale = time.time() - tmp.stat().st_mtime > STALE_TEMP_PART_S
-            if not stale and len(tokens) >= 4 and "-".join(tokens[1:-2]) == _host() and tokens[-2].isdigit():
+            if not stale and len(tokens) >= 4 and "-".join(tokens[1:-2]) == host_name() and tokens[-2].isdigit():
                 stale = not _pid_alive(int(tokens[-2]))
             if stale:
                 tmp.unlink()
@@ -56,7 +58,8 @@ def remove_stale_temp_parts(path: Path) -> int:
     return removed
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Sync `directory` itself, so that a file renamed into it stays after a crash."""
     with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened or synced
         fd = os.open(directory, os.O_RDONLY)
         try:

@@ -31,7 +31,7 @@ CommPricing = Literal["width", "measured"]
 #: flushing twice that made timing slow for little change in the figures (records `shard_timing_flush`,
 #: `newcomer`). The profiler, the evaluator and refinement all time with the same flush
 MAX_CPU_FLUSH_BYTES = 64 * 2**20
-#: how a CUDA device times a call (kernel.py's _Timer): "events" around the host's launches (the GPU reaches the
+#: how a CUDA device times a call (kernel.py's Timer): "events" around the host's launches (the GPU reaches the
 #: start event before the host has launched the work, so where launching is slower than running, as for a TBE at
 #: batch 2048, they time the launches), "held" (the stream held behind a device-side wait that covers the host's
 #: launches, so the events time the kernels), "queued" (a shard's calls launched back to back behind one such wait

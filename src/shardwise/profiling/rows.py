@@ -57,8 +57,8 @@ def compute_row(
     }
 
 
-def _collective_row(op: str, num_devices: int, size_bytes: int, config_id: str, samples_ms: Sequence[float],
-                    backend: str, common: dict[str, Any], timing: str, measured_at: float) -> dict[str, Any]:
+def collective_row(op: str, num_devices: int, size_bytes: int, config_id: str, samples_ms: Sequence[float],
+                   backend: str, common: dict[str, Any], timing: str, measured_at: float) -> dict[str, Any]:
     """The row of one measured collective size: the median of its timed collectives (each from the last rank's start
     to the last rank's end) where a training step runs it: an all-reduce (a gradient's) or all-gather (row-wise
     gradients') as bwd_ms, a reduce-scatter (row-wise outputs') or all-to-all (row-wise ids) as fwd_ms."""
@@ -72,7 +72,7 @@ def _collective_row(op: str, num_devices: int, size_bytes: int, config_id: str, 
     }
 
 
-def _comm_rows(
+def comm_rows(
     widths: list[int],
     config_id: str,
     per_device: list[CommTiming],

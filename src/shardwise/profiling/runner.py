@@ -36,9 +36,9 @@ from .dataset import (
     write_part,
 )
 from .hardware import hardware_info, resolve_device
-from .interrupts import _sigterm_as_interrupt, interrupts_deferred
+from .interrupts import interrupts_deferred, sigterm_as_interrupt
 from .kernel import TimingProtocol, calibrate_reference, measure_shards
-from .rows import FORWARD_COLLECTIVES, _collective_row, _comm_rows, compute_row
+from .rows import FORWARD_COLLECTIVES, collective_row, comm_rows, compute_row
 from .run_settings import ProfileSettings
 from .sampling import (
     all_reduce_sizes,
@@ -326,7 +326,7 @@ def _measure(work: _Work, settings: ProfileSettings, device: torch.device, proto
     measured = 0
     bar = tqdm(total=work.pending, desc="profile", unit="config", disable=not progress)
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             measured += _profile_dense(configs, dense, dense_ids, [k for k in work.dense_todo if dense[k][2] == 0],
                                        settings, device, protocol, index_data, common, timing, buffer, bar)
             # on a GPU the next shard's kernel is built while the device runs this one's timed calls
@@ -414,9 +414,9 @@ def _profile_comm(
                 raise
             measured_at = time.time()
             for k, per_device in zip(group, results):
-                rows = _comm_rows(layouts[k], layout_ids[k], per_device, backend, common, timing, measured_at)
+                rows = comm_rows(layouts[k], layout_ids[k], per_device, backend, common, timing, measured_at)
                 buffer.add(rows)
-            buffer.add([_collective_row(op, num_devices, size, cid, samples, backend, common, timing, measured_at)
+            buffer.add([collective_row(op, num_devices, size, cid, samples, backend, common, timing, measured_at)
                         for (op, size, cid), samples in zip(sizes, reduced, strict=True)])
             buffer.flush()  # a group's rows are stored once measured: spawning the next group takes seconds
         measured += len(group) + len(sizes)

@@ -1,4 +1,4 @@
-"""How one forward + backward of a shard's kernel is timed (`_Timer`), with a cache flush before every call: on CPU
+"""How one forward + backward of a shard's kernel is timed (`Timer`), with a cache flush before every call: on CPU
 the protocol's clock; on CUDA events on the stream, timed one of four ways (`TimingProtocol.cuda_timer`):
 "events" records them around the host's calls, so where the host launches slower than the GPU runs (a TBE's
 Python and dispatch take a few hundred microseconds) they time the launches; "held" first queues a device-side wait
@@ -48,7 +48,7 @@ class CallTiming(NamedTuple):
 
 #: the shortest device-side hold, and the most it is grown to per call (a hold never covers a host that waits for
 #: the GPU)
-_MIN_HOLD_MS, _MAX_HOLD_MS = 0.2, 50.0
+MIN_HOLD_MS, MAX_HOLD_MS = 0.2, 50.0
 #: the hold is this many times the host's last launch time (launch times vary from call to call)
 _HOLD_MARGIN = 2.0
 #: a queue's hold: this many times the launch lead it must cover, plus one call's launch (a sum of launches varies
@@ -57,7 +57,7 @@ _QUEUE_MARGIN = 1.25
 #: calls retried with a longer hold when the host was still launching as the GPU reached the start event
 _HOLD_RETRIES = 2
 #: a timer's first hold, before it has seen the host launch (a shard's call launches in 1.0-1.2 ms on H100 hosts)
-_FIRST_HOLD_MS = 1.0
+FIRST_HOLD_MS = 1.0
 #: torch.cuda._sleep's cycles for the calibration of its speed (about 1 ms on a 1-2 GHz GPU)
 _CALIBRATION_CYCLES = 1_500_000
 
@@ -68,7 +68,7 @@ def cuda_sleep_available() -> bool:
 
 
 @lru_cache(maxsize=8)
-def _sleep_cycles_per_ms(device: torch.device) -> float:
+def sleep_cycles_per_ms(device: torch.device) -> float:
     """How many `torch.cuda._sleep` cycles make a millisecond on `device` (median of 5 timed sleeps)."""
     with torch.cuda.device(device):
         per_ms = []
@@ -107,11 +107,11 @@ class _Launch(NamedTuple):
         return CallTiming(self.start.elapsed_time(self.mid), self.mid.elapsed_time(self.end), launch, timer)
 
 
-class _Timer:
+class Timer:
     """Forward/backward time of one kernel iteration: on CUDA the device's (`TimingProtocol.cuda_timer`), on CPU
     the protocol's clock; a cache flush before every call."""
 
-    def __init__(self, device: torch.device, protocol: TimingProtocol, hold_ms: float = _FIRST_HOLD_MS) -> None:
+    def __init__(self, device: torch.device, protocol: TimingProtocol, hold_ms: float = FIRST_HOLD_MS) -> None:
         """`protocol` as decided for `device` (`TimingProtocol.for_device`); `hold_ms` the first call's hold
         (`successor` carries a timer's over to the next shard's)."""
         self.device = device
@@ -137,11 +137,11 @@ class _Timer:
         # per kernel (by id, the kernel kept alive beside it): its graphs, or why they could not be captured
         self.graphs: dict[int, tuple[ShardKernel, _Graphs | str]] = {}
 
-    def successor(self) -> _Timer:
+    def successor(self) -> Timer:
         """A timer for the next shard, starting from the hold this one learned (a new one would start from
-        _FIRST_HOLD_MS, shorter than an H100 host's launch of a call, and time its first call twice); its own
+        FIRST_HOLD_MS, shorter than an H100 host's launch of a call, and time its first call twice); its own
         fallbacks (a queue timed call by call, a futile hold) start afresh."""
-        return type(self)(self.device, self.protocol, _FIRST_HOLD_MS if self.hold_futile else self.hold_ms)
+        return type(self)(self.device, self.protocol, FIRST_HOLD_MS if self.hold_futile else self.hold_ms)
 
     def run(self, kernel: ShardKernel) -> tuple[float, float]:
         """(fwd_ms, bwd_ms) of one forward + backward (with the fused optimizer update)."""
@@ -227,7 +227,7 @@ class _Timer:
             host_ms = (call.t1 - t_hold) * 1e3
             covered = host_ms <= held.elapsed_time(call.start)
             if not self.hold_futile:
-                self.hold_ms = min(max(_HOLD_MARGIN * host_ms, _MIN_HOLD_MS), _MAX_HOLD_MS)
+                self.hold_ms = min(max(_HOLD_MARGIN * host_ms, MIN_HOLD_MS), MAX_HOLD_MS)
             if covered or self.hold_futile or attempt == _HOLD_RETRIES:
                 break
             self.retried += 1
@@ -239,7 +239,7 @@ class _Timer:
                 log.warning("cuda_timer: the host's launches outlasted a %.1f ms device-side hold %d times in a row; "
                             "holding the stream no longer (a host sync inside the kernel's call?)", self.hold_ms,
                             _HOLD_RETRIES + 1)
-                self.hold_futile, self.hold_ms = True, _MIN_HOLD_MS
+                self.hold_futile, self.hold_ms = True, MIN_HOLD_MS
         if graphs is not None:
             return call.timing("graph", graphs.launch_ms)
         return call.timing("held")
@@ -256,7 +256,7 @@ class _Timer:
         launch, work = first.launch_ms or 0.0, first.fwd_ms + first.bwd_ms
         hold = _QUEUE_MARGIN * (launch + max(0.0, (n - 1) * (launch - work))) + launch
         for _ in range(_HOLD_RETRIES + 1):
-            hold = min(max(hold, _MIN_HOLD_MS), _MAX_HOLD_MS * n)
+            hold = min(max(hold, MIN_HOLD_MS), MAX_HOLD_MS * n)
             used = hold
             held = torch.cuda.Event(enable_timing=True)
             t_hold = time.perf_counter()
@@ -285,7 +285,7 @@ class _Timer:
         """Queue a device-side wait of `ms`; where it fails (a private torch function), False, and this timer
         times with events from then on, saying so."""
         try:
-            torch.cuda._sleep(max(1, int(ms * _sleep_cycles_per_ms(self.device))))
+            torch.cuda._sleep(max(1, int(ms * sleep_cycles_per_ms(self.device))))
         except Exception as err:  # noqa: BLE001 - any failure of the wait: time as before, named in the rows
             log.warning("cuda_timer %r: the device-side wait failed (%s: %s); timing with CUDA events around the "
                         "launches instead", self.cuda_timer, type(err).__name__, _first_line(err))
