@@ -126,7 +126,7 @@ def test_batch_size_omitted_plans_with_torchrecs_default_per_rank(device, kind):
     sharding_plan = planner.plan(_model(kind, rows), [_sharder(kind)])
     assert set(sharding_plan.plan["sparse"]) == {f"t{i}" for i in range(len(rows))}
     assert BATCH_SIZE == 512 and planner._batch_size == BATCH_SIZE
-    assert {o.batch_size for o in planner._best_plan} == {BATCH_SIZE}
+    assert {o.batch_size for o in planner.last_best_plan} == {BATCH_SIZE}
     # the shardwise task is the step's batch: TorchRec's per-rank batch on every rank
     assert planner.last_task is not None and planner.last_task.batch_size == BATCH_SIZE * world_size
 
@@ -289,12 +289,13 @@ def test_torchrecs_stats_timeout_callbacks_and_debug_are_accepted(device, kind):
 
     def callback(best_plan):  # noqa: ANN001, ANN202 - TorchRec's callback: the best plan in, a plan out
         seen.append(sorted(o.name for o in best_plan))
-        return best_plan
+        return list(best_plan)  # another list: the planner keeps what the callbacks return
 
     planner = _planner(_topology(device, world_size, memory), stats=[], timeout_seconds=60, callbacks=[callback],
                        debug=False)
     sharding_plan = planner.plan(_model(kind, rows), [_sharder(kind)])
     assert seen == [sorted(sharding_plan.plan["sparse"])]
+    assert planner.last_best_plan is planner._best_plan  # kept after the callbacks given, as TorchRec keeps it
     assert planner._stats == [] and planner.last_stats is None  # no stats stage: none ran
 
 
@@ -336,7 +337,7 @@ def _reloaded(topology: Topology, kind: str, rows: tuple[int, ...], sharders: li
     by a new planner: the stored plan, not the one a search makes, and no search."""
     first = _planner(topology)
     made = first.plan(_model(kind, rows), sharders)
-    stored = _rotated(first._best_plan, topology.world_size)
+    stored = _rotated(first.last_best_plan, topology.world_size)
     loader = _Loader({o.storage_hash(): o for o in stored}, first.hash_planner_context_inputs_str())
     again = _planner(topology, plan_loader=loader)
     loaded = again.plan(_model(kind, rows), sharders)

@@ -92,7 +92,7 @@ class TorchRecPlanDoc(BaseModel):
 
 
 def plan_doc(best_plan: Sequence[ShardingOption], context_hash: str, fingerprint: dict[str, Any]) -> TorchRecPlanDoc:
-    """A planner's chosen options (`EmbeddingShardingPlanner._best_plan` after `plan`) as a document."""
+    """A planner's chosen options (`ShardwisePlanner.last_best_plan` after `plan`) as a document."""
     options = []
     for option in best_plan:
         if any(s.rank is None for s in option.shards):

@@ -34,6 +34,7 @@ from torchrec.distributed.planner.types import (
     PlanLoader,
     PlannerErrorType,
     Proposer,
+    ShardingOption,
     Stats,
     StorageReservation,
     Topology,
@@ -136,9 +137,15 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
         if isinstance(plan_loader, MlflowPlanLoader) and plan_loader.enumerator is None:
             plan_loader.enumerator = enumerator  # so that a registered plan for other inputs names what changed
         self.shardwise_stats = ShardwiseStats(self.search, plan_loader)
+        #: the enumerator TorchRec's planner enumerates with (TorchRec keeps its own reference private)
+        self.enumerator: Enumerator = enumerator
+        #: the last plan's sharding options, as TorchRec's planner chose them (after the callbacks given; None
+        #: before a plan), kept by the last callback: TorchRec keeps its own private
+        self.last_best_plan: list[ShardingOption] | None = None
         super().__init__(topology=topology, batch_size=batch_size, enumerator=enumerator,
                          storage_reservation=storage_reservation, constraints=constraints, debug=debug,
-                         callbacks=callbacks, timeout_seconds=timeout_seconds, plan_loader=plan_loader,
+                         callbacks=[*(callbacks or []), self._keep_best_plan], timeout_seconds=timeout_seconds,
+                         plan_loader=plan_loader,
                          proposer=proposer or ShardwiseProposer(self.search),
                          partitioner=partitioner or PlacedPartitioner(),
                          performance_model=performance_model or ShardwisePerfModel(self.search),
@@ -172,11 +179,16 @@ class ShardwisePlanner(EmbeddingShardingPlanner):
         """The cost model the planner plans with (loaded on first use)."""
         return self.search.resolved_cost_model()
 
+    def _keep_best_plan(self, best_plan: list[ShardingOption]) -> list[ShardingOption]:
+        self.last_best_plan = best_plan
+        return best_plan
+
     # -- TorchRec's interface ----------------------------------------------------------------------------------
     def plan(self, module: nn.Module, sharders: list[Any] | None = None) -> ShardingPlan:
         """TorchRec's planner's plan of `module` for `sharders` (TorchRec's default sharders where None); where none
         fits, TorchRec's error as shardwise's `PlannerError` in one line, with why shardwise's search found none."""
         self.search.load(None)  # the proposer loads the search space where proposals run: none where a plan is loaded
+        self.last_best_plan = None
         if self.plan_loader is None:
             self.search.resolved_cost_model()  # a missing model is its own error, before any proposal is rated
         try:

@@ -75,8 +75,8 @@ def plan_production_task(production: ProductionTask, cost_model: CostModel, *, r
     with _quiet_planner():
         sharding_plan = planner.plan(context.module(), context.torchrec_sharders())
     planning_s = time.perf_counter() - started
-    best = getattr(planner, "_best_plan", None) or []
-    fingerprint = enumerated_fingerprint(planner._enumerator) or {}
+    best = planner.last_best_plan or []
+    fingerprint = enumerated_fingerprint(planner.enumerator) or {}
     doc = plan_doc(best, planner.hash_planner_context_inputs_str(), fingerprint)
     return PlannedTask(plan=as_shardwise_plan(sharding_plan, production, "ShardwisePlanner"), torchrec=doc,
                        stats=planner.last_stats, refinement=_refinement_outcome(planner),

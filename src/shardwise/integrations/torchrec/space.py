@@ -16,11 +16,17 @@ import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
-from torchrec.distributed.planner.proposers import _sharding_option_score
-from torchrec.distributed.planner.types import Enumerator, PlannerErrorType, Shard, ShardingOption, Topology
+from torchrec.distributed.planner.types import (
+    Enumerator,
+    Perf,
+    PlannerErrorType,
+    Shard,
+    ShardingOption,
+    Topology,
+)
 
 from shardwise.search import Plan
 from shardwise.search import Shard as PlanShard
@@ -62,7 +68,7 @@ class SpaceTable:
         for wanted in ("row_wise", "data_parallel"):
             if any(SEARCHED.get((o.sharding_type, o.compute_kernel)) == wanted for o in self.options):
                 return self.option(wanted)
-        return min(self.options, key=lambda o: _sharding_option_score(o, True))
+        return min(self.options, key=_greedy_score)
 
 
 class PlanSpace:
@@ -226,6 +232,11 @@ def torchrec_ms(options: Sequence[ShardingOption], world_size: int) -> list[floa
             if shard.rank is not None and shard.perf is not None:
                 ms[shard.rank] += shard.perf.total
     return ms
+
+
+def _greedy_score(option: ShardingOption) -> float:
+    """An option's score as TorchRec's greedy proposer orders them (its depth): its slowest shard's estimated ms."""
+    return max(cast(Perf, shard.perf).total for shard in option.shards)
 
 
 def device_tier(topology: Topology) -> str:
