@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,6 +180,30 @@ def test_the_drop_in_loads_the_registered_plan_without_a_cost_model(moved, tmp_p
     planner = ShardwisePlanner(CPU, batch_size=BATCH, constraints=_constraints(), plan_loader=MlflowPlanLoader(files))
     assert _ranks(planner.plan(_model(), _sharders())) == ranks
     assert f"the plan: loaded by the plan loader ({files})" in planner.last_stats
+
+
+def test_load_plan_in_plain_python_reads_a_registered_plan_by_its_models_uri(registered, tmp_path):
+    """`from shardwise.search import load_plan` alone reads a models:/ URI (the top package registers its reader),
+    the plan registry loaded only for it."""
+    from shardwise.integrations.mlflow import MlflowService
+    from shardwise.integrations.plan_registry import register_plan
+    from shardwise.search.plan import plan_from_json
+
+    planned, files = registered
+    service = MlflowService(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    register_plan(service, "ranking", files, measured_ms=1.0, champion_ms=lambda uri: None, min_gain=0.0, tags={},
+                  params={}, metrics={})
+    code = ("import json, sys\n"
+            "from shardwise.search import load_plan\n"
+            "before = 'shardwise.integrations.plan_registry' in sys.modules\n"
+            "plan = load_plan(sys.argv[1], tracking_uri=sys.argv[2])\n"
+            "print(json.dumps({'registry_before': before, 'plan': plan.to_json()}))\n")
+    done = subprocess.run([sys.executable, "-c", code, "models:/shardwise-plan-ranking@champion", service.tracking_uri],
+                          capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["registry_before"] is False
+    assert plan_from_json(out["plan"]) == planned.plan
 
 
 def test_the_drop_in_names_what_changed_without_being_given_its_enumerator(registered):

@@ -82,6 +82,24 @@ def test_plan_files_round_trip_with_extra_keys(tmp_path):
     assert loaded == annotated
 
 
+@pytest.mark.parametrize("uri", ["s3://plans/plan.json", "runs:/0123/plan/plan.json"])
+def test_a_plan_uri_of_no_registered_scheme_is_refused_in_one_line_naming_the_known_ones(uri):
+    with pytest.raises(PlanError) as raised:
+        load_plan(uri)
+    scheme = uri.split(":", 1)[0]
+    assert str(raised.value) == (f"{uri}: no reader of {scheme}:/ URIs (known: models:/); a plan is a "
+                                 "shardwise.plan/v1 JSON file or a URI of those")
+
+
+def test_a_file_path_is_read_as_a_file_where_it_holds_a_colon_or_a_drive_letter(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "C:").mkdir()
+    save_plan(GOOD, tmp_path / "C:" / "plan.json")
+    assert load_plan("C:/plan.json") == GOOD  # one letter: a Windows drive, not a URI scheme
+    with pytest.raises(PlanError, match=r"^/no/such:/plan.json: no such plan file$"):
+        load_plan("/no/such:/plan.json")
+
+
 def _plan_space_task(**plan_space: object) -> ShardingTask:
     """`task()` with table b (dim 32) given a plan space, validated as a task file's would be."""
     b = TableSpec.model_validate({**TABLES[1].model_dump(), **plan_space})

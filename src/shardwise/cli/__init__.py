@@ -13,9 +13,9 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
-from shardwise import __version__
 from shardwise.errors import ShardwiseError
 from shardwise.extras import needs_extras
+from shardwise.version import __version__
 
 #: verb -> (module that configures its parser, one-line help), in the order of the method
 VERBS: dict[str, tuple[str, str]] = {

@@ -12,7 +12,7 @@ lacks the pipeline-building API.
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
-from shardwise import __version__
+from shardwise.version import __version__
 
 # The project's image (Dockerfile); set explicitly on every component so no step runs on a default image.
 IMAGE = f"ghcr.io/shardwise/shardwise:{__version__}"

@@ -4,13 +4,13 @@ memory; `shardwise.plan/v1` JSON IO."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shardwise.errors import ShardwiseError
+from shardwise.plan_readers import PLAN_READERS, uri_scheme
 from shardwise.workload import (
     ShardingTask,
     TableSpec,
@@ -143,20 +143,20 @@ def plan_from_json(doc: Any, source: str = "plan") -> Plan:
         raise PlanError(f"{source}: {describe_validation_error(err)}") from None
 
 
-#: where plans behind a URI scheme are read, as "module:function(uri, tracking_uri=...) -> Plan": the plan registry
-#: lives in `integrations`, a layer above this one, so it is named here and imported only for a URI of its scheme
-PLAN_READERS = {"models": "shardwise.integrations.plan_registry:read_registered_plan"}
-
-
 def load_plan(path: str | Path, *, tracking_uri: str | None = None) -> Plan:
     """Read a `shardwise.plan/v1` JSON file, or the plan registered at "models:/shardwise-plan-<task>@champion"
-    (a version, an alias; MLflow's store at `tracking_uri`, else $MLFLOW_TRACKING_URI, else ./mlflow.db)."""
-    scheme = str(path).split(":/", 1)[0] if ":/" in str(path) else ""
-    if scheme in PLAN_READERS:
-        module, _, function = PLAN_READERS[scheme].partition(":")
-        reader = getattr(importlib.import_module(module), function)
-        return reader(str(path), tracking_uri=tracking_uri)  # type: ignore[no-any-return]
-    return plan_from_json(read_json_document(path, PlanError, "plan"), source=str(path))
+    (a version, an alias; MLflow's store at `tracking_uri`, else $MLFLOW_TRACKING_URI, else ./mlflow.db). A URI is
+    read by the reader registered for its scheme (`shardwise.plan_readers`); another scheme is refused."""
+    scheme = uri_scheme(str(path))
+    if scheme is None:
+        return plan_from_json(read_json_document(path, PlanError, "plan"), source=str(path))
+    reader = PLAN_READERS.get(scheme)
+    if reader is None:
+        known = ", ".join(f"{s}:/" for s in sorted(PLAN_READERS)) or "none"
+        raise PlanError(f"{path}: no reader of {scheme}:/ URIs (known: {known}); a plan is a shardwise.plan/v1 JSON "
+                        "file or a URI of those")
+    plan: Plan = reader(str(path), tracking_uri=tracking_uri)
+    return plan
 
 
 def save_plan(plan: Plan, path: str | Path) -> Path:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from shardwise import __version__
 from shardwise.costmodel.types import CostModel, KnowsItsTraining
+from shardwise.version import __version__
 from shardwise.workload import ShardingTask
 
 from .bottleneck import bottleneck_line, slowest_alone
