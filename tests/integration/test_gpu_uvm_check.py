@@ -65,11 +65,15 @@ def test_every_step_with_a_cpu_path_runs_on_a_cpu(tmp_path, capsys) -> None:
     frame = _with_uvm_rows(frame)
     model, accuracy = check.price_step(frame, {t.name for t in heldout}, CPU, epochs=3)
     assert set(model.compute_kernels) == {"fused", "fused_uvm_caching", "fused_uvm"}
-    assert accuracy["lines"]["fused_uvm_caching"]["slope_ms_per_gb"][0] > 0
+    # the lines recover the known law from the training tables' UVM shards: 1x forward, 2x backward, per GB read
+    for kernel in ("fused_uvm_caching", "fused_uvm"):
+        assert accuracy["lines"][kernel]["slope_ms_per_gb"] == pytest.approx([4000.0, 8000.0], rel=0.15)
     assert {"shardwise_mape_pct", "torchrec_mape_pct"} <= set(accuracy["fused"])
-    # the held-out tables' shards on UVM, priced by the line fitted to the training tables' (the known law: close)
-    cached = accuracy["fused_uvm_caching"]
-    assert cached["shardwise_mape_pct"] < cached["network_in_hbm_mape_pct"] and cached["torchrec_mape_pct"] > 0
+    # held-out shards that read every lookup from host memory: the line prices what the network's HBM price cannot
+    # (behind a cache the host reads are a few ms beside the 3-epoch network's own error, so no ranking there)
+    uncached = accuracy["fused_uvm"]
+    assert uncached["shardwise_mape_pct"] < 0.5 * uncached["network_in_hbm_mape_pct"]
+    assert all(accuracy[k]["torchrec_mape_pct"] > 0 for k in ("fused_uvm_caching", "fused_uvm"))
 
     task = check.check_task(heldout, 2, BATCH, hbm_share=0.5)
     plans = check.plan_step(task, model)
