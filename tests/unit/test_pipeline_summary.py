@@ -110,3 +110,18 @@ def test_the_summary_leads_with_each_production_tasks_plan_against_torchrecs_bef
     assert markdown.index(f"- {lines[2]}") < markdown.index("| ranking | 1.790 |")
     plain = LocalRun(plan_path="p.json", plan_text="", report_path="r.html", comparison={}, elapsed_s=60).summary()
     assert "your models" not in plain and "held-out evaluation task" not in plain  # no production tasks: as before
+
+
+def test_the_summary_says_what_the_profile_budget_bought_summed_over_the_workers(tmp_path):
+    _step_output(tmp_path, "evaluate-plans", "comparison", {"ratio_to_torchrec": 0.9})
+    for worker, (shards, left, seconds) in enumerate([(300, 20, 241.0), (260, 60, 246.0)]):
+        _step_output(tmp_path, f"for-loop-1-iteration-{worker}/profile-costs", "costs",
+                     {"profiled_shards": shards, "profile_shards_left": left, "profile_s": seconds,
+                      "hardware_kind": "cpu"})
+    figures = run_figures(tmp_path)
+    assert (figures["profiled_shards"], figures["profile_shards_left"], figures["profile_s"]) == (560, 80, 246.0)
+    text = LocalRun(plan_path="p.json", plan_text="", report_path="r.html", comparison=figures, elapsed_s=60).summary()
+    assert "profiled: 560 shards in 4.1 min at 2.3 shards/s (80 left by the time budget)" in text
+    # a run that profiled nothing new (every shard stored) says nothing of it
+    assert "profiled:" not in LocalRun(plan_path="p.json", plan_text="", report_path="r.html",
+                                       comparison={"ratio_to_torchrec": 0.9}, elapsed_s=60).summary()

@@ -10,6 +10,7 @@ import time
 
 from shardwise.jobs.base import JobResult
 from shardwise.pipelines.params import PipelineParams, pipeline_params, preset, preset_names
+from shardwise.profiling.budget import rate_line
 from shardwise.search import format_plan, load_plan
 
 from .options import UsageError, add_settings_options
@@ -82,6 +83,9 @@ class LocalRun(JobResult):
                 f"{c['torchrec_samples_per_s']:,.0f} samples/s (ratio {c['throughput_ratio_to_torchrec']:.3f}; "
                 "above 1 is better)"
             )
+        if c.get("profiled_shards"):  # what the profile step's time budget bought on this machine
+            lines.append("profiled: " + rate_line(int(c["profiled_shards"]), c["profile_s"],
+                                                  int(c.get("profile_shards_left", 0))))
         if self.published:
             lines.append(f"production tasks planned, measured and registered (publish step):\n{self.published}")
         lines.append(f"the whole run: {self.elapsed_s / 60:.1f} min")

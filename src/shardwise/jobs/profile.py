@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from shardwise.errors import ShardwiseError
 from shardwise.profiling import DeviceName, ProfileSettings, TimingProtocol
+from shardwise.profiling.budget import floor_shards, rate_line
 from shardwise.profiling.protocol import CUDA_TIMER_HELP, CudaTimer, MeasurementSettings
 from shardwise.profiling.run_settings import NEEDS_CUDA
 from shardwise.workload import Optimizer, TableSet, WeightsPrecision, load_tables, read_dlrm_dataset
@@ -19,6 +20,9 @@ _PROFILER = ProfileSettings.model_fields  # the profiler's own defaults, shared 
 #: your own tables' heaviest seed this share of the shards: on the MLPerf DLRM-DCNv2 tables it lowered the error on
 #: fresh shards holding the heaviest three from 10.4% to 5.9-6.6% MAPE (with augmentation covering their extremes)
 HEAVY_SHARE_GIVEN = 0.2
+#: a budgeted run measures at least this share of --num-shards, however slow the machine (what keeps the cost
+#: model's held-out error in bounds), and says so in one line when that overruns the budget
+BUDGET_FLOOR_SHARE = 0.4
 _TIMING = TimingProtocol.model_fields
 
 
@@ -30,6 +34,11 @@ class ProfileJobSettings(JobSettings):
                      "prefix s3://bucket/prefix (one per hardware kind); reruns resume")
     indices: str | None = Field(default=None, description="index data in the DLRM dataset format (default: sampled)")
     num_shards: int = Field(default=100, ge=0, description="shard configurations to measure")
+    budget_s: float | None = Field(
+        default=None, gt=0,
+        description="start no new shard after this many seconds, once "
+                    f"{BUDGET_FLOOR_SHARE:g} of --num-shards are stored (a slower machine measures fewer; the same "
+                    "command again measures more; default: every shard)")
     comm_layouts: int = Field(default=_PROFILER["comm_layouts"].default, ge=0, description="all-to-all layouts to measure")
     all_reduce_max_bytes: int = Field(
         default=_PROFILER["all_reduce_max_bytes"].default, ge=0,
@@ -107,13 +116,19 @@ class ProfileResult(JobResult):
     hardware_kind: str
     reference_ms: float | None
     noise_floor: dict[str, float] | None = None
+    shards: int = 0  # whole shards this run measured
+    shards_left: int = 0  # left by the time budget, for a rerun
+    elapsed_s: float = 0.0
 
     def summary(self) -> str:
-        """Rows measured and stored; the noise floor when repeats were asked for."""
+        """Rows measured and stored, the shards' rate; the noise floor when repeats were asked for."""
         line = (
             f"{self.out}: {self.measured} measured, {self.skipped} already stored, {self.total_rows} rows "
             f"({self.hardware_kind}, reference {self.reference_ms or float('nan'):.3f} ms)"
         )
+        if self.shards:
+            line += "\n" + rate_line(self.shards, self.elapsed_s, self.shards_left)
+            line += ": the same command again measures them" if self.shards_left else ""
         if self.noise_floor:
             f = self.noise_floor
             line += (
@@ -154,6 +169,8 @@ def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult
         repeats=settings.repeats,
         repeat_shards=settings.repeat_shards,
         seed=settings.seed,
+        budget_s=settings.budget_s,
+        floor_shards=floor_shards(settings.num_shards, BUDGET_FLOOR_SHARE) if settings.budget_s else 0,
         device=settings.device,
         batch_size=settings.batch_size or tableset.batch_size,
         optimizer=settings.optimizer,
@@ -184,6 +201,7 @@ def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult
     return ProfileResult(
         out=settings.out, measured=summary.measured, skipped=summary.skipped, total_rows=summary.total_rows,
         hardware_kind=summary.hardware_kind, reference_ms=summary.reference_ms, noise_floor=floor,
+        shards=summary.shards, shards_left=summary.shards_left, elapsed_s=summary.elapsed_s,
     )
 
 
@@ -205,12 +223,21 @@ def run_apart(settings: ProfileJobSettings, holdout_tables: str, holdout_shards:
             f"holdout_shards {holdout_shards}: pretrain evaluates (and its promotion gate compares) on shards of "
             "held-out tables; profile at least 1 (20 or more for meaningful metrics)"
         )
-    run(settings)
+    budget_s = settings.budget_s
+    if budget_s is not None:  # the training shards' share of the budget; the held-out ones get what is left
+        settings = settings.model_copy(update={
+            "budget_s": budget_s * settings.num_shards / (settings.num_shards + holdout_shards)})
+    trained = run(settings)
     # all-to-alls depend on widths, not on which tables: measured once, in the first call
-    return run(settings.model_copy(update={
+    heldout = run(settings.model_copy(update={
         "tables": holdout_tables, "num_shards": holdout_shards, "comm_layouts": 0,
+        "budget_s": None if budget_s is None else max(budget_s - trained.elapsed_s, 1e-6),  # spent: the floor
         **{key: math.ceil(getattr(settings, key) * holdout_shards / max(settings.num_shards, 1))
            for key in ("data_parallel_shards", "row_wise_shards", "caching_shards")},
         "seed": settings.seed + 1,
         "heavy_share": 0.0,  # the held-out shards stay a plain sample: their error is what pretrain reports
     }))
+    return heldout.model_copy(update={
+        "measured": trained.measured + heldout.measured, "skipped": trained.skipped + heldout.skipped,
+        "shards": trained.shards + heldout.shards, "shards_left": trained.shards_left + heldout.shards_left,
+        "elapsed_s": trained.elapsed_s + heldout.elapsed_s})

@@ -85,6 +85,7 @@ def profile_costs(
     max_tables: int,
     repeats: int,
     timing_iters: int,
+    budget_s: float,
     seed: int,
     device: str,
     worker: int,
@@ -94,20 +95,21 @@ def profile_costs(
 ) -> str:
     """One worker's slice of the kernel profile (shards of the training tables, the first `data_parallel_shards` of
     them also as data-parallel tables' dense kernels and the first `row_wise_shards` as row-wise tables' row blocks,
-    and shards of the held-out tables alone) on this node's GPU,
-    into `dataset_uri` (an object-store prefix every run adds to) or, when it is "", into this step's own dataset;
-    returns the hardware kind."""
+    and shards of the held-out tables alone) on this node's GPU, for at most `budget_s` seconds past their floor
+    (0: all of them), into `dataset_uri` (an object-store prefix every run adds to) or, when it is "", into this
+    step's own dataset; returns the hardware kind."""
     from shardwise.jobs import profile as job
 
     out = dataset_uri or costs.path
     settings = job.ProfileJobSettings(tables=tables.path, out=out, num_shards=num_shards, comm_layouts=0,
                                       data_parallel_shards=data_parallel_shards, row_wise_shards=row_wise_shards,
                                       max_tables=max_tables,
-                                      repeats=repeats, timing_iters=timing_iters, seed=seed, device=device,
-                                      worker=worker, workers=workers)
+                                      repeats=repeats, timing_iters=timing_iters, budget_s=budget_s or None,
+                                      seed=seed, device=device, worker=worker, workers=workers)
     result = job.run_apart(settings, holdout_tables.path, holdout_shards)
     print(result.summary())
-    costs.metadata.update({"hardware_kind": result.hardware_kind, "dataset": out})
+    costs.metadata.update({"hardware_kind": result.hardware_kind, "dataset": out, "profiled_shards": result.shards,
+                           "profile_shards_left": result.shards_left, "profile_s": round(result.elapsed_s, 1)})
     return result.hardware_kind
 
 

@@ -129,7 +129,7 @@ def _data_steps(
 def _kernel_profile_steps(
     workload: dsl.PipelineTask, augment: dsl.PipelineTask, gpu_product: str | None, *, workers: Any,
     num_shards: Any, holdout_shards: Any, data_parallel_shards: Any, row_wise_shards: Any, max_tables: Any,
-    repeats: Any, timing_iters: Any, seed: Any, device: Any, dataset_uri: Any,
+    repeats: Any, timing_iters: Any, budget_s: Any, seed: Any, device: Any, dataset_uri: Any,
 ) -> dsl.PipelineTask:
     """The kernel profiling step, one pod of one GPU per worker (the step inside the fan-out)."""
     # kernel profiling fans out over profile_workers pods of one GPU each, every one its slice of the shards
@@ -147,6 +147,7 @@ def _kernel_profile_steps(
                     max_tables=max_tables,
                     repeats=repeats,
                     timing_iters=timing_iters,
+                    budget_s=budget_s,
                     seed=seed,
                     device=device,
                     worker=worker,
@@ -344,6 +345,7 @@ def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool =
         profile_max_tables: int = DEFAULTS.profile_max_tables,
         profile_repeats: int = DEFAULTS.profile_repeats,
         profile_timing_iters: int = DEFAULTS.profile_timing_iters,
+        profile_budget_s: float = DEFAULTS.profile_budget_s,
         pretrain_epochs: int = DEFAULTS.pretrain_epochs,
         pretrain_patience: int = DEFAULTS.pretrain_patience,
         search_method: str = DEFAULTS.search_method,
@@ -364,7 +366,8 @@ def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool =
             workload, augment, gpu_product, workers=profile_workers, num_shards=profile_num_shards,
             holdout_shards=profile_holdout_shards, data_parallel_shards=profile_data_parallel_shards,
             row_wise_shards=profile_row_wise_shards, max_tables=profile_max_tables, repeats=profile_repeats,
-            timing_iters=profile_timing_iters, seed=seed, device=device, dataset_uri=dataset_uri,
+            timing_iters=profile_timing_iters, budget_s=profile_budget_s, seed=seed, device=device,
+            dataset_uri=dataset_uri,
         )
         comm = _all_to_all_step(augment, gpu_product, comm_layouts=profile_comm_layouts, num_devices=num_devices,
                                 seed=seed, device=device, dataset_uri=dataset_uri)

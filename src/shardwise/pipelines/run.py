@@ -103,9 +103,22 @@ def run_figures(run_dir: Path) -> dict[str, float]:
     planner (measured plan cost, refined, DLRM throughput), the pretrain step's cost-model accuracy, and each
     method's predicted plan cost on the task (`<method>_predicted_ms`: the searched plan's and the policies')."""
     accuracy = _step_metadata(run_dir, "pretrain-cost-model", "metrics")
-    return (_step_metadata(run_dir, "evaluate-plans", "comparison")
+    return (_profiled(run_dir) | _step_metadata(run_dir, "evaluate-plans", "comparison")
             | {k: accuracy[k] for k in _COST_MODEL_FIGURES if k in accuracy}
             | _step_metadata(run_dir, "train-policies", "predicted"))
+
+
+def _profiled(run_dir: Path) -> dict[str, float]:
+    """The profiling workers' whole shards and shards left by the time budget, summed, and the slowest one's
+    seconds (`profiled_shards`, `profile_shards_left`, `profile_s`; none where the run profiled nothing)."""
+    workers = [_step_metadata(run_dir, path.parent.relative_to(run_dir).as_posix(), "costs")
+               for path in sorted(run_dir.glob("*/profile-costs/executor_output.json"))]
+    workers = [w for w in workers if "profiled_shards" in w]
+    if not workers:
+        return {}
+    return {"profiled_shards": sum(w["profiled_shards"] for w in workers),
+            "profile_shards_left": sum(w.get("profile_shards_left", 0.0) for w in workers),
+            "profile_s": max(w.get("profile_s", 0.0) for w in workers)}
 
 
 def _latest_report(report: Path, workdir: Path) -> Path:

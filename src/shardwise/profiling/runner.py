@@ -26,6 +26,7 @@ from shardwise.errors import ServiceError, redacted
 from shardwise.workload import TableSpec, local_batch, row_blocks
 
 from .batches import IndexData
+from .budget import ShardClock
 from .caching import NEEDS_CUDA, CachingNeedsCudaError, caching_variants
 from .comm import default_backend, measure_comm_group
 from .dataset import (
@@ -94,6 +95,9 @@ class ProfileSummary:
     total_rows: int  # rows in the dataset afterwards (other writers' rows included)
     hardware_kind: str
     reference_ms: float | None
+    shards: int = 0  # whole sampled shards measured in this run
+    shards_left: int = 0  # of this worker's, left unmeasured by the time budget
+    elapsed_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,7 @@ class _Work:
 
     configs: list[list[TableSpec]]  # the sampled shards, then the first ones' row blocks
     ids: list[str]
+    source: list[int]  # the sampled shard each config was made of (a sampled shard: its own index)
     jobs: list[_Job]
     todo: list[_Job]
     backend: str
@@ -241,14 +246,25 @@ def profile(
         prepare_dataset(out)  # before measuring: a path that cannot hold the dataset fails now, not at the end
     common = {**info, "batch_size": settings.batch_size}
     buffer = _RowBuffer(out, settings.chunk_size, 0 if stored is None else len(stored))
-    measured = _measure(work, settings, device, protocol, index_data, common, timing, buffer, progress)
+    whole = [j for j in work.todo if _whole(work, j)]
+    stored_whole = sum(_whole(work, j) for j in work.jobs) - len(whole)
+    clock = ShardClock(settings.budget_s, max(0, settings.floor_shards - stored_whole), say=tqdm.write)
+    measured = _measure(work, settings, device, protocol, index_data, common, timing, buffer, progress, clock)
     return ProfileSummary(
         measured=measured,
         skipped=work.skipped,
         total_rows=count_rows(out),
         hardware_kind=kind,
         reference_ms=protocol.reference_ms,
+        shards=clock.shards,
+        shards_left=len(whole) - clock.shards,
+        elapsed_s=clock.elapsed_s,
     )
+
+
+def _whole(work: _Work, job: _Job) -> bool:
+    """A sampled shard's first measurement (not one of its row blocks or caching variants, nor a repeat)."""
+    return job.repeat == 0 and work.source[job.index] == job.index
 
 
 def _plan(tables: Sequence[TableSpec], settings: ProfileSettings, device: torch.device, kind: str,
@@ -272,6 +288,10 @@ def _plan(tables: Sequence[TableSpec], settings: ProfileSettings, device: torch.
     # and again in host memory, behind caches of each load factor and without one
     configs += [variant for shard in sampled[: settings.caching_shards]
                 for variant in caching_variants(shard, settings.cache_load_factors)]
+    source = (list(range(len(sampled)))
+              + [i for _ in ROW_WISE_DEVICE_COUNTS for i in range(len(sampled[: settings.row_wise_shards]))]
+              + [i for i, shard in enumerate(sampled[: settings.caching_shards])
+                 for _ in caching_variants(shard, settings.cache_load_factors)])
     ids = [
         shard_config_id(c, settings.batch_size, settings.optimizer, settings.weights_precision, kind)
         for c in configs
@@ -282,6 +302,8 @@ def _plan(tables: Sequence[TableSpec], settings: ProfileSettings, device: torch.
     jobs = [j for j in jobs if keys[(ids[j.index], j.repeat)] is j]
     jobs = [j for j in jobs if j.index % settings.workers == settings.worker]  # this worker's slice
     todo = [j for j in jobs if (ids[j.index], j.repeat) not in done]
+    if settings.budget_s is not None:  # a budget cuts between whole shards: each one's blocks and variants with it
+        todo.sort(key=lambda j: (j.repeat, source[j.index], j.index))
 
     backend = default_backend(device.type)
     max_devices = settings.max_devices or default_max_devices(device.type)
@@ -313,15 +335,16 @@ def _plan(tables: Sequence[TableSpec], settings: ProfileSettings, device: torch.
     dense_ids = [config_id("data_parallel", ids[index], count) for index, count, _ in dense]
     dense_mine = [k for k in range(len(dense)) if k % settings.workers == settings.worker]
     dense_todo = [k for k in dense_mine if (dense_ids[k], dense[k][2]) not in done]
-    return _Work(configs, ids, jobs, todo, backend, layouts, layout_ids, comm_mine, comm_todo, reduces, reduce_ids,
-                 reduce_mine, reduce_todo, dense, dense_ids, dense_mine, dense_todo)
+    return _Work(configs, ids, source, jobs, todo, backend, layouts, layout_ids, comm_mine, comm_todo, reduces,
+                 reduce_ids, reduce_mine, reduce_todo, dense, dense_ids, dense_mine, dense_todo)
 
 
 def _measure(work: _Work, settings: ProfileSettings, device: torch.device, protocol: TimingProtocol,
              index_data: IndexData | None, common: dict[str, Any], timing: str, buffer: _RowBuffer,
-             progress: bool) -> int:
+             progress: bool, clock: ShardClock) -> int:
     """Take the `work`'s measurements (the dense kernels' first round, the shards, the dense kernels' repeats, the
-    collectives) into `buffer`, flushed however it ends; how many were taken."""
+    collectives) into `buffer`, flushed however it ends; how many were taken. The shards stop where `clock` says
+    the next would overrun its budget."""
     configs, dense, dense_ids = work.configs, work.dense, work.dense_ids
     measured = 0
     bar = tqdm(total=work.pending, desc="profile", unit="config", disable=not progress)
@@ -329,17 +352,23 @@ def _measure(work: _Work, settings: ProfileSettings, device: torch.device, proto
         with sigterm_as_interrupt():
             measured += _profile_dense(configs, dense, dense_ids, [k for k in work.dense_todo if dense[k][2] == 0],
                                        settings, device, protocol, index_data, common, timing, buffer, bar)
+            clock.begin()
             # on a GPU the next shard's kernel is built while the device runs this one's timed calls
             timings = measure_shards([configs[job.index] for job in work.todo], settings.batch_size, device=device,
                                      protocol=protocol, optimizer=settings.optimizer,
                                      weights_precision=settings.weights_precision, index_data=index_data)
-            for job, timing_result in zip(work.todo, timings):
+            for taken, (job, timing_result) in enumerate(zip(work.todo, timings), start=1):
                 shard = configs[job.index]
                 buffer.add([compute_row(shard, timing_result, config_id=work.ids[job.index], repeat=job.repeat,
                                         common=common, timing=timing, optimizer=settings.optimizer,
                                         weights_precision=settings.weights_precision, provenance="profile")])
                 measured += 1
                 bar.update()
+                clock.measured(_whole(work, job))
+                up_next = work.todo[taken] if taken < len(work.todo) else None
+                if up_next is not None and _whole(work, up_next) and not clock.next_fits():
+                    bar.total -= len(work.todo) - taken  # the budget's end, not a stall: the bar ends full
+                    break
             measured += _profile_dense(configs, dense, dense_ids, [k for k in work.dense_todo if dense[k][2] > 0],
                                        settings, device, protocol, index_data, common, timing, buffer, bar)
             measured += _profile_comm(
