@@ -85,14 +85,15 @@ def test_profile_budget_flag_keeps_the_floor_share_and_says_what_it_bought(tmp_p
     assert f"\n{floor} shards in " in said and " left by the time budget): the same command again measures them" in said
 
 
-def test_the_held_out_shards_get_the_budget_the_training_shards_left(tmp_path) -> None:
+def test_the_held_out_shards_get_the_budget_the_training_shards_left(tmp_path, capsys) -> None:
     heldout = save_tables(TableSet(batch_size=64, tables=tuple(
-        t.model_copy(update={"name": f"h{t.name}"}) for t in TABLES[:5])), tmp_path / "heldout.json")
+        t.model_copy(update={"name": f"h{t.name}"}) for t in TABLES)), tmp_path / "heldout.json")
     tables = save_tables(TableSet(batch_size=64, tables=tuple(TABLES)), tmp_path / "tables.json")
-    settings = job.ProfileJobSettings(tables=str(tables), out=str(tmp_path / "costs"), num_shards=10, comm_layouts=0,
-                                      max_tables=3, device="cpu", timing_iters=1, budget_s=SPENT_S)
-    result = job.run_apart(settings, str(heldout), holdout_shards=5)
-    # each part keeps its floor: 40% of 10 training shards and of 5 held-out ones
-    assert result.shards == 4 + 2 and result.shards_left > 0
+    settings = job.ProfileJobSettings(tables=str(tables), out=str(tmp_path / "costs"), num_shards=30, comm_layouts=0,
+                                      max_tables=2, device="cpu", timing_iters=1, budget_s=SPENT_S)
+    result = job.run_apart(settings, str(heldout), holdout_shards=30)
+    # each part keeps its floor (0.4 of its count), and the floor's overrun is said once, by the training part
+    assert result.shards == 12 + 12 and result.shards_left > 0
     sources = [{t["source"] or t["name"] for t in json.loads(d)} for d in load_costs(tmp_path / "costs")["tables_json"]]
-    assert sum(all(s.startswith("h") for s in shard) for shard in sources) == 2
+    assert sum(all(s.startswith("h") for s in shard) for shard in sources) == 12
+    assert sum(line.startswith("profile:") for line in capsys.readouterr().out.splitlines()) == 1

@@ -144,8 +144,9 @@ class ProfileInterrupted(ShardwiseError):
     exit_code = 130  # the shell's status for a process ended by SIGINT
 
 
-def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult:
-    """Sample shard configurations from the tables and measure them on this machine's kernels."""
+def run(settings: ProfileJobSettings, *, progress: bool = True, say_floor: bool = True) -> ProfileResult:
+    """Sample shard configurations from the tables and measure them on this machine's kernels (`say_floor`: a line
+    where a time budget cannot hold the floor of shards)."""
     # the profiling run and the dataset (torch, pandas) load only when it runs: `profile --help` answers without them
     from shardwise.profiling import load_costs, noise_floor, profile
 
@@ -188,7 +189,8 @@ def run(settings: ProfileJobSettings, *, progress: bool = True) -> ProfileResult
         ),
     )
     try:
-        summary = profile(tableset.tables, settings.out, profiler, index_data=index_data, progress=progress)
+        summary = profile(tableset.tables, settings.out, profiler, index_data=index_data, progress=progress,
+                          say_floor=say_floor)
     except ValueError as err:  # settings the sampler or the device refuses (e.g. max_devices > cores)
         raise ShardwiseError(str(err)) from None
     except KeyboardInterrupt:
@@ -228,6 +230,7 @@ def run_apart(settings: ProfileJobSettings, holdout_tables: str, holdout_shards:
         settings = settings.model_copy(update={
             "budget_s": budget_s * settings.num_shards / (settings.num_shards + holdout_shards)})
     trained = run(settings)
+    spent = settings.budget_s is not None and trained.elapsed_s >= settings.budget_s
     # all-to-alls depend on widths, not on which tables: measured once, in the first call
     heldout = run(settings.model_copy(update={
         "tables": holdout_tables, "num_shards": holdout_shards, "comm_layouts": 0,
@@ -236,7 +239,7 @@ def run_apart(settings: ProfileJobSettings, holdout_tables: str, holdout_shards:
            for key in ("data_parallel_shards", "row_wise_shards", "caching_shards")},
         "seed": settings.seed + 1,
         "heavy_share": 0.0,  # the held-out shards stay a plain sample: their error is what pretrain reports
-    }))
+    }), say_floor=not spent)  # a training part past its budget said the floor's overrun already
     return heldout.model_copy(update={
         "measured": trained.measured + heldout.measured, "skipped": trained.skipped + heldout.skipped,
         "shards": trained.shards + heldout.shards, "shards_left": trained.shards_left + heldout.shards_left,

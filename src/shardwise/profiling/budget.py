@@ -20,7 +20,7 @@ class ShardClock:
 
     budget_s: float | None
     floor_shards: int = 0
-    say: Callable[[str], None] = print
+    say: Callable[[str], None] | None = print  # None: the floor's overrun goes unsaid (an earlier part said it)
     started: float = field(default_factory=time.monotonic)  # the run's start: its other measurements count too
     shards_started: float | None = None  # when the first whole shard began
     shards: int = 0  # whole shards measured by this run
@@ -52,7 +52,7 @@ class ShardClock:
         return self.elapsed_s + self.shard_s <= self.budget_s
 
     def _warn_if_floor_overruns(self) -> None:
-        if self.budget_s is None or self.warned:
+        if self.budget_s is None or self.warned or self.say is None:
             return
         floor_s = self.elapsed_s + self.shard_s * (self.floor_shards - self.shards)
         if floor_s > self.budget_s:

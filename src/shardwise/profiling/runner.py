@@ -219,9 +219,11 @@ def profile(
     *,
     index_data: IndexData | None = None,
     progress: bool = True,
+    say_floor: bool = True,
 ) -> ProfileSummary:
     """Measure sampled shards (and all-to-all layouts) on `settings.device`; append rows to the dataset `out`
-    (a directory of Parquet part files, or an object-store prefix)."""
+    (a directory of Parquet part files, or an object-store prefix). With a time budget, `say_floor` prints one line
+    where the floor of shards overruns it."""
     out = out if is_object_store(out) else Path(out)
     device = resolve_device(settings.device)
     if settings.caching_shards and device.type != "cuda":
@@ -248,7 +250,8 @@ def profile(
     buffer = _RowBuffer(out, settings.chunk_size, 0 if stored is None else len(stored))
     whole = [j for j in work.todo if _whole(work, j)]
     stored_whole = sum(_whole(work, j) for j in work.jobs) - len(whole)
-    clock = ShardClock(settings.budget_s, max(0, settings.floor_shards - stored_whole), say=tqdm.write)
+    clock = ShardClock(settings.budget_s, max(0, settings.floor_shards - stored_whole),
+                       say=tqdm.write if say_floor else None)
     measured = _measure(work, settings, device, protocol, index_data, common, timing, buffer, progress, clock)
     return ProfileSummary(
         measured=measured,
