@@ -92,8 +92,8 @@ def test_the_held_out_shards_get_the_budget_the_training_shards_left(tmp_path, c
     settings = job.ProfileJobSettings(tables=str(tables), out=str(tmp_path / "costs"), num_shards=30, comm_layouts=0,
                                       max_tables=2, device="cpu", timing_iters=1, budget_s=SPENT_S)
     result = job.run_apart(settings, str(heldout), holdout_shards=30)
-    # each part keeps its floor (0.4 of its count), and the floor's overrun is said once, by the training part
-    assert result.shards == 12 + 12 and result.shards_left > 0
+    # each part keeps its floor (half its count), and the floor's overrun is said once, by the training part
+    assert result.shards == 15 + 15 and result.shards_left > 0
     sources = [{t["source"] or t["name"] for t in json.loads(d)} for d in load_costs(tmp_path / "costs")["tables_json"]]
-    assert sum(all(s.startswith("h") for s in shard) for shard in sources) == 12
+    assert sum(all(s.startswith("h") for s in shard) for shard in sources) == 15
     assert sum(line.startswith("profile:") for line in capsys.readouterr().out.splitlines()) == 1

@@ -22,7 +22,7 @@ _PROFILER = ProfileSettings.model_fields  # the profiler's own defaults, shared 
 HEAVY_SHARE_GIVEN = 0.2
 #: a budgeted run measures at least this share of --num-shards, however slow the machine (what keeps the cost
 #: model's held-out error in bounds), and says so in one line when that overruns the budget
-BUDGET_FLOOR_SHARE = 0.4
+BUDGET_FLOOR_SHARE = 0.5
 _TIMING = TimingProtocol.model_fields
 
 

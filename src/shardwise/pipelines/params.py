@@ -55,7 +55,7 @@ class PipelineParams(BaseModel):
     profile_repeats: int = Field(ge=0, description="re-measure some shards this many more times (noise floor)")
     profile_timing_iters: int = Field(ge=1, description="timed kernel iterations per profiled shard (their median)")
     profile_budget_s: float = Field(ge=0, description="seconds a profiling worker takes shards for (training and "
-                                    "held-out shards in their counts' proportion), at least 0.4 of each count "
+                                    "held-out shards in their counts' proportion), at least half of each count "
                                     "however slow the machine (0: every shard asked for)")
     pretrain_epochs: int = Field(ge=0, description="maximum training epochs (0: training's default)")
     pretrain_patience: int = Field(ge=0, description="epochs without a better validation loss before training "
