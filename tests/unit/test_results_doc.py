@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -120,8 +121,32 @@ def test_readme_bullets_are_the_headlines_each_naming_its_records_commit_and_dat
         assert f"**{headline.claim}**: " in bullet
         for name in headline.records:
             doc = json.loads(newest[name].read_text())
-            when = f"commit {doc['commit']}" if doc["commit"] else "commit not recorded"
+            when = f"commit {doc['commit']}" if doc["commit"] else f"added in {doc['recorded_in']}" if doc.get("recorded_in") else "commit not recorded"
             assert f"`{name}`" in bullet and f"{when}, {doc['date']})" in bullet or f"{when}, {doc['date']};" in bullet
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def _rows_at(commit: str, name: str) -> list[list[dict]]:
+    """The rows of every record of `name` in git's tree at `commit` (a record then was results/<name>.json or a file
+    in results/<name>/)."""
+    paths = _git("ls-tree", "-r", "--name-only", commit, "--", "benchmarks/results").split()
+    found = [path for path in paths if path in (f"benchmarks/results/{name}.json",)
+             or path.startswith(f"benchmarks/results/{name}/") and path.endswith(".json")]
+    return [json.loads(_git("show", f"{commit}:{path}")).get("rows") for path in found]
+
+
+def test_a_record_marked_recorded_in_names_the_commit_that_added_its_figures(make_results):
+    marked = {name: json.loads(path.read_text()) for name, path in make_results.newest_records().items()}
+    marked = {name: doc for name, doc in marked.items() if doc.get("recorded_in")}
+    headlines = {record for h in _shown(make_results).headlines for record in h.records}
+    assert headlines & set(marked), "no headline record is marked: this test would check nothing"
+    for name, doc in marked.items():
+        assert doc["rows"] in _rows_at(doc["recorded_in"], name), f"{name}: {doc['recorded_in']} lacks its rows"
+        assert doc["rows"] not in _rows_at(doc["recorded_in"] + "^", name), f"{name}: its rows are older than " \
+            f"{doc['recorded_in']}"
 
 
 def test_a_readme_figure_edited_by_hand_fails_the_check_and_writing_restores_only_the_bullets(make_results,
@@ -193,7 +218,8 @@ def test_a_headline_reads_an_archived_record_only_while_it_yields_and_links_it_o
             "2026-11-23 |") in pages["doc"].read_text()
     assert "Title of b" not in pages["doc"].read_text() and "### Title of b" in pages["archive"].read_text()
 
-def test_check_lists_the_headline_records_without_a_clean_commit_without_failing(make_results, tmp_path, capsys):
+def test_check_fails_on_a_headline_record_naming_no_commit_and_passes_once_it_names_the_one_that_added_it(
+        make_results, tmp_path, capsys):
     results, pages = _paths(tmp_path, make_results)
     both = make_results.Headline("b", "Two runs", lambda b, a: f"{len(b['rows'])} and {len(a['rows'])}", also=("a",))
     placement = replace(_placement(make_results), headlines=(both,))
@@ -204,11 +230,33 @@ def test_check_lists_the_headline_records_without_a_clean_commit_without_failing
     assert "(`b`, commit not recorded, 2026-11-23; `a`, commit abc1234-dirty, 2026-11-24)" in pages["readme"].read_text()
     capsys.readouterr()
     assert make_results.main(["--check"], results=results, placement=placement, **pages) == 0
-    out = capsys.readouterr().out
-    assert "headline records without a clean commit, 2" in out
-    assert "b/2026-11-23T100000Z-abc1234.json: commit not recorded, 2026-11-23" in out
-    assert "a/2026-11-24T100000Z-abc1234-dirty.json: commit abc1234-dirty, 2026-11-24 (src/ or benchmarks/" in out
-    assert "results/c/" not in out and len(out.splitlines()) == 3
+    err = capsys.readouterr().err
+    assert "headline records that name no commit, 2" in err
+    assert "b/2026-11-23T100000Z-abc1234.json: commit not recorded, 2026-11-23" in err
+    assert "a/2026-11-24T100000Z-abc1234-dirty.json: commit abc1234-dirty, 2026-11-24 (src/ or benchmarks/" in err
+    assert "results/c/" not in err and len(err.splitlines()) == 3
+
+    _result(results, "b", [{"ratio": 1.0}], commit=None, recorded_in="def5678")  # the same file, marked
+    _result(results, "a", [{"ratio": 1.0}], stamp="2026-11-25T100000Z-abc1234")  # run again at a clean commit
+    assert make_results.main([], results=results, placement=placement, **pages) == 0
+    assert "(`b`, added in def5678, 2026-11-23; `a`, commit abc1234, 2026-11-25)" in pages["readme"].read_text()
+    assert "2026-11-23; 2-core x86_64, no GPU; figures added to git in commit def5678" in pages["doc"].read_text()
+    capsys.readouterr()
+    assert make_results.main(["--check"], results=results, placement=placement, **pages) == 0
+    assert "name no commit" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fields", [{"commit": "abc1234", "recorded_in": "def5678"},
+                                    {"commit": None, "recorded_in": "2026-11-28"}])
+def test_recorded_in_beside_a_commit_or_not_a_commit_is_refused_naming_the_file(make_results, tmp_path, capsys,
+                                                                                fields):
+    results, pages = _paths(tmp_path, make_results)
+    for name in ("a", "c"):
+        _result(results, name, [{"method": "neuroshard", "ratio": 0.84}])
+    _result(results, "b", [{"method": "neuroshard", "ratio": 0.84}], **fields)
+    assert make_results.main(["--check"], results=results, placement=_placement(make_results), **pages) == 2
+    err = capsys.readouterr().err
+    assert "b/2026-11-23T100000Z-abc1234.json: recorded_in" in err and "whose commit is null" in err
 
 
 #: a real_models record's rows as benchmarks/experiments/real_models.py writes them (two sets, three plans each)
