@@ -97,3 +97,12 @@ def test_the_held_out_shards_get_the_budget_the_training_shards_left(tmp_path, c
     sources = [{t["source"] or t["name"] for t in json.loads(d)} for d in load_costs(tmp_path / "costs")["tables_json"]]
     assert sum(all(s.startswith("h") for s in shard) for shard in sources) == 15
     assert sum(line.startswith("profile:") for line in capsys.readouterr().out.splitlines()) == 1
+
+
+def test_each_worker_keeps_its_share_of_the_floor(tmp_path) -> None:
+    out = tmp_path / "costs"
+    for worker in (0, 1):
+        settings = ProfileSettings(num_shards=10, max_tables=3, batch_size=64, seed=6, protocol=FAST, device="cpu",
+                                   budget_s=SPENT_S, floor_shards=6, worker=worker, workers=2)
+        assert profile(TABLES, out, settings, progress=False).shards == 3
+    assert len(load_costs(out)) == 6

@@ -60,7 +60,8 @@ class ProfileSettings(BaseModel):
     cache_load_factors: tuple[float, ...] = Field(default=DEFAULT_CACHE_LOAD_FACTORS, min_length=1)
     max_devices: int | None = Field(default=None, ge=2)  # None: GPU count, or max(4, cores) on CPU
     #: stop starting whole shards after this many seconds of the run (None: measure them all), once
-    #: `floor_shards` of them are in the dataset; a rerun of the same settings measures what it left
+    #: `floor_shards` of them (each worker its share) are in the dataset; a rerun of the same settings measures what
+    #: it left
     budget_s: float | None = Field(default=None, gt=0)
     floor_shards: int = Field(default=0, ge=0)
     chunk_size: int = Field(default=25, ge=1)  # rows per flush to disk

@@ -250,7 +250,8 @@ def profile(
     buffer = _RowBuffer(out, settings.chunk_size, 0 if stored is None else len(stored))
     whole = [j for j in work.todo if _whole(work, j)]
     stored_whole = sum(_whole(work, j) for j in work.jobs) - len(whole)
-    clock = ShardClock(settings.budget_s, max(0, settings.floor_shards - stored_whole),
+    floor = -(-settings.floor_shards // settings.workers)  # this worker's share of the run's floor
+    clock = ShardClock(settings.budget_s, max(0, floor - stored_whole),
                        say=tqdm.write if say_floor else None)
     measured = _measure(work, settings, device, protocol, index_data, common, timing, buffer, progress, clock)
     return ProfileSummary(
