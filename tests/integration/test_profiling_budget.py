@@ -66,7 +66,7 @@ def test_a_budget_that_lasts_measures_every_shard(tmp_path) -> None:
 
 def test_a_floor_past_the_budget_is_said_in_one_line(tmp_path, capsys) -> None:
     floor = RATE_PROBE_SHARDS + 2
-    settings = ProfileSettings(num_shards=floor + 3, max_tables=2, batch_size=64, seed=1, protocol=FAST,
+    settings = ProfileSettings(num_shards=floor + 5, max_tables=4, batch_size=64, seed=1, protocol=FAST,
                                device="cpu", budget_s=SPENT_S, floor_shards=floor)
     done = profile(TABLES, tmp_path / "costs", settings, progress=False)
     assert done.shards == floor and done.shards_left > 0
@@ -89,13 +89,13 @@ def test_the_held_out_shards_get_the_budget_the_training_shards_left(tmp_path, c
     heldout = save_tables(TableSet(batch_size=64, tables=tuple(
         t.model_copy(update={"name": f"h{t.name}"}) for t in TABLES)), tmp_path / "heldout.json")
     tables = save_tables(TableSet(batch_size=64, tables=tuple(TABLES)), tmp_path / "tables.json")
-    settings = job.ProfileJobSettings(tables=str(tables), out=str(tmp_path / "costs"), num_shards=30, comm_layouts=0,
+    settings = job.ProfileJobSettings(tables=str(tables), out=str(tmp_path / "costs"), num_shards=60, comm_layouts=0,
                                       max_tables=2, device="cpu", timing_iters=1, budget_s=SPENT_S)
-    result = job.run_apart(settings, str(heldout), holdout_shards=30)
+    result = job.run_apart(settings, str(heldout), holdout_shards=60)
     # each part keeps its floor (half its count), and the floor's overrun is said once, by the training part
-    assert result.shards == 15 + 15 and result.shards_left > 0
+    assert result.shards == 30 + 30 and result.shards_left > 0
     sources = [{t["source"] or t["name"] for t in json.loads(d)} for d in load_costs(tmp_path / "costs")["tables_json"]]
-    assert sum(all(s.startswith("h") for s in shard) for shard in sources) == 15
+    assert sum(all(s.startswith("h") for s in shard) for shard in sources) == 30
     assert sum(line.startswith("profile:") for line in capsys.readouterr().out.splitlines()) == 1
 
 
