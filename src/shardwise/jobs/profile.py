@@ -65,7 +65,7 @@ class ProfileJobSettings(JobSettings):
     heavy_share: float | None = Field(
         default=None, ge=0, le=1,
         description="share of shards seeded with the tables' heaviest tenth by pooling x (dim + 16), in turn, a third "
-                    f"of them alone and a third as a column half or quarter beside others (the tables that set a plan's slowest device; default: {HEAVY_SHARE_GIVEN} where "
+                    f"of them alone (the tables that set a plan's slowest device; default: {HEAVY_SHARE_GIVEN} where "
                     "the tables are your own, the workload's --tables, else none)")
     repeats: int = Field(default=_PROFILER["repeats"].default, ge=0,
                          description="re-measure some shards this many more times")

@@ -16,10 +16,6 @@ from shardwise.workload.augment import heaviest
 #: the heaviest tables seed shards in rounds, each table once a round; every this many-th round holds each alone (a
 #: device that holds only it), the others with companions
 HEAVY_ALONE_EVERY = 3
-#: of each such group of rounds, the last seeds a column slice of each (halves, then quarters, in turn) beside
-#: companions: the search splits a table above the balanced share so, and a model that never saw such shards
-#: overpriced them (MLPerf DLRM-DCNv2's heaviest table's halves), so the split that paid was never chosen
-HEAVY_SLICES = (2, 4)
 
 
 def config_id(*parts: object) -> str:
@@ -87,8 +83,8 @@ def sample_shard_configs(
 
     With `heavy_share`, that share of the shards (spread over the run) is seeded with the population's heaviest
     tables (`workload.augment.heaviest`) in rounds, each table once a round: alone in every `HEAVY_ALONE_EVERY`-th
-    round, else beside tables drawn as any shard's are, the last round of each such group as a column slice
-    (`HEAVY_SLICES`), so the tables that set a plan's slowest device are measured often, alone and split included."""
+    round, else beside tables drawn as any shard's are, so the tables that set a plan's slowest device are measured
+    often, alone included."""
     if not tables:
         raise ValueError("tables: the population to sample shards from is empty")
     if max_tables < 1:
@@ -107,11 +103,8 @@ def sample_shard_configs(
             raise ValueError(f"memory_cap_bytes {memory_cap_bytes}: too small for any table of the population")
         done = len(configs)
         if int((done + 1) * heavy_share) > int(done * heavy_share):  # spread evenly over the run
-            group, turn = divmod(seeded // len(heavy), HEAVY_ALONE_EVERY)
-            seed_table = heavy[seeded % len(heavy)]
-            if turn == HEAVY_ALONE_EVERY - 1:
-                seed_table = column_slice(seed_table, HEAVY_SLICES[group % len(HEAVY_SLICES)])
-            picked = _seeded_shard(tables, seed_table, turn == 0, max_tables, rng)
+            alone = (seeded // len(heavy)) % HEAVY_ALONE_EVERY == 0
+            picked = _seeded_shard(tables, heavy[seeded % len(heavy)], alone, max_tables, rng)
             seeded += 1
         else:
             count = int(rng.integers(1, min(max_tables, len(tables)) + 1))
@@ -126,20 +119,11 @@ def sample_shard_configs(
     return configs
 
 
-def column_slice(table: TableSpec, pieces: int) -> TableSpec:
-    """The first of `pieces` equal column slices of `table`, named as a plan's shard is (`t[0:64]`), or the table
-    itself where its plan space does not split it that far."""
-    if table.max_column_pieces(pieces) < pieces:
-        return table
-    dim = table.dim // pieces
-    return table.with_dim(dim, name=f"{table.name}[0:{dim}]")
-
-
 def _seeded_shard(tables: Sequence[TableSpec], seed_table: TableSpec, alone: bool, max_tables: int,
                   rng: np.random.Generator) -> list[TableSpec]:
     """`seed_table` first (dropped last where the shard does not fit), `alone` or with 1.. `max_tables` - 1 other
     tables of `tables`."""
-    others = [t for t in tables if t.name != (seed_table.source or seed_table.name)]
+    others = [t for t in tables if t is not seed_table]
     if alone or not others or max_tables < 2:
         return [seed_table]
     count = int(rng.integers(1, min(max_tables - 1, len(others)) + 1))
