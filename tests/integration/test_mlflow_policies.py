@@ -58,14 +58,14 @@ def _log(service: MlflowService, directory: Path, cost: float, **kwargs):
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
+def store(tmp_path, monkeypatch, new_store):
     """An embedded sqlite store named by absolute URI; the cwd (where sqlite:///mlflow.db would go) is empty."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    return f"sqlite:///{tmp_path / 'reg.db'}", cwd
+    return new_store(tmp_path / "reg.db"), cwd
 
 
 def test_policy_gate_better_cost_takes_champion_worse_gets_challenger_with_evidence(tmp_path, store):
@@ -163,9 +163,9 @@ def test_named_store_reaches_the_registry_without_env_and_creates_no_default_db(
     assert not (cwd / "mlflow.db").exists() and not (other / "mlflow.db").exists()
 
 
-def test_registry_uri_separate_from_tracking_uri(tmp_path, store):
+def test_registry_uri_separate_from_tracking_uri(tmp_path, store, new_store):
     tracking, cwd = store
-    registry = f"sqlite:///{tmp_path / 'registry.db'}"
+    registry = new_store(tmp_path / "registry.db")
     service = MlflowService(tracking, registry)
     _log(service, _policy_dir(tmp_path / "p1", 1.0, 1), 1.0)
     assert service.load(champion_uri(NAME), lambda d: (d / "policy.json").is_file())

@@ -29,12 +29,12 @@ HEAVY = ("mlflow", "scipy", "pandas", "kfp", "sqlalchemy", "pyarrow")
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
+def store(tmp_path, monkeypatch, new_store):
     """An embedded sqlite store named by absolute URI, its artifacts beside it."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root (./mlruns) is relative to the working directory
-    return f"sqlite:///{tmp_path / 'reg.db'}"
+    return new_store(tmp_path / "reg.db")
 
 
 def _policy(root: Path, mark: str) -> Path:
@@ -165,11 +165,11 @@ def test_the_champion_is_read_from_the_cache_without_mlflow_until_the_store_chan
     assert _without_mlflow(store).returncode != 0
 
 
-def test_a_store_made_again_at_the_same_path_is_not_served_its_old_copy(store, tmp_path):
+def test_a_store_made_again_at_the_same_path_is_not_served_its_old_copy(store, tmp_path, new_store):
     _register(store, tmp_path / "p1", "old")
     assert _mark(store) == "old"
     again = tmp_path / "again.db"
-    _register(f"sqlite:///{again}", tmp_path / "p2", "new")  # version 1 again, other files
+    _register(new_store(again), tmp_path / "p2", "new")  # version 1 again, other files
     os.replace(again, tmp_path / "reg.db")  # the store made again where the old one was
     assert _mark_in_fresh_process(store).communicate(timeout=300)[0].strip().splitlines()[-1] == "new"
 
