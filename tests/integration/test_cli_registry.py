@@ -15,12 +15,12 @@ from shardwise.workload import save_task
 pytestmark = pytest.mark.integration
 
 
-def test_plan_finds_the_champion_in_the_store_named_by_tracking_uri(tmp_path, monkeypatch, capsys, tiny_cost_model):
+def test_plan_finds_the_champion_in_the_store_named_by_tracking_uri(tmp_path, monkeypatch, capsys, tiny_cost_model,
+                                                                    new_store):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
     store = tmp_path / "registry"
-    store.mkdir()
-    uri = f"sqlite:///{store / 'reg.db'}"
+    uri = new_store(store / "reg.db")
     model, report = tiny_cost_model  # this machine's kind: the champion `plan` looks up by default
     monkeypatch.chdir(store)  # MLflow's default artifact root is relative to the working directory
     logged = MlflowService(uri).log_cost_model(model, report)

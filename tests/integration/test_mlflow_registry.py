@@ -182,13 +182,14 @@ def named_store(tmp_path, monkeypatch):
 
 
 def test_champion_in_a_named_store_is_found_without_env_and_no_default_db_appears(good, named_store, tmp_path,
-                                                                                  monkeypatch):
+                                                                                  monkeypatch, new_store):
     """The issue's bug: `--tracking-uri sqlite:////path/reg.db` did not reach the registry (and created
     ./mlflow.db). A registered cost model's version points at a logged model (models:/m-...), which MLflow
     alone would resolve through the process-wide default store."""
     import mlflow
 
     uri, cwd = named_store
+    new_store(tmp_path / "reg.db")
     model, report = good
     before = mlflow.get_tracking_uri()
     MlflowService(uri).log_cost_model(model, report, config=GOOD)
@@ -202,8 +203,10 @@ def test_champion_in_a_named_store_is_found_without_env_and_no_default_db_appear
     assert not (cwd / "mlflow.db").exists() and not (elsewhere / "mlflow.db").exists()
 
 
-def test_gate_batch_size_mismatch_new_model_wins_and_empty_heldout_never_replaces(costs, good, named_store):
+def test_gate_batch_size_mismatch_new_model_wins_and_empty_heldout_never_replaces(costs, good, named_store, tmp_path,
+                                                                                 new_store):
     uri, _ = named_store
+    new_store(tmp_path / "reg.db")
     service = MlflowService(uri)
     model, report = good
     name = cost_model_name(report.hardware_kind)
@@ -227,11 +230,12 @@ def test_gate_batch_size_mismatch_new_model_wins_and_empty_heldout_never_replace
     assert tags["gate.decision"] == CHAMPION and "not comparable" in tags["gate.reason"]
 
 
-def test_gate_compares_a_champion_calibrated_at_another_reference_time_in_the_new_units(costs, good, tmp_path):
+def test_gate_compares_a_champion_calibrated_at_another_reference_time_in_the_new_units(costs, good, tmp_path,
+                                                                                          new_store):
     """The same shards profiled on a day the reference kernel ran 2x slower: every reference-normalised figure is
     2x. A less trained model on that profile must not replace a better champion just because the champion
     predicts in the old units (in them its MAPE is about 51%, the newcomer's 36%; in the new units 27%)."""
-    service = MlflowService(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    service = MlflowService(new_store(tmp_path / "mlflow.db"))
     model, report = good
     first = service.log_cost_model(model, report, config=GOOD)
     assert first.promotion is not None and first.promotion.alias == CHAMPION and model.reference_ms == 1.0

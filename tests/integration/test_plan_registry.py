@@ -182,7 +182,7 @@ def test_the_drop_in_loads_the_registered_plan_without_a_cost_model(moved, tmp_p
     assert f"the plan: loaded by the plan loader ({files})" in planner.last_stats
 
 
-def test_load_plan_in_plain_python_reads_a_registered_plan_by_its_models_uri(registered, tmp_path):
+def test_load_plan_in_plain_python_reads_a_registered_plan_by_its_models_uri(registered, tmp_path, new_store):
     """`from shardwise.search import load_plan` alone reads a models:/ URI (the top package registers its reader),
     the plan registry loaded only for it."""
     from shardwise.integrations.mlflow import MlflowService
@@ -190,7 +190,7 @@ def test_load_plan_in_plain_python_reads_a_registered_plan_by_its_models_uri(reg
     from shardwise.search.plan import plan_from_json
 
     planned, files = registered
-    service = MlflowService(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    service = MlflowService(new_store(tmp_path / "mlflow.db"))
     register_plan(service, "ranking", files, measured_ms=1.0, champion_ms=lambda uri: None, min_gain=0.0, tags={},
                   params={}, metrics={})
     code = ("import json, sys\n"

@@ -22,9 +22,9 @@ NAME = "shardwise-cost-gate-test"
 
 
 @pytest.fixture
-def service(tmp_path, monkeypatch):
+def service(tmp_path, monkeypatch, new_store):
     monkeypatch.chdir(tmp_path)
-    return MlflowService(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return MlflowService(new_store(tmp_path / "mlflow.db"))
 
 
 def _version(service: MlflowService, tmp_path) -> str:

@@ -8,7 +8,6 @@ import logging
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 
@@ -317,24 +316,12 @@ def test_the_stats_are_logged_per_plan(caplog):
     assert "HBM GiB" in stats and "predicted ms" in stats and "sharding: 8 table_wise (fused)" in stats
 
 
-def _champion_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A sqlite MLflow store whose champion is a cost model for this machine's CPU."""
-    from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
-
-    from shardwise.costmodel import TrainConfig, train_cost_model
-
-    frame = pd.concat([cost_frame({"a": synthetic_tables("a", 12, 0)}, {"a": 60}, 0), comm_rows(10, 0)],
-                      ignore_index=True)
-    frame["hardware_kind"] = hardware_kind("cpu")
-    model, report = train_cost_model(frame, 0, TrainConfig(epochs=3, comm_epochs=3, progress=False))
+def test_the_champion_cost_model_is_found_by_default(tmp_path, monkeypatch, tiny_cost_model, new_store):
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path / "mlflow.db")
+    model, report = tiny_cost_model  # labelled with this machine's CPU: the champion the planner looks up
+    assert model.hardware_kind == hardware_kind("cpu")
     MlflowService(uri).log_cost_model(model, report)
-    return uri
-
-
-def test_the_champion_cost_model_is_found_by_default(tmp_path, monkeypatch):
-    uri = _champion_store(tmp_path, monkeypatch)
     planner = ShardwisePlanner(world_size=2, device_memory_bytes=GIB, batch_size=512, device_type="cpu",
                                tracking_uri=uri, adapt=0)  # these tables are new to it: adaptation has its own tests
     planner.plan(_model(TABLES))
