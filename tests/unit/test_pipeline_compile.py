@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ from shardwise.pipelines.run import compile_components
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "pipelines" / "shardwise_pipeline.yaml"
 REGENERATE = "regenerate with `.venv/bin/python pipelines/compile.py` and review the diff"
+#: libyaml's safe loader where PyYAML has it (a tenth of the pure-Python loader's time on the 80 kB pipeline)
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 GPU_EXECUTORS = ("exec-profile-costs", "exec-profile-all-to-alls", "exec-evaluate-plans", "exec-publish-plans")
 
 
@@ -34,28 +37,54 @@ def _tasks(spec: dict) -> dict:
     return tasks
 
 
-def _compile(tmp_path: Path, *extra: str) -> tuple[dict, dict]:
-    out = tmp_path / "pipeline.yaml"
-    assert main(["pipeline", "compile", "--out", str(out), *extra]) == 0
-    pipeline_spec, platform_spec = yaml.safe_load_all(out.read_text())
-    return pipeline_spec, platform_spec
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> Callable[..., str]:
+    """compiled(*flags): the YAML `shardwise pipeline compile` writes with these flags, compiled once per module
+    for the tests that only read it (kfp's compiler inspects the call stack for every step: seconds a compile in
+    a process that has imported the whole test suite's modules)."""
+    texts: dict[tuple[str, ...], str] = {}
+
+    def text(*extra: str) -> str:
+        if extra not in texts:
+            out = tmp_path_factory.mktemp("compiled") / "pipeline.yaml"
+            assert main(["pipeline", "compile", "--out", str(out), *extra]) == 0
+            texts[extra] = out.read_text()
+        return texts[extra]
+
+    return text
 
 
-def test_compiled_pipeline_matches_golden_file(tmp_path):
-    out = tmp_path / "pipeline.yaml"
-    assert main(["pipeline", "compile", "--out", str(out)]) == 0
-    assert out.read_text() == GOLDEN.read_text(), f"{GOLDEN} is stale: {REGENERATE}"
+@pytest.fixture
+def compile_specs(compiled) -> Callable[..., tuple[dict, dict]]:
+    """compile_specs(*flags): (pipeline spec, platform spec) of that YAML, parsed afresh for each test."""
+
+    def specs(*extra: str) -> tuple[dict, dict]:
+        pipeline_spec, platform_spec = yaml.load_all(compiled(*extra), Loader=SAFE_LOADER)
+        return pipeline_spec, platform_spec
+
+    return specs
+
+
+@pytest.fixture(scope="module")
+def components_dir(tmp_path_factory) -> Path:
+    """Every step's component compiled once for the module."""
+    out = tmp_path_factory.mktemp("components")
+    assert sorted(p.stem for p in compile_components(out)) == sorted(STEPS)
+    return out
+
+
+def test_compiled_pipeline_matches_golden_file(compiled):
+    assert compiled() == GOLDEN.read_text(), f"{GOLDEN} is stale: {REGENERATE}"
 
 
 @pytest.mark.parametrize("step", STEPS)
-def test_compiled_components_match_golden_files(tmp_path, step):
-    (path,) = [p for p in compile_components(tmp_path) if p.stem == step]
+def test_compiled_components_match_golden_files(components_dir, step):
     golden = ROOT / "components" / f"{step}.yaml"
-    assert path.read_text() == golden.read_text(), f"{golden} is stale: {REGENERATE}"
+    assert (components_dir / f"{step}.yaml").read_text() == golden.read_text(), f"{golden} is stale: {REGENERATE}"
 
 
-def test_every_step_runs_the_project_image_without_installing_kfp(tmp_path):
-    spec, _ = _compile(tmp_path)
+def test_every_step_runs_the_project_image_without_installing_kfp(compile_specs):
+    spec, _ = compile_specs()
     executors = spec["deploymentSpec"]["executors"]
     assert len(executors) == len(STEPS) + 1  # search_plan runs twice: the method and TorchRec
     for name, executor in executors.items():
@@ -65,8 +94,8 @@ def test_every_step_runs_the_project_image_without_installing_kfp(tmp_path):
         assert "pip install" not in " ".join(container["command"]), name
 
 
-def test_gpu_steps_ask_for_accelerators_and_tolerate_gpu_taints(tmp_path):
-    spec, platform = _compile(tmp_path, "--gpu-product", "NVIDIA-H100-80GB-HBM3")
+def test_gpu_steps_ask_for_accelerators_and_tolerate_gpu_taints(compile_specs):
+    spec, platform = compile_specs("--gpu-product", "NVIDIA-H100-80GB-HBM3")
     executors = spec["deploymentSpec"]["executors"]
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     for name in GPU_EXECUTORS:
@@ -94,14 +123,14 @@ def test_gpu_steps_ask_for_accelerators_and_tolerate_gpu_taints(tmp_path):
         assert resources["resourceMemoryLimit"], name
 
 
-def test_node_selector_only_when_a_gpu_product_is_named(tmp_path):
-    _, platform = _compile(tmp_path)
+def test_node_selector_only_when_a_gpu_product_is_named(compile_specs):
+    _, platform = compile_specs()
     for name, settings in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].items():
         assert "nodeSelector" not in settings, name
 
 
-def test_every_step_reads_s3_and_mlflow_settings_from_secret_and_config_map(tmp_path):
-    spec, platform = _compile(tmp_path)
+def test_every_step_reads_s3_and_mlflow_settings_from_secret_and_config_map(compile_specs):
+    spec, platform = compile_specs()
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert set(k8s) == set(spec["deploymentSpec"]["executors"])
     for name, settings in k8s.items():
@@ -113,8 +142,8 @@ def test_every_step_reads_s3_and_mlflow_settings_from_secret_and_config_map(tmp_
         assert {kv["configMapKey"] for kv in config_map["keyToEnv"]} == set(CONFIG_MAP_KEYS)
 
 
-def test_parameters_cover_size_devices_method_and_alias(tmp_path):
-    spec, _ = _compile(tmp_path)
+def test_parameters_cover_size_devices_method_and_alias(compile_specs):
+    spec, _ = compile_specs()
     declared = spec["root"]["inputDefinitions"]["parameters"]
     # the compiled pipeline declares every parameter, with the cluster preset's values as defaults
     assert set(declared) == set(DEFAULTS.model_fields)
@@ -126,16 +155,16 @@ def test_parameters_cover_size_devices_method_and_alias(tmp_path):
     assert local.device == "cpu" and local.num_devices == 4
 
 
-def test_measurement_steps_are_never_cached(tmp_path):
-    spec, _ = _compile(tmp_path)
+def test_measurement_steps_are_never_cached(compile_specs):
+    spec, _ = compile_specs()
     tasks = _tasks(spec)
     for name in ("profile-costs", "profile-all-to-alls", "evaluate-plans"):
         assert tasks[name]["cachingOptions"] == {}, name  # enableCache absent = false
     assert tasks["search-plan"]["cachingOptions"] == {"enableCache": True}
 
 
-def test_baseline_plan_is_torchrec_and_uses_no_model(tmp_path):
-    spec, _ = _compile(tmp_path)
+def test_baseline_plan_is_torchrec_and_uses_no_model(compile_specs):
+    spec, _ = compile_specs()
     tasks = spec["root"]["dag"]["tasks"]
     baseline = tasks["search-plan-2"]["inputs"]
     assert baseline["parameters"]["method"]["runtimeValue"]["constant"] == "torchrec"
@@ -159,8 +188,8 @@ def test_argument_checks_name_the_parameter():
             pipeline_params(bad)
 
 
-def test_held_out_tables_are_profiled_apart_and_named_to_pretrain(tmp_path):
-    spec, _ = _compile(tmp_path)
+def test_held_out_tables_are_profiled_apart_and_named_to_pretrain(compile_specs):
+    spec, _ = compile_specs()
     tasks = spec["root"]["dag"]["tasks"]
     holdout = {"outputArtifactKey": "holdout_tables", "producerTask": "make-workload"}
     # the tables the task is drawn from are the ones profiled apart and held out by pretrain
@@ -178,8 +207,8 @@ def test_held_out_tables_are_profiled_apart_and_named_to_pretrain(tmp_path):
     assert 0 < local["profile_holdout_shards"] < local["profile_num_shards"]
 
 
-def test_kernel_profiling_fans_out_over_workers_and_pretrain_collects_every_slice(tmp_path):
-    spec, _ = _compile(tmp_path)
+def test_kernel_profiling_fans_out_over_workers_and_pretrain_collects_every_slice(compile_specs):
+    spec, _ = compile_specs()
     tasks = spec["root"]["dag"]["tasks"]
     (loop,) = [name for name in tasks if name.startswith("for-loop")]
     iterator = tasks[loop]["parameterIterator"]
@@ -197,8 +226,8 @@ def test_kernel_profiling_fans_out_over_workers_and_pretrain_collects_every_slic
         pipeline_params({"dataset_uri": "/local/dir"})
 
 
-def test_production_tasks_are_published_after_evaluate_only_when_the_run_names_some(tmp_path):
-    spec, _ = _compile(tmp_path)
+def test_production_tasks_are_published_after_evaluate_only_when_the_run_names_some(compile_specs):
+    spec, _ = compile_specs()
     declared = spec["root"]["inputDefinitions"]["parameters"]["production_tasks"]
     assert declared["parameterType"] == "STRING" and declared["defaultValue"] == ""
     assert all(preset(name).get("production_tasks", "") == "" for name in preset_names())

@@ -95,7 +95,8 @@ def kfp_api():
     FakeKubeflow.requests = []
     FakeKubeflow.pipelines = {}
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeKubeflow)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # polled for shutdown every 50 ms, not the default 0.5 s that each test waited for at its end
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", FakeKubeflow.requests
     server.shutdown()
@@ -298,7 +299,7 @@ def test_an_unreachable_or_wrong_host_is_one_line_with_credentials_redacted(verb
     assert "127.0.0.1" in err and "hunter2" not in err
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Garbage)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
         assert main(["pipeline", *verb, "--host", f"http://127.0.0.1:{server.server_address[1]}",
                      "--preset", "smoke"]) == 2
