@@ -17,6 +17,7 @@ import pytest
 import torch
 from costmodel_synthetic import comm_rows, cost_frame, synthetic_tables
 from search_doubles import random_task
+from timing_settings import FLUSH_MIB
 
 from shardwise.cli import main
 from shardwise.costmodel import NeuralCostModel, TrainConfig, train_cost_model
@@ -429,8 +430,11 @@ def test_plan_methods_that_look_like_paths_name_reports_inside_the_output_folder
         _write(root, name, TASK if doc is None else js(doc))
     monkeypatch.chdir(root)
     before = _tree(tmp_path)
+    # the lightest measurement (where reports go is what is checked): no calibration, one timing a shard
     assert main(["evaluate", "--task", "task.json", "--plan", "x/plan.json", "--plan", "y/plan.json",
-                 "--plan", "z/plan.json", "--timing-iters", "1", "--out", "out"]) == 0, capsys.readouterr().err
+                 "--plan", "z/plan.json", "--warmup-iters", "1", "--timing-iters", "1", "--timing-rounds", "1",
+                 "--comm-iters", "1", "--comm-rounds", "1", "--flush-mib", str(FLUSH_MIB), "--reference-ms", "1",
+                 "--out", "out"]) == 0, capsys.readouterr().err
     after = _tree(tmp_path)
     written = {p for p in after if before.get(p) != after[p]}
     assert written and all(p.startswith("a/b/c/d/case/out/") for p in written), sorted(written)
