@@ -14,7 +14,7 @@ scale (10,000 tasks) and records the tallies.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -172,15 +172,18 @@ def searchers(cost_model, seed: int) -> dict[str, Callable[[], Searcher]]:  # no
 
 
 def run(num_tasks: int, seed: int = 0, *, start: int = 0, max_tables: int = 500, max_devices: int = 128,
-        torchrec_max_tables: int = 100, progress: bool = True) -> dict[str, Tally]:
-    """Plan random tasks `start` .. `start + num_tasks - 1` with every method; the tallies per method. Task i is
-    drawn from its own seed (seed, i), so any range is the same tasks whichever run draws it."""
+        torchrec_max_tables: int = 100, progress: bool = True, indices: Sequence[int] | None = None,
+        cost_model=None) -> dict[str, Tally]:  # noqa: ANN001 - a NeuralCostModel
+    """Plan random tasks `start` .. `start + num_tasks - 1` (or those of `indices`) with every method; the tallies
+    per method. Task i is drawn from its own seed (seed, i), so any range is the same tasks whichever run draws it.
+    `cost_model`: the model the searches and policies use (default: small_cost_model(seed), trained here)."""
     from tqdm.auto import tqdm
 
-    cost_model = small_cost_model(seed)
+    cost_model = cost_model if cost_model is not None else small_cost_model(seed)
     made = searchers(cost_model, seed)
     tallies = {name: Tally() for name in made}
-    for index in tqdm(range(start, start + num_tasks), desc="tasks", disable=not progress):
+    chosen = range(start, start + num_tasks) if indices is None else indices
+    for index in tqdm(chosen, desc="tasks", disable=not progress):
         rng = np.random.default_rng([seed, index])
         task = random_task(rng, index, max_tables=max_tables, max_devices=max_devices)
         impossible = certainly_infeasible(task) or task_fits(task) is not None
