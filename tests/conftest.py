@@ -45,14 +45,16 @@ def fitted_cost_model():
 
 
 @pytest.fixture(scope="session")
-def mlflow_registry(tmp_path_factory):
+def mlflow_registry(tmp_path_factory, empty_store_file):
     """One real `mlflow server` (service_processes.MlflowProcess: sqlite store, artifacts proxied) for the whole run,
     started by the first test that asks (each start costs seconds): the modules that need a tracking server share
     it, each test registering under names of its own (its hardware kind), so none sees another's versions. Fault
-    tests kill it and start it again; a test that finds it down starts it (`.proc is None`)."""
+    tests kill it and start it again; a test that finds it down starts it (`.proc is None`). Its store starts as a
+    copy of the session's empty one: the server skips MLflow's migrations."""
     from service_processes import MlflowProcess
 
     server = MlflowProcess(tmp_path_factory.mktemp("mlflow-registry"))
+    shutil.copyfile(empty_store_file, server.db)
     server.start()
     yield server
     server.kill()
@@ -82,6 +84,19 @@ def new_store(empty_store_file) -> Callable[[Path], str]:
         return f"sqlite:///{path}"
 
     return make
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _gate_settles_at_once():
+    """The gate reads the alias back GATE_SETTLE_S (1 s) after moving it, for a run registering at the same moment
+    to show itself: in this process nothing else registers, and the wait cost the tier a second a promotion (runs
+    racing each other, in processes of their own, are the fault suite's, which this does not reach). Session-wide,
+    so that module fixtures that register versions do not wait either."""
+    from shardwise.integrations import promotion
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(promotion, "GATE_SETTLE_S", 0.0)
+        yield
 
 
 #: fixtures that start a server for their module (an MLflow tracking server over moto's S3): a test that uses one is
