@@ -7,7 +7,7 @@ claims (figures read from their records' rows), the current records by family, a
 investigations, smoke runs, older studies). results.md shows the claims and the current records in full, within
 MAX_LINES; results-archive.md the archived ones, each with what superseded it; README.md the headline claims as
 bullets between its two README_MARKERS, each naming its record, commit and date. A record in no group is refused.
-`--check` also lists (not yet an error) a headline record that names no commit: neither the clean one it ran at nor, for a record
+`--check` also fails on a headline record that names no commit: neither the clean one it ran at nor, for a record
 written before records named their commit (one that needs a GPU or hours to run again), `recorded_in`, the commit
 that added its figures to git.
 
@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None, results: Path = RESULTS, doc: Path = DOC
             print("\n".join(f"  {line}" for line in rendered.uncommitted), file=sys.stderr)
         for path in stale:
             print(f"{path} is stale: run python benchmarks/make_results.py", file=sys.stderr)
-        return 1 if stale else 0
+        return 1 if stale or rendered.uncommitted else 0
     for path in stale:  # only what changed: README is edited by hand outside its bullets
         path.write_text(pages[path])
         print(path)

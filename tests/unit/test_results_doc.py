@@ -121,8 +121,9 @@ def test_readme_bullets_are_the_headlines_each_naming_its_records_commit_and_dat
         assert f"**{headline.claim}**: " in bullet
         for name in headline.records:
             doc = json.loads(newest[name].read_text())
-            when = f"commit {doc['commit']}" if doc["commit"] else f"added in {doc['recorded_in']}" if doc.get("recorded_in") else "commit not recorded"
+            when = f"commit {doc['commit']}" if doc["commit"] else f"added in {doc['recorded_in']}"
             assert f"`{name}`" in bullet and f"{when}, {doc['date']})" in bullet or f"{when}, {doc['date']};" in bullet
+    assert "not recorded" not in _block(make_results, README.read_text())  # every figure names a commit
 
 
 def _git(*args: str) -> str:
@@ -229,7 +230,7 @@ def test_check_fails_on_a_headline_record_naming_no_commit_and_passes_once_it_na
     assert make_results.main([], results=results, placement=placement, **pages) == 0
     assert "(`b`, commit not recorded, 2026-11-23; `a`, commit abc1234-dirty, 2026-11-24)" in pages["readme"].read_text()
     capsys.readouterr()
-    assert make_results.main(["--check"], results=results, placement=placement, **pages) == 0
+    assert make_results.main(["--check"], results=results, placement=placement, **pages) == 1
     err = capsys.readouterr().err
     assert "headline records that name no commit, 2" in err
     assert "b/2026-11-23T100000Z-abc1234.json: commit not recorded, 2026-11-23" in err
