@@ -109,7 +109,8 @@ def test_cli_evaluate_prints_the_per_device_table_and_writes_the_report(tmp_path
     task_path = save_task(task, tmp_path / "task.json")
     plan_path = save_plan(plan, tmp_path / "plans/plan.json")
     status = main(["evaluate", "--task", str(task_path), "--plan", str(plan_path), "--device", "cpu",
-                   "--warmup-iters", "1", "--timing-iters", "3", "--comm-iters", "2"])
+                   "--warmup-iters", "1", "--timing-iters", "3", "--timing-rounds", "1", "--comm-iters", "2",
+                   "--comm-rounds", "1", "--flush-mib", str(FLUSH_MIB)])
     out = capsys.readouterr().out
     assert status == 0
     assert "a2a_fwd" in out and "plan (size_greedy): max" in out

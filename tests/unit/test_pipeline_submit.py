@@ -7,6 +7,7 @@ every request, so the tests check what a cluster would receive.
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -101,6 +102,31 @@ def kfp_api():
     yield f"http://127.0.0.1:{server.server_address[1]}", FakeKubeflow.requests
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="module")
+def _default_package(tmp_path_factory) -> dict[str, Path]:
+    """Where the module's one compile of the default pipeline went, once a test has asked for it."""
+    return {"folder": tmp_path_factory.mktemp("package")}
+
+
+@pytest.fixture(autouse=True)
+def _default_compiled_once(monkeypatch, _default_package):
+    """A submit or schedule of the default pipeline (no GPU product, the project's image) uploads the module's one
+    compile of it (kfp's compiler inspects the call stack for every step: seconds a compile late in the suite; the
+    package is the same every time, and test_pipeline_compile holds it to the golden file); other arguments are
+    compiled for real."""
+    real = kubeflow.compile_pipeline
+
+    def compile_pipeline(out: str | Path, *, gpu_product: str | None = None, image: str | None = None) -> Path:
+        if gpu_product is not None or image is not None:
+            return real(out, gpu_product=gpu_product, image=image)
+        if "yaml" not in _default_package:
+            _default_package["yaml"] = real(_default_package["folder"] / "shardwise_pipeline.yaml")
+        shutil.copyfile(_default_package["yaml"], out)
+        return Path(out)
+
+    monkeypatch.setattr(kubeflow, "compile_pipeline", compile_pipeline)
 
 
 def _posts(requests: list[dict], path: str) -> list[dict]:
