@@ -74,12 +74,12 @@ def test_a_port_nothing_listens_on_is_one_line_within_10_s_naming_the_registry(t
 
 
 def test_a_server_that_never_answers_is_unreachable_after_the_timeout_setting(monkeypatch):
-    monkeypatch.setenv("SHARDWISE_SERVICE_TIMEOUT_S", "1.5")
+    monkeypatch.setenv("SHARDWISE_SERVICE_TIMEOUT_S", "0.5")
     with silent_server() as url:
         started = time.monotonic()
-        with pytest.raises(ServiceUnreachableError, match=r"no answer within 1\.5 s") as caught:
+        with pytest.raises(ServiceUnreachableError, match=r"no answer within 0\.5 s") as caught:
             MlflowService(url).load_cost_model(champion_uri(cost_model_name("cpu")))
-        assert 1.4 < time.monotonic() - started < 5
+        assert 0.45 < time.monotonic() - started < 4
         assert url.removeprefix("http://") in str(caught.value)
     monkeypatch.setenv("SHARDWISE_SERVICE_TIMEOUT_S", "soon")
     with pytest.raises(ShardwiseError, match="SHARDWISE_SERVICE_TIMEOUT_S"):
