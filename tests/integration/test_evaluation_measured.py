@@ -7,7 +7,7 @@ import json
 import pytest
 from timing_settings import FLUSH_MIB
 
-from shardwise.evaluation import evaluate_plans, measure_plan, measure_plans, save_measured, write_plan_report
+from shardwise.evaluation import evaluate_plans, measure_plans, save_measured, write_plan_report
 from shardwise.profiling import MeasurementSettings
 from shardwise.search.plan import Plan, Shard
 from shardwise.workload import ShardingTask, TableSpec
@@ -49,17 +49,27 @@ def test_all_tables_on_one_device_cost_more_than_balanced(tmp_path) -> None:
     assert stacked.devices[0].width == 256 and balanced.devices[0].width == 128
 
 
-def test_column_slices_are_measured_and_reported(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def sliced_row_wise_and_whole():
+    """A column-split plan, one with a row-wise table, and a table-wise one of the same 4 tables, measured in one
+    session (each session starts its ranks: seconds on a busy 2-core machine)."""
     task = _task()
-    shards = (
+    sliced = (
         Shard(table="t0", col_offset=0, dim=16, device=0),
         Shard(table="t0", col_offset=16, dim=16, device=1),
         Shard(table="t1", col_offset=0, dim=32, device=0),
         Shard(table="t2", col_offset=0, dim=32, device=1),
         Shard(table="t3", col_offset=0, dim=32, device=1),
     )
+    beside = tuple(Shard(table=f"t{i}", col_offset=0, dim=32, device=i % 2) for i in (1, 2, 3))
+    plans = [Plan(num_devices=2, shards=sliced, method="cw"),
+             Plan(num_devices=2, shards=beside, row_wise=("t0",), method="rw"), _plan([0, 1, 1, 0], "tw")]
     settings = FAST.model_copy(update={"reference_ms": 1.0, "comm_iters": 2})
-    cost = measure_plan(task, Plan(num_devices=2, shards=shards, method="cw"), settings, progress=False)
+    return measure_plans([(task, plan) for plan in plans], settings, progress=False)
+
+
+def test_column_slices_are_measured_and_reported(tmp_path, sliced_row_wise_and_whole) -> None:
+    cost = sliced_row_wise_and_whole[0]
     assert cost.reference_ms == 1.0
     assert "t0[16:32]" in cost.devices[1].shards
     assert [d.width for d in cost.devices] == [48, 80]
@@ -71,12 +81,9 @@ def test_column_slices_are_measured_and_reported(tmp_path) -> None:
     assert all(p.exists() and p.stat().st_size > 1000 for p in paths[1:])
 
 
-def test_row_wise_tables_are_measured_as_blocks_on_every_device_and_their_collectives() -> None:
-    task = _task()
-    shards = tuple(Shard(table=f"t{i}", col_offset=0, dim=32, device=i % 2) for i in (1, 2, 3))
-    plan = Plan(num_devices=2, shards=shards, row_wise=("t0",), method="rw")
-    settings = FAST.model_copy(update={"reference_ms": 1.0, "comm_iters": 2})
-    cost, whole = measure_plans([(task, plan), (task, _plan([0, 1, 1, 0], "tw"))], settings, progress=False)
+def test_row_wise_tables_are_measured_as_blocks_on_every_device_and_their_collectives(
+        sliced_row_wise_and_whole) -> None:
+    _, cost, whole = sliced_row_wise_and_whole
     assert cost.row_wise == ("t0",) and whole.row_wise == ()
     # each device runs the kernel on its half of t0's rows beside its own shards; t0 leaves the all-to-all
     assert cost.devices[0].shards == ("t2", "t0[rows 0:10000]")
@@ -126,7 +133,7 @@ def test_data_parallel_tables_add_their_dense_kernel_on_the_local_batch_to_every
     monkeypatch.setattr(measured, "measure_shard", recording)
     shards = tuple(Shard(table=f"t{i}", col_offset=0, dim=32, device=i) for i in range(2))
     (cost,) = measure_plans([(task, Plan(num_devices=2, shards=shards, data_parallel=("t2",), method="dp"))],
-                            FAST.model_copy(update={"comm_iters": 3}), progress=False)
+                            FAST.model_copy(update={"reference_ms": 1.0, "comm_iters": 3}), progress=False)
     assert {(names, batch, kernel) for names, batch, kernel in timed} == {
         (("t0",), 1024, "fused"), (("t1",), 1024, "fused"), (("t2",), 512, "dense")}
     assert cost.data_parallel == ("t2",) and all(d.fwd_ms > 0 and d.bwd_ms > 0 for d in cost.devices)
