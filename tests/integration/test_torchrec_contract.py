@@ -247,13 +247,13 @@ def test_planning_errors_are_shardwises_planner_error(device, kind):
 
 def test_a_dim_over_65536_is_planned_from_torchrecs_options_where_torchrecs_planner_plans_it(device, kind):
     topology = _topology(device, 2, 4096 * MIB)
-    theirs = _torchrec_planner(topology).plan(_model(kind, (50, 20), dim=70_000), [_sharder(kind)])
+    theirs = _torchrec_planner(topology).plan(_model(kind, (50, 20), dim=65_540), [_sharder(kind)])
     assert set(theirs.plan["sparse"]) == {"t0", "t1"}, "the control: TorchRec's planner plans these tables"
     planner = _planner(topology)
-    ours = planner.plan(_model(kind, (50, 20), dim=70_000), [_sharder(kind)])  # neither shardwise's validation error
+    ours = planner.plan(_model(kind, (50, 20), dim=65_540), [_sharder(kind)])  # neither shardwise's validation error
     assert set(ours.plan["sparse"]) == {"t0", "t1"}                             # nor a PlannerError reaches the caller
-    assert all(sum(_column_widths(ours, t)) == 70_000 for t in ("t0", "t1"))
-    assert "dim 70000" in (planner.last_stats or ""), "the stats say why shardwise left them to TorchRec"
+    assert all(sum(_column_widths(ours, t)) == 65_540 for t in ("t0", "t1"))
+    assert "dim 65540" in (planner.last_stats or ""), "the stats say why shardwise left them to TorchRec"
 
 
 # -- 9. TorchRec's other arguments -----------------------------------------------------------------------------------
