@@ -53,7 +53,7 @@ REFINE_MARGIN_S = 10.0
 
 
 def test_plan_refine_returns_within_its_time_budget(tmp_path, capsys, monkeypatch, tiny_cost_model) -> None:
-    """1,000 timings per device shard and 50 rounds would measure for many minutes on any machine; `--refine-budget-s 4` stops them
+    """1,000 timings per device shard and 50 rounds would measure for many minutes on any machine; `--refine-budget-s 2` stops them
     (mid-session: the starts' own session is longer than the budget) and `plan` writes the plan measured fastest so
     far within the budget and a margin."""
     monkeypatch.setattr(plan_job, "MeasurementSettings", functools.partial(
@@ -63,7 +63,7 @@ def test_plan_refine_returns_within_its_time_budget(tmp_path, capsys, monkeypatc
     tables += [TableSpec(name=f"l{i}", rows=500, dim=16, pooling_factor=1.0) for i in range(4)]
     task_path = save_task(ShardingTask(num_devices=2, device_memory_bytes=2**30, batch_size=512, tables=tuple(tables)),
                           tmp_path / "task.json")
-    budget_s = 4.0
+    budget_s = 2.0
     started = time.perf_counter()
     status = main(["plan", "--task", str(task_path), "--model", str(tmp_path / "model"), "--device", "cpu",
                    "--refine", "50", "--refine-budget-s", f"{budget_s:g}", "--out", str(tmp_path / "plan.json")])
@@ -72,6 +72,6 @@ def test_plan_refine_returns_within_its_time_budget(tmp_path, capsys, monkeypatc
     plan = load_plan(tmp_path / "plan.json")
     validate_plan(plan, load_task(task_path))
     record = plan.extra["refinement"]
-    assert "the 4 s budget was spent" in record["stopped"], record["stopped"]  # the budget stopped it, not the rounds
+    assert "the 2 s budget was spent" in record["stopped"], record["stopped"]  # the budget stopped it, not the rounds
     assert wall_s <= budget_s + REFINE_MARGIN_S
     assert record["after_ms"] <= record["before_ms"] and record["devices_measured"] >= 2  # a plan measured here
