@@ -1,9 +1,12 @@
 """Shared test setup: test-support modules (cost-data makers, cost-model doubles) importable by name."""
 
 import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # pytest runs with --import-mode=importlib (test files in unit/ and integration/ share basenames),
 # which does not put test folders on sys.path; the support modules live beside the unit tests.
@@ -44,31 +47,79 @@ def fitted_cost_model():
     return train_cost_model(frame, 0, TrainConfig(epochs=40, comm_epochs=40, progress=False))
 
 
+#: makes the empty store at argv[1] as `open_client` makes one where none exists (MLflow's registry store: every
+#: table, every migration run, no experiment yet)
+_MAKE_EMPTY_STORE = """
+import sys
+from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore
+SqlAlchemyStore(f"sqlite:///{sys.argv[1]}").engine.dispose()
+"""
+
+#: what the selected tests will ask for and takes seconds to make, started in processes of their own once
+#: collection has chosen the tests (pytest_collection_finish), in a folder of its own ("root")
+_EARLY: dict[str, Any] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start making the empty store and booting the shared mlflow server, where the selected tests use them, in the
+    background: on 2 cores the other core makes them while the tests before the first user run (the first user
+    waited 5-10 s for them)."""
+    wanted = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    if not wanted & {"empty_store_file", "mlflow_registry"}:
+        return
+    root = _EARLY["root"] = Path(tempfile.mkdtemp(prefix="shardwise-tests-"))
+    if "empty_store_file" in wanted:
+        path = root / "empty-store" / "mlflow.db"
+        path.parent.mkdir()
+        _EARLY["empty_store"] = path, subprocess.Popen([sys.executable, "-c", _MAKE_EMPTY_STORE, str(path)],
+                                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if "mlflow_registry" in wanted:
+        from service_processes import MlflowProcess
+
+        (root / "mlflow-registry").mkdir()
+        server = _EARLY["mlflow_registry"] = MlflowProcess(root / "mlflow-registry")
+        server.launch()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """What was started early and never asked for is stopped; its folder removed."""
+    if (server := _EARLY.pop("mlflow_registry", None)) is not None:
+        server.kill()
+    if (early := _EARLY.pop("empty_store", None)) is not None:
+        early[1].kill()
+        early[1].wait()
+    if (root := _EARLY.pop("root", None)) is not None:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def mlflow_registry(tmp_path_factory, empty_store_file):
+def mlflow_registry(tmp_path_factory):
     """One real `mlflow server` (service_processes.MlflowProcess: sqlite store, artifacts proxied) for the whole run,
-    started by the first test that asks (each start costs seconds): the modules that need a tracking server share
+    booted in the background once collection shows a test needs it: the modules that need a tracking server share
     it, each test registering under names of its own (its hardware kind), so none sees another's versions. Fault
-    tests kill it and start it again; a test that finds it down starts it (`.proc is None`). Its store starts as a
-    copy of the session's empty one: the server skips MLflow's migrations."""
+    tests kill it and start it again; a test that finds it down starts it (`.proc is None`)."""
     from service_processes import MlflowProcess
 
-    server = MlflowProcess(tmp_path_factory.mktemp("mlflow-registry"))
-    shutil.copyfile(empty_store_file, server.db)
-    server.start()
+    server = _EARLY.pop("mlflow_registry", None)
+    if server is None:  # asked for by a test collection did not see using it
+        server = MlflowProcess(tmp_path_factory.mktemp("mlflow-registry"))
+        server.launch()
+    server.ready()
     yield server
     server.kill()
 
 
 @pytest.fixture(scope="session")
 def empty_store_file(tmp_path_factory) -> Path:
-    """An embedded MLflow sqlite store as `open_client` makes one where none exists (MLflow's registry store: every
-    table, every migration run, no experiment yet), made once per test session: the migrations take 4-10 s a store
-    on 2 busy cores."""
-    from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore
-
-    path = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
-    SqlAlchemyStore(f"sqlite:///{path}").engine.dispose()
+    """An empty embedded MLflow store (_MAKE_EMPTY_STORE), made once per test session, in the background from
+    collection on: the migrations take 4-10 s a store on 2 busy cores."""
+    early = _EARLY.pop("empty_store", None)
+    path, proc = early if early is not None else (tmp_path_factory.mktemp("empty-store") / "mlflow.db", None)
+    if proc is None:
+        proc = subprocess.Popen([sys.executable, "-c", _MAKE_EMPTY_STORE, str(path)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and path.is_file(), f"the empty MLflow store was not made: {err[-2000:]}"
     return path
 
 

@@ -43,14 +43,24 @@ class MlflowProcess:
 
     def start(self, timeout_s: float = 90) -> str:
         """Start it and wait until /health answers; its URL."""
-        log_path = self.tmp / "server.log"
-        with log_path.open("a") as log:
+        self.launch()
+        return self.ready(timeout_s)
+
+    def launch(self) -> None:
+        """Start the server's process, without waiting for it to answer (`ready` waits)."""
+        with (self.tmp / "server.log").open("a") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
                  "--backend-store-uri", f"sqlite:///{self.db}",
                  "--artifacts-destination", self.artifacts, "--serve-artifacts", "--workers", "1"],
                 env=self.environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
+
+    def ready(self, timeout_s: float = 90) -> str:
+        """Wait until the launched server's /health answers; its URL (the server killed, and RuntimeError with
+        its log's end, if it exits or does not answer within `timeout_s`)."""
+        assert self.proc is not None, "launch() first"
+        log_path = self.tmp / "server.log"
         deadline = time.monotonic() + timeout_s
         while True:
             try:
