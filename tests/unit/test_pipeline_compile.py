@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from short_stack import in_thread
 
 from shardwise.cli import main
 from shardwise.pipelines.components import STEPS
@@ -40,14 +41,14 @@ def _tasks(spec: dict) -> dict:
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> Callable[..., str]:
     """compiled(*flags): the YAML `shardwise pipeline compile` writes with these flags, compiled once per module
-    for the tests that only read it (kfp's compiler inspects the call stack for every step: seconds a compile in
-    a process that has imported the whole test suite's modules)."""
+    for the tests that only read it, on a stack of its own (short_stack: kfp's compiler inspects the call stack
+    for every step, seconds a compile in a process that has imported the whole test suite's modules)."""
     texts: dict[tuple[str, ...], str] = {}
 
     def text(*extra: str) -> str:
         if extra not in texts:
             out = tmp_path_factory.mktemp("compiled") / "pipeline.yaml"
-            assert main(["pipeline", "compile", "--out", str(out), *extra]) == 0
+            assert in_thread(main, ["pipeline", "compile", "--out", str(out), *extra]) == 0
             texts[extra] = out.read_text()
         return texts[extra]
 
@@ -69,7 +70,7 @@ def compile_specs(compiled) -> Callable[..., tuple[dict, dict]]:
 def components_dir(tmp_path_factory) -> Path:
     """Every step's component compiled once for the module."""
     out = tmp_path_factory.mktemp("components")
-    assert sorted(p.stem for p in compile_components(out)) == sorted(STEPS)
+    assert sorted(p.stem for p in in_thread(compile_components, out)) == sorted(STEPS)
     return out
 
 

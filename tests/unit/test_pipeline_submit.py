@@ -15,6 +15,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from short_stack import in_thread
 
 from shardwise.cli import build_parser, main
 from shardwise.cli.pipeline import _params
@@ -113,16 +114,16 @@ def _default_package(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(autouse=True)
 def _default_compiled_once(monkeypatch, _default_package):
     """A submit or schedule of the default pipeline (no GPU product, the project's image) uploads the module's one
-    compile of it (kfp's compiler inspects the call stack for every step: seconds a compile late in the suite; the
-    package is the same every time, and test_pipeline_compile holds it to the golden file); other arguments are
-    compiled for real."""
+    compile of it (the package is the same every time, and test_pipeline_compile holds it to the golden file); other
+    arguments are compiled for real. Each compile runs on a stack of its own (short_stack: kfp's compiler inspects
+    the call stack for every step, seconds a compile late in the suite)."""
     real = kubeflow.compile_pipeline
 
     def compile_pipeline(out: str | Path, *, gpu_product: str | None = None, image: str | None = None) -> Path:
         if gpu_product is not None or image is not None:
-            return real(out, gpu_product=gpu_product, image=image)
+            return in_thread(real, out, gpu_product=gpu_product, image=image)
         if "yaml" not in _default_package:
-            _default_package["yaml"] = real(_default_package["folder"] / "shardwise_pipeline.yaml")
+            _default_package["yaml"] = in_thread(real, _default_package["folder"] / "shardwise_pipeline.yaml")
         shutil.copyfile(_default_package["yaml"], out)
         return Path(out)
 
