@@ -85,21 +85,22 @@ def test_the_second_plan_reads_the_champion_from_the_cache_and_a_model_directory
               "def downloaded(*args): raise AssertionError('downloaded again')\n"
               "MlflowService._fetch = downloaded\n"
               "sys.exit(main(sys.argv[1:]))\n")
-    done = subprocess.run([sys.executable, "-c", second, *argv, str(tmp_path / "b.json")], capture_output=True,
-                          text=True, timeout=300, env=os.environ)
-    assert done.returncode == 0, done.stderr[-2000:]
-    # with a model directory, in a fresh interpreter: nothing heavy is imported
+    # beside it, with a model directory, in a fresh interpreter: nothing heavy is imported
     model.save(tmp_path / "model")
     local = ("import sys\n"
              "from shardwise.cli import main\n"
              "status = main(sys.argv[1:])\n"
              f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n"
              "sys.exit(status)\n")
-    done = subprocess.run([sys.executable, "-c", local, "plan", "--task", str(task), "--device", "cpu", "--model",
-                           str(tmp_path / "model"), "--out", str(tmp_path / "c.json")], capture_output=True,
-                          text=True, timeout=300, env=os.environ)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    procs = [subprocess.Popen([sys.executable, "-c", code, *line], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=os.environ)
+             for code, line in ((second, [*argv, str(tmp_path / "b.json")]),
+                                (local, ["plan", "--task", str(task), "--device", "cpu", "--model",
+                                         str(tmp_path / "model"), "--out", str(tmp_path / "c.json")]))]
+    (_, cached_err), (local_out, local_err) = (proc.communicate(timeout=300) for proc in procs)
+    assert procs[0].returncode == 0, cached_err[-2000:]
+    assert procs[1].returncode == 0, local_err[-2000:]
+    assert local_out.strip().splitlines()[-1] == "[]"
     plans = [json.loads((tmp_path / out).read_text()) for out in ("a.json", "b.json", "c.json")]
     assert plans[0]["shards"] == plans[1]["shards"] == plans[2]["shards"]
 
