@@ -136,7 +136,9 @@ def profile_store_stopped(tmp: Path, *, num_shards: int = 60, stop_before_row: i
         outcome.notes["rows_when_stopped"] = len(safe)
         rerun = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
         outcome.notes["rerun_exit"] = rerun.returncode
-        outcome.notes["rerun"] = (rerun.stdout.strip().splitlines() or [rerun.stderr[-300:]])[-1]
+        # the summary's line of what was measured and what was already stored (a rate line may follow it)
+        outcome.notes["rerun"] = next((line for line in rerun.stdout.splitlines() if "already stored" in line),
+                                      rerun.stderr[-300:])
         keys = Counter(_keys(_s3_rows(prefix, env)))
         # the same command without a fault, into a local dataset: what the run measures
         clean = subprocess.run([*CLI, *args, "--out", str(tmp / "fault-free")], env=env, capture_output=True,
