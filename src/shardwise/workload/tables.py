@@ -194,11 +194,12 @@ class TableSpec(BaseModel):
         """Rank `rank`'s block of this table split row-wise over `num_devices` (`row_wise_rows`), as a table of its own
         named `t[rows lo:hi]`: its rows, and the lookups that fall in them (ids spread over the rows, as the hashed
         hot rows of `zipf_row_sampler` are: pooling factor x block rows / rows); None where the rank holds no rows."""
-        sizes = row_wise_rows(self.rows, num_devices)
-        rows = sizes[rank]
+        # row_wise_rows' block for this rank alone: every rank's sizes for each rank's block is quadratic in ranks
+        block = -(-self.rows // num_devices)
+        lo = min(rank * block, self.rows)
+        rows = min(block, self.rows - lo)
         if rows == 0:
             return None
-        lo = sum(sizes[:rank])
         return self.model_copy(update={"name": f"{self.name}{ROW_BLOCK_MARK}{lo}:{lo + rows}]", "rows": rows,
                                        "pooling_factor": self.pooling_factor * rows / self.rows,
                                        "source": self.source or self.name})
