@@ -106,3 +106,38 @@ def test_each_worker_keeps_its_share_of_the_floor(tmp_path) -> None:
                                    budget_s=SPENT_S, floor_shards=6, worker=worker, workers=2)
         assert profile(TABLES, out, settings, progress=False).shards == 3
     assert len(load_costs(out)) == 6
+
+
+def test_a_local_runs_profile_step_resumes_its_store_and_adds_what_the_budget_left(tmp_path) -> None:
+    """The pipeline's profile step with a profile store (a local run's): each run's artifact is the store's rows as
+    they were then, a rerun of the same settings adds to them, other settings profile apart."""
+    from kfp import dsl
+
+    from shardwise.pipelines.components import profile_costs
+
+    tables = save_tables(TableSet(batch_size=64, tables=tuple(TABLES)), tmp_path / "tables.json")
+    heldout = save_tables(TableSet(batch_size=64, tables=tuple(
+        t.model_copy(update={"name": f"h{t.name}"}) for t in TABLES)), tmp_path / "heldout.json")
+    store = tmp_path / "store"
+
+    def step(run: str, budget_s: float, num_shards: int = 8) -> tuple[dict, Path]:
+        costs = dsl.Dataset(name="costs", uri=str(tmp_path / run / "costs"))
+        profile_costs.python_func(
+            tables=dsl.Dataset(uri=str(tables)), holdout_tables=dsl.Dataset(uri=str(heldout)),
+            num_shards=num_shards, holdout_shards=4, data_parallel_shards=0, row_wise_shards=0, max_tables=2,
+            repeats=0, timing_iters=1, budget_s=budget_s, seed=0, device="cpu", worker=0, workers=1,
+            dataset_uri="", profile_store=str(store), costs=costs)
+        return costs.metadata, Path(costs.path)
+
+    first, first_rows = step("run-1", SPENT_S)
+    assert first["profiled_shards"] == 4 + 2 and first["profile_shards_left"] > 0  # the floor: half of each
+    assert len(load_costs(first_rows)) == 6
+    # the same settings again: the stored floor is not measured twice, the budget buys the rest
+    second, second_rows = step("run-2", 600.0)
+    assert (second["profiled_shards"], second["profile_shards_left"]) == (first["profile_shards_left"], 0)
+    assert load_costs(second_rows)["config_id"].is_unique
+    assert len(load_costs(second_rows)) == 6 + second["profiled_shards"]
+    assert len(load_costs(first_rows)) == 6  # the first run's artifact is as that run left it
+    # other settings: a dataset of their own in the store, not the rows above
+    _, other_rows = step("run-3", 600.0, num_shards=2)
+    assert len(load_costs(other_rows)) == 2 + 4 and len(list(store.iterdir())) == 2

@@ -42,3 +42,18 @@ def test_a_step_served_from_the_cache_is_linked_into_the_new_run(tmp_path):
     assert list((run_dir / "pretrain-cost-model").iterdir()) == []
     assert not (run_dir / "search-plan").exists()  # not served from the cache: nothing to link
     assert not (run_dir / "synth-workload").exists()
+
+
+def test_a_cached_profile_the_time_budget_cut_short_runs_again(tmp_path):
+    cache = LocalCache(str(tmp_path / "step_cache"))
+    for key, left in (("cut-short", 12.0), ("whole", 0.0)):
+        costs = tmp_path / key / "costs"
+        costs.mkdir(parents=True)
+        cache.put(key, {"costs": dsl.Dataset(name="costs", uri=str(costs),
+                                             metadata={"profiled_shards": 330.0, "profile_shards_left": left}),
+                        "Output": "cpu-x86_64-2c"})
+    hits = _CacheHits()
+    with hits.recording():
+        assert cache.get("cut-short") is None  # a miss: the step runs and resumes its store
+        assert cache.get("whole") is not None
+    assert hits.keys == ["whole"]

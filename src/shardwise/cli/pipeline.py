@@ -84,8 +84,9 @@ class LocalRun(JobResult):
                 "above 1 is better)"
             )
         if c.get("profiled_shards"):  # what the profile step's time budget bought on this machine
-            lines.append("profiled: " + rate_line(int(c["profiled_shards"]), c["profile_s"],
-                                                  int(c.get("profile_shards_left", 0))))
+            left = int(c.get("profile_shards_left", 0))
+            lines.append("profiled: " + rate_line(int(c["profiled_shards"]), c["profile_s"], left)
+                         + (": the same command again adds them" if left else ""))
         if self.published:
             lines.append(f"production tasks planned, measured and registered (publish step):\n{self.published}")
         lines.append(f"the whole run: {self.elapsed_s / 60:.1f} min")

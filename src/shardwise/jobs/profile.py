@@ -3,7 +3,10 @@ tables, and data-parallel tables' dense kernels, into a cost dataset (resumable)
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from pathlib import Path
 
 from pydantic import Field, model_validator
 
@@ -244,3 +247,15 @@ def run_apart(settings: ProfileJobSettings, holdout_tables: str, holdout_shards:
         "measured": trained.measured + heldout.measured, "skipped": trained.skipped + heldout.skipped,
         "shards": trained.shards + heldout.shards, "shards_left": trained.shards_left + heldout.shards_left,
         "elapsed_s": trained.elapsed_s + heldout.elapsed_s})
+
+
+def resume_directory(store: str | Path, settings: ProfileJobSettings, holdout_tables: str, holdout_shards: int) -> Path:
+    """The dataset inside `store` (a local pipeline run's profile store) that `run_apart` with these settings resumes
+    and adds to: the same tables, held-out tables and counts share it whatever the time budget (a run the budget cut
+    short leaves shards the next one measures); any other setting gets its own."""
+    digest = hashlib.sha256()
+    for path in (settings.tables, holdout_tables):
+        digest.update(Path(path).read_bytes() + b"\0")
+    fields = settings.model_dump(mode="json", exclude={"tables", "out", "budget_s"})
+    digest.update(json.dumps([fields, holdout_shards], sort_keys=True, default=str).encode())
+    return Path(store) / digest.hexdigest()[:16]

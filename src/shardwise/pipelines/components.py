@@ -91,22 +91,32 @@ def profile_costs(
     worker: int,
     workers: int,
     dataset_uri: str,
+    profile_store: str,
     costs: Output[Dataset],
 ) -> str:
     """One worker's slice of the kernel profile (shards of the training tables, the first `data_parallel_shards` of
     them also as data-parallel tables' dense kernels and the first `row_wise_shards` as row-wise tables' row blocks,
     and shards of the held-out tables alone) on this node's GPU, for at most `budget_s` seconds past their floor
     (0: all of them), into `dataset_uri` (an object-store prefix every run adds to) or, when it is "", into this
-    step's own dataset; returns the hardware kind."""
+    step's own dataset: with `profile_store` (a local run's directory), copied from the store's dataset of these
+    settings, which a rerun resumes and adds to; returns the hardware kind."""
+    import shutil
+
     from shardwise.jobs import profile as job
 
-    out = dataset_uri or costs.path
-    settings = job.ProfileJobSettings(tables=tables.path, out=out, num_shards=num_shards, comm_layouts=0,
-                                      data_parallel_shards=data_parallel_shards, row_wise_shards=row_wise_shards,
-                                      max_tables=max_tables,
+    settings = job.ProfileJobSettings(tables=tables.path, out=dataset_uri or costs.path, num_shards=num_shards,
+                                      comm_layouts=0, data_parallel_shards=data_parallel_shards,
+                                      row_wise_shards=row_wise_shards, max_tables=max_tables,
                                       repeats=repeats, timing_iters=timing_iters, budget_s=budget_s or None,
                                       seed=seed, device=device, worker=worker, workers=workers)
+    store = None if dataset_uri or not profile_store else job.resume_directory(
+        profile_store, settings, holdout_tables.path, holdout_shards)
+    if store is not None:
+        settings = settings.model_copy(update={"out": str(store)})
     result = job.run_apart(settings, holdout_tables.path, holdout_shards)
+    if store is not None:  # this run's artifact: the store's rows as they are now (later runs add to the store)
+        shutil.copytree(store, costs.path, dirs_exist_ok=True)
+    out = settings.out if store is None else costs.path
     print(result.summary())
     costs.metadata.update({"hardware_kind": result.hardware_kind, "dataset": out, "profiled_shards": result.shards,
                            "profile_shards_left": result.shards_left, "profile_s": round(result.elapsed_s, 1)})

@@ -129,7 +129,7 @@ def _data_steps(
 def _kernel_profile_steps(
     workload: dsl.PipelineTask, augment: dsl.PipelineTask, gpu_product: str | None, *, workers: Any,
     num_shards: Any, holdout_shards: Any, data_parallel_shards: Any, row_wise_shards: Any, max_tables: Any,
-    repeats: Any, timing_iters: Any, budget_s: Any, seed: Any, device: Any, dataset_uri: Any,
+    repeats: Any, timing_iters: Any, budget_s: Any, seed: Any, device: Any, dataset_uri: Any, profile_store: str,
 ) -> dsl.PipelineTask:
     """The kernel profiling step, one pod of one GPU per worker (the step inside the fan-out)."""
     # kernel profiling fans out over profile_workers pods of one GPU each, every one its slice of the shards
@@ -153,6 +153,7 @@ def _kernel_profile_steps(
                     worker=worker,
                     workers=workers,
                     dataset_uri=dataset_uri,
+                    profile_store=profile_store,
                 )
             ),
             1,
@@ -316,10 +317,13 @@ def _publish_step(
     return publish.after(evaluate)
 
 
-def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool = False) -> GraphComponent:
+def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool = False,
+                   profile_store: str = "") -> GraphComponent:
     """The pipeline function; `gpu_product` (a node label value) pins GPU steps to that product. With
     `reuse_measurements` (a local run resuming in its own work directory), a profiling step that finished with the
-    same inputs is taken from the cache like any other step, and pre-training is not tagged with the run's id."""
+    same inputs is taken from the cache like any other step, and pre-training is not tagged with the run's id. With
+    `profile_store` (a local directory; a cluster's runs add to `dataset_uri` instead), each profiling worker resumes
+    the dataset there of its settings: a rerun adds to what a run its time budget cut short measured."""
 
     @dsl.pipeline(
         name=PIPELINE_NAME,
@@ -367,7 +371,7 @@ def build_pipeline(gpu_product: str | None = None, *, reuse_measurements: bool =
             holdout_shards=profile_holdout_shards, data_parallel_shards=profile_data_parallel_shards,
             row_wise_shards=profile_row_wise_shards, max_tables=profile_max_tables, repeats=profile_repeats,
             timing_iters=profile_timing_iters, budget_s=profile_budget_s, seed=seed, device=device,
-            dataset_uri=dataset_uri,
+            dataset_uri=dataset_uri, profile_store=profile_store,
         )
         comm = _all_to_all_step(augment, gpu_product, comm_layouts=profile_comm_layouts, num_devices=num_devices,
                                 seed=seed, device=device, dataset_uri=dataset_uri)

@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,8 +156,9 @@ class _CacheHits:
 
         def recorded(local_cache: Any, key: str) -> Any:
             found = lookup(local_cache, key)
-            if found is not None:
-                self.keys.append(key)
+            if found is None or _shards_left(found):  # a profile the time budget cut short runs again, resuming
+                return None
+            self.keys.append(key)
             return found
 
         cache.LocalCache.get = recorded  # type: ignore[method-assign]
@@ -165,6 +166,12 @@ class _CacheHits:
             yield
         finally:
             cache.LocalCache.get = lookup  # type: ignore[method-assign]
+
+
+def _shards_left(outputs: Mapping[str, Any]) -> bool:
+    """Whether a cached step's outputs are a profile its time budget left shards of (metadata
+    `profile_shards_left`)."""
+    return any((getattr(out, "metadata", None) or {}).get("profile_shards_left", 0) > 0 for out in outputs.values())
 
 
 def _code_key() -> str:
@@ -244,7 +251,8 @@ def run_local(
     console = contextlib.nullcontext() if verbose else console_to_log(log_path)
     in_image = containers.steps_in_image(image) if image else contextlib.nullcontext()
     # a rerun in this workdir with the same arguments and code resumes: steps that finished (profiling workers
-    # included) are taken from kfp.local's cache, the rest run
+    # included) are taken from kfp.local's cache, the rest run; a profile the time budget cut short runs again,
+    # adding to the shards its dataset in the profile store holds
     cache_root = workdir / "step_cache" / _code_key()
     hits = _CacheHits()
     try:
@@ -253,7 +261,7 @@ def run_local(
                        cache_root=str(cache_root))
             # MLflow's default artifact root is relative to the working directory: keep it in the workdir
             with _working_directory(workdir):
-                build_pipeline(reuse_measurements=True)(**args)
+                build_pipeline(reuse_measurements=True, profile_store=str(cache_root / "profiles"))(**args)
     except RuntimeError as err:
         where = "above" if verbose else f"in {log_path}"
         raise PipelineRunError(f"{ANSI_COLOURS.sub('', str(err))} (its log is {where}; outputs under {pipeline_root})") from err
