@@ -142,10 +142,13 @@ def _real_models(doc: dict[str, Any]) -> str:
         def plan(key: str, label: str) -> Any:
             return value(doc, key, set=name, plan=label)
 
+        # records before the column: no bound
+        bound = ("" if "mean_device_ratio" not in rows_where(doc, set=name, plan="torchrec")[0] else
+                 f", balanced {plan('mean_device_ratio', 'torchrec'):.3f}x")
         return (f"{_MODEL_SETS.get(name, name)} {plan('ratio_to_torchrec', 'champion'):.3f}x registered, "
                 f"{plan('ratio_to_torchrec', 'dropin'):.3f}x unrefined drop-in ({plan('planning_s', 'dropin')} s to "
                 f"plan, TorchRec {plan('planning_s', 'torchrec')} s; sessions moved "
-                f"{max(column(doc, 'ratio_moved', set=name)):.3f})")
+                f"{max(column(doc, 'ratio_moved', set=name)):.3f}{bound})")
 
     return "; ".join(one(name) for name in dict.fromkeys(column(doc, "set")))
 

@@ -262,10 +262,11 @@ def test_recorded_in_beside_a_commit_or_not_a_commit_is_refused_naming_the_file(
 
 #: a real_models record's rows as benchmarks/experiments/real_models.py writes them (two sets, three plans each)
 _REAL_MODELS_ROWS = [{"set": name, "plan": plan, "session_1_ms": 1.0, "session_2_ms": 1.0, "ratio_to_torchrec": ratio,
-                      "ratio_moved": moved, "planning_s": seconds}
+                      "ratio_moved": moved, "mean_device_ratio": mean, "planning_s": seconds}
                      for name in ("dcnv2", "criteo_kaggle")
-                     for plan, ratio, moved, seconds in (("champion", 0.962, 0.012, None), ("dropin", 1.013, 0.008, 12.31),
-                                                         ("torchrec", 1.0, 0.0, 1.12))]
+                     for plan, ratio, moved, mean, seconds in (("champion", 0.962, 0.012, 0.95, None),
+                                                               ("dropin", 1.013, 0.008, 0.93, 12.31),
+                                                               ("torchrec", 1.0, 0.0, 0.921, 1.12))]
 
 
 def test_the_real_models_headline_reads_the_rows_its_experiment_writes_and_leads_readme_in_its_budget(make_results,
@@ -278,9 +279,9 @@ def test_the_real_models_headline_reads_the_rows_its_experiment_writes_and_leads
     bullets = make_results.readme_bullets(headlines, docs)
     assert " ".join(bullets.split("\n- ")[0].split()) == (
         "- **Real models, slowest device / TorchRec's planner's**: DLRM-DCNv2 0.962x registered, 1.013x unrefined "
-        "drop-in (12.31 s to plan, TorchRec 1.12 s; sessions moved 0.012); Criteo Kaggle DLRM 0.962x registered, "
-        "1.013x unrefined drop-in (12.31 s to plan, TorchRec 1.12 s; sessions moved 0.012) (`real_models`, commit "
-        "abc1234, 2026-11-23)")
+        "drop-in (12.31 s to plan, TorchRec 1.12 s; sessions moved 0.012, balanced 0.921x); Criteo Kaggle "
+        "DLRM 0.962x registered, 1.013x unrefined drop-in (12.31 s to plan, TorchRec 1.12 s; sessions moved "
+        "0.012, balanced 0.921x) (`real_models`, commit abc1234, 2026-11-23)")
     assert "torchrec_dropin" not in bullets  # its DCNv2 claim yields to the real models'
     assert len(make_results.with_bullets(README.read_text(), bullets).splitlines()) < 120  # test_docs' page budget
 
