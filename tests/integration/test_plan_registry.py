@@ -255,7 +255,7 @@ class _Scripted:
 
 def _measured(ms: float, devices: int) -> MeasuredPlanCost:
     return MeasuredPlanCost(method="x", batch_size=BATCH, device_kind="cpu", hardware_kind="cpu", device_memory_bytes=1,
-                            devices=tuple(DeviceCost(device=d, shards=(), width=0, fwd_ms=ms, bwd_ms=0.0,
+                            devices=tuple(DeviceCost(device=d, shards=(), width=0, fwd_ms=ms / (1 + d), bwd_ms=0.0,
                                                      comm_fwd_ms=0.0, comm_bwd_ms=0.0, memory_bytes=0,
                                                      comm_fwd_measured_ms=0.0, comm_bwd_measured_ms=0.0)
                                           for d in range(devices)))
@@ -310,6 +310,10 @@ def test_publish_moves_champion_only_on_a_plan_measured_faster_beyond_the_noise(
     assert "device 1:" in shown
     figures = json.loads((Path(fourth.directory) / "files" / "figures.json").read_text())  # the last run's
     assert figures["plan_ms"] == 9.0 and figures["ratio_to_torchrec"] == pytest.approx(9 / 12)
+    # TorchRec's plan's devices: 12 and 6 ms (the slowest, then half): balanced, 9 ms, said beside the ratio
+    assert figures["torchrec_balanced_ms"] == pytest.approx(9.0)
+    assert fourth.headline().endswith("(ratio 0.750; its work balanced over the devices 0.750)")
+    assert "  TorchRec's plan's mean device, ms (what balancing its work would reach): 9" in shown
 
 
 class _PublishRecorded:

@@ -80,6 +80,8 @@ class PublishedTask(JobResult):
     champion_ms: float | None
     noise: float | None
     directory: str
+    #: TorchRec's plan's mean device in the session: what a placement balancing its work would reach
+    torchrec_balanced_ms: float | None = None
     #: refinement's budget, the seconds it took and whether it changed the searched plan (None: it did not run)
     refine_s: float = 0.0
     refinement_s: float | None = None
@@ -88,8 +90,10 @@ class PublishedTask(JobResult):
     def headline(self) -> str:
         """The plan against TorchRec's planner's, measured side by side here, in one line."""
         ratio = self.plan_ms / self.torchrec_ms if self.torchrec_ms > 0 else math.nan
+        balanced = ("" if self.torchrec_balanced_ms is None or not self.torchrec_ms > 0 else
+                    f"; its work balanced over the devices {self.torchrec_balanced_ms / self.torchrec_ms:.3f}")
         return (f"{self.task}: plan {self.plan_ms:.3f} ms vs TorchRec's planner {self.torchrec_ms:.3f} ms "
-                f"(ratio {ratio:.3f})")
+                f"(ratio {ratio:.3f}{balanced})")
 
     def refinement(self) -> str:
         """What refinement did, in words."""
@@ -178,6 +182,7 @@ def _publish(settings: PublishSettings, service: MlflowService, cost_model: Cost
                            plan_ms=figures["plan_ms"], torchrec_ms=figures["torchrec_ms"],
                            champion_version=champion.version if champion else None,
                            champion_ms=figures.get("champion_ms"), noise=figures.get("noise"), directory=str(out),
+                           torchrec_balanced_ms=figures["torchrec_balanced_ms"],
                            refine_s=settings.refine_s, refinement_s=refinement.get("refinement_s"),
                            refinement_changed=refinement.get("refinement_changed"))
     if settings.dry_run:
@@ -245,6 +250,7 @@ class _Session:
                  out: Path, progress: bool) -> None:
         self.task, self.cost_model, self.measurement, self.measure = task, cost_model, measurement, measure
         self.out, self.progress, self.rounds = out, progress, 0
+        self.mean_ms: dict[str, float] = {}  # the last session's mean device of each plan
         self.first_plan_ms: float = math.nan
         self.first_champion_ms: float | None = None
 
@@ -252,6 +258,7 @@ class _Session:
         self.rounds += 1
         costs, _, _ = self.measure(self.task, list(named), self.out / f"session-{self.rounds}",
                                    cost_model=self.cost_model, measurement=self.measurement, progress=self.progress)
+        self.mean_ms = {name: cost.mean_cost_ms for (name, _), cost in zip(named, costs)}
         return {name: cost.max_cost_ms for (name, _), cost in zip(named, costs)}
 
     def first(self, plan: Plan, torchrec: Plan, champion: Plan | None) -> dict[str, float]:
@@ -262,7 +269,8 @@ class _Session:
         named = [("plan", plan), ("torchrec", torchrec)] + ([("champion", champion)] if champion is not None else [])
         ms = self(named)
         figures = {"plan_ms": ms["plan"], "torchrec_ms": ms["torchrec"],
-                   "ratio_to_torchrec": ms["plan"] / ms["torchrec"] if ms["torchrec"] > 0 else math.nan}
+                   "ratio_to_torchrec": ms["plan"] / ms["torchrec"] if ms["torchrec"] > 0 else math.nan,
+                   "torchrec_balanced_ms": self.mean_ms["torchrec"]}
         self.first_plan_ms = ms["plan"]
         if champion is not None and ms["champion"] > 0:
             again = self([("plan", plan), ("champion", champion)])
@@ -308,7 +316,9 @@ def show(uri: str, *, tracking_uri: str | None = None) -> str:
     lines = [f"{where}: {len(registered.task.tables)} tables on {registered.plan.num_devices} devices, planned by "
              f"{registered.plan.method}"]
     labels = {"plan_ms": "plan, ms (slowest device, measured)", "torchrec_ms": "TorchRec's planner's plan, ms",
-              "ratio_to_torchrec": "ratio to TorchRec's planner", "champion_ms": "champion then, ms",
+              "ratio_to_torchrec": "ratio to TorchRec's planner",
+              "torchrec_balanced_ms": "TorchRec's plan's mean device, ms (what balancing its work would reach)",
+              "champion_ms": "champion then, ms",
               "ratio_to_champion": "ratio to the champion then",
               "ratio_to_champion_again": "ratio to the champion, a second session",
               "noise": "noise: the ratio's move between the two sessions",
