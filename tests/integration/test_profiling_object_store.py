@@ -56,6 +56,9 @@ def _argv(tables: Path, out: str, seed: int, *extra: str) -> list[str]:
             "--all-reduce-max-bytes", "16384", "--seed", str(seed), "--device", "cpu", *extra]
 
 
+# two profiling processes at once (12-26 s on a busy 2-core machine): make test-all; the slicing's fast twin is
+# tests/integration/test_profiling_runner.py::test_workers_split_one_run_each_shard_once
+@pytest.mark.slow
 def test_workers_split_one_run_into_one_prefix_and_runs_accumulate(s3, tmp_path, monkeypatch, capsys):
     tables = _tables(tmp_path)
     prefix = f"s3://{BUCKET}/costs/cpu"

@@ -4,6 +4,7 @@ SIGTERM, SIGINT during the all-to-alls), appended to an earlier run's dataset; a
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -319,3 +320,21 @@ def test_row_wise_shards_are_profiled_as_their_row_blocks_and_resumed(tmp_path: 
     assert len(of) == 2 and of <= {frozenset(t["name"] for t in s) for s in whole}
     again = profile(TABLES, out, settings, progress=False)
     assert again.measured == 0 and again.skipped == first.measured
+
+
+def test_workers_split_one_run_each_shard_once(tmp_path: Path) -> None:
+    """Profiling workers (pods sharing a dataset) each measure their slice of one run: no shard in two slices, and
+    their datasets together hold the whole run (it finds nothing left there). The same as processes at once into one
+    object-store prefix, with the all-to-alls: tests/integration/test_profiling_object_store.py (make test-all)."""
+    run = dict(num_shards=8, max_tables=3, batch_size=64, seed=0, protocol=FAST, device="cpu")
+    slices = [tmp_path / f"worker-{k}" for k in (0, 1)]
+    for k, out in enumerate(slices):  # apart, so that a slice overlapping another is not hidden by resuming
+        assert profile(TABLES, out, ProfileSettings(**run, worker=k, workers=2), progress=False).measured > 0
+    ids = [set(load_costs(out)["config_id"]) for out in slices]
+    assert not ids[0] & ids[1]
+    together = tmp_path / "together"
+    together.mkdir()
+    for part in (p for out in slices for p in out.glob("*.parquet")):
+        shutil.copy(part, together)
+    whole = profile(TABLES, together, ProfileSettings(**run), progress=False)
+    assert (whole.measured, whole.skipped) == (0, len(ids[0] | ids[1]))
