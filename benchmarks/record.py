@@ -62,13 +62,14 @@ def command_line(argv: list[str] | None = None) -> str:
 
 
 def record(name: str, title: str, rows: list[dict[str, Any]], *, notes: str = "", model: str | None = None,
-           experiment: str | None = None, command: str | None = None, directory: Path = RESULTS) -> Path:
+           experiment: str | None = None, command: str | None = None, directory: Path = RESULTS,
+           code: Path = ROOT) -> Path:
     """Write the figures of one run (a table: one dict per row, same keys) with what produced them, as a new file
-    under `directory`/`name`/."""
+    under `directory`/`name`/; `code`: the checkout that ran (its commit is recorded), where not this one."""
     if not re.fullmatch(r"[a-z0-9_]+", name):
         raise ValueError(f"record name {name!r}: use lower-case letters, digits and '_'")
     now = dt.datetime.now(dt.timezone.utc)
-    sha = commit()
+    sha = commit(code)
     doc = {
         "format": FORMAT,
         "benchmark": name,

@@ -137,7 +137,7 @@ def main() -> None:
                                                                       for line in lines)
             for name, lines in slowest.items())
         record("newcomer", "A newcomer's first hour (fresh clone, one CPU-bound process beside it)", rows,
-               notes=notes)
+               notes=notes, code=clone)  # the clone's commit: the repository may have moved on meanwhile
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -148,6 +148,21 @@ def test_records_of_one_second_keep_their_order(tmp_path):
         "2026-11-29T100000Z-abc1234-10"]
 
 
+def test_a_record_of_another_checkout_names_that_checkouts_commit(tmp_path):
+    """scripts/newcomer.py times a clone while this repository may move on: the record names the clone's commit."""
+    import subprocess
+
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(clone)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    path = record.record("x", "t", [{"a": 1}], command="c", directory=tmp_path / "results", code=clone)
+    assert json.loads(path.read_text())["commit"] == sha and path.stem.endswith(sha)
+
+
 def test_the_faults_experiment_runs_every_scenario_fault_injection_defines(monkeypatch):
     """A scenario added to tests/unit/fault_injection.py is run and recorded without editing the experiment."""
     import types
