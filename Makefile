@@ -33,8 +33,8 @@ model-large: $(STAMP)
 	$(BIN)/shardwise pipeline run --local --preset local-large --workdir runs/large
 
 # after each change: unit tests and the fast integration tests on real kernels (not marked slow or e2e: the rule is
-# in pyproject.toml's markers), one pytest worker a core up to 4 (pytest-xdist: on 2 cores a third less time, the
-# tests' Python and their subprocesses' start-up overlapping); PYTEST_ARGS adds options (e.g. --durations=15, -n 0)
+# in pyproject.toml's markers), one pytest worker a core up to 4 (pytest-xdist: one test's Python and subprocess
+# start-up overlap another's kernels); PYTEST_ARGS adds options (e.g. --durations=15, -n 0 for one process)
 TEST_WORKERS ?= -n auto --maxprocesses 4
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not e2e" $(TEST_WORKERS) $(PYTEST_ARGS) tests
